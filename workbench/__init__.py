@@ -1,0 +1,33 @@
+"""workbench: interactive distributed training for TensorFlow on ipyparallel engine pools."""
+
+__version__ = "0.1.0"
+
+from .cluster import Cluster, ClusterStatus, TaskId, TaskRecord, list_clusters  # noqa: E402
+from .errors import (  # noqa: E402
+    ClusterStartError,
+    ClusterStateError,
+    ConfigurationError,
+    EngineStartTimeout,
+    ServerStartError,
+    TensorFlowImportError,
+    UnknownTaskError,
+    VersionMismatchError,
+    WorkbenchError,
+)
+
+__all__ = [
+    "Cluster",
+    "ClusterStartError",
+    "ClusterStateError",
+    "ClusterStatus",
+    "ConfigurationError",
+    "EngineStartTimeout",
+    "ServerStartError",
+    "TaskId",
+    "TaskRecord",
+    "TensorFlowImportError",
+    "UnknownTaskError",
+    "VersionMismatchError",
+    "WorkbenchError",
+    "list_clusters",
+]

@@ -1,0 +1,72 @@
+"""The ``workbench`` command: ``workbench demo`` (headless smoke test of an install), ``workbench list``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .errors import WorkbenchError
+
+
+def remote_sum_on_each_task(cluster) -> dict[str, float]:
+    """Run a small reduction on every task of ``cluster`` through a plain TF client; value by task."""
+    import tensorflow as tf
+
+    tf.config.experimental_connect_to_cluster(cluster.spec)
+    values = {}
+    for record in cluster.tasks:
+        with tf.device(f"{record.task.device}/device:CPU:0"):
+            values[record.name] = float(tf.reduce_sum(tf.range(1, 101, dtype=tf.float32)).numpy())
+    return values
+
+
+def demo(args: argparse.Namespace) -> int:
+    from .cluster import Cluster
+
+    started = time.monotonic()
+    with Cluster(ps=args.ps, workers=args.workers, start_timeout=args.timeout) as cluster:
+        ready = time.monotonic() - started
+        print(cluster.status())
+        for task, value in remote_sum_on_each_task(cluster).items():
+            print(f"{task}: sum(1..100) computed on the task = {value:g}")
+    print(f"cluster ready in {ready:.1f} s; stopped, nothing left running.")
+    return 0
+
+
+def list_command(args: argparse.Namespace) -> int:
+    from .cluster import list_clusters
+
+    records = list_clusters()
+    if args.json:
+        print(json.dumps(records, indent=2))
+    elif not records:
+        print("no running workbench clusters")
+    for record in [] if args.json else records:
+        tasks = ", ".join(f"{t['job']}:{t['index']}@{t['address']}" for t in record["tasks"])
+        print(f"{record['name']}  {record['state']}  engines={record['engines']}  client pid {record['client_pid']}  {tasks}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workbench", description="Distributed TensorFlow workbench")
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo_parser = commands.add_parser("demo", help="start a local cluster, run an op on each task, stop")
+    demo_parser.add_argument("--ps", type=int, default=1)
+    demo_parser.add_argument("--workers", type=int, default=2)
+    demo_parser.add_argument("--timeout", type=float, default=300.0, help="seconds allowed for start-up")
+    demo_parser.set_defaults(run=demo)
+    list_parser = commands.add_parser("list", help="list running workbench clusters on this machine")
+    list_parser.add_argument("--json", action="store_true")
+    list_parser.set_defaults(run=list_command)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except WorkbenchError as exc:
+        print(f"workbench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

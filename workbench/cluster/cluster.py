@@ -1,0 +1,492 @@
+"""``wb.Cluster``: an ipyparallel engine pool whose engines host TensorFlow ``ps`` and ``worker`` tasks."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import secrets
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import psutil
+
+from ..errors import (
+    ClusterStartError,
+    ClusterStateError,
+    ConfigurationError,
+    ServerStartError,
+    TensorFlowImportError,
+    UnknownTaskError,
+    VersionMismatchError,
+    WorkbenchError,
+)
+from ..progress import ProgressSink, make_progress
+from . import engine_side, registry
+from .gpus import assign_gpus, discover_gpus, validate_gpus_per_worker
+from .pool import AttachedPool, Deadline, OwnedPool, attach_client, engine_launcher_class, split_launcher_options
+from .spec import TaskId, cluster_spec_dict, role_layout, validate_counts
+from .status import ClusterStatus, TaskRecord
+from .versions import client_tensorflow_version, workbench_version
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_LIVE_CLUSTERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _stop_live_clusters() -> None:
+    for cluster in list(_LIVE_CLUSTERS):
+        try:
+            cluster.stop()
+        except Exception:  # noqa: BLE001 - at exit, stop what can be stopped; the reaper does the rest
+            pass
+
+
+atexit.register(_stop_live_clusters)
+
+
+def _format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Cluster:
+    """A pool of ipyparallel engines, each hosting one TensorFlow task (``ps:i`` or ``worker:j``).
+
+    The notebook kernel (or script) that creates it is the client and coordinator::
+
+        import workbench as wb
+        with wb.Cluster(ps=1, workers=2) as cluster:
+            print(cluster.spec)       # tf.train.ClusterSpec
+            cluster.status()          # a table: text in a terminal, HTML in a notebook
+
+    Parameters
+    ----------
+    ps, workers:
+        Number of parameter-server tasks (>= 0) and worker tasks (>= 1).
+    engines:
+        ipyparallel engine launcher: ``"local"`` (default, this machine), ``"mpi"``, ``"slurm"``,
+        ``"ssh"``, ``"pbs"``, ... Options of that launcher (``queue=``, ``mpi_args=``, ...) and of
+        ``ipyparallel.Cluster`` (``profile=``, ``controller_args=``, ...) pass through as keywords.
+    gpus_per_worker:
+        GPUs given to each worker through ``CUDA_VISIBLE_DEVICES``, disjoint between engines on
+        the same host; ps tasks get none. 0 (default) hides every GPU from every task.
+    name:
+        Name in the registry and ipyparallel cluster id (default: ``wb-`` and six random letters).
+    controller_ip:
+        Address the controller and the lifeline listen on; default ``127.0.0.1`` for local engines.
+        Remote launchers need an address the engines can reach.
+    start_timeout:
+        Seconds allowed for ``start()`` (and each ``scale()``) as a whole.
+    env:
+        Extra environment variables for the engines.
+    progress:
+        ``True``: a bar in a notebook, text in a terminal; ``False``: quiet; or a ``ProgressSink``.
+    """
+
+    def __init__(
+        self,
+        ps: int = 1,
+        workers: int = 2,
+        *,
+        engines: str = "local",
+        gpus_per_worker: int = 0,
+        name: str | None = None,
+        controller_ip: str | None = None,
+        start_timeout: float = 300.0,
+        env: Mapping[str, str] | None = None,
+        progress: bool | ProgressSink = True,
+        **launcher_options: Any,
+    ):
+        validate_counts(ps, workers)
+        self._gpus_per_worker = validate_gpus_per_worker(gpus_per_worker)
+        self.name = self._validate_name(name)
+        if not isinstance(start_timeout, (int, float)) or isinstance(start_timeout, bool) or start_timeout <= 0:
+            raise ConfigurationError(f"start_timeout={start_timeout!r} must be a positive number of seconds.")
+        self._start_timeout = float(start_timeout)
+        self._progress_option = progress
+        self._ps, self._workers = ps, workers
+        self._env = {str(k): str(v) for k, v in (env or {}).items()}
+        self._tasks: dict[TaskId, TaskRecord] = {}
+        self._state = "new"
+        self._pool: OwnedPool | AttachedPool | None = None
+        self._pool_factory: Callable[[], OwnedPool | AttachedPool]
+        if engines is None:  # set by from_existing
+            return
+        launcher_cls = engine_launcher_class(engines)
+        cluster_kwargs, launcher_kwargs = split_launcher_options(launcher_cls, launcher_options)
+        if controller_ip is None:
+            controller_ip = "127.0.0.1" if engines == "local" else ""
+        if engines == "local":
+            self._check_local_gpus(workers)
+        self._launcher = engines
+        self._pool_factory = lambda: OwnedPool(
+            name=self.name,
+            launcher=engines,
+            controller_ip=controller_ip,
+            engine_env=self._engine_env(),
+            preimport=self._gpus_per_worker == 0,
+            cluster_kwargs=cluster_kwargs,
+            launcher_kwargs=launcher_kwargs,
+        )
+
+    # -- construction helpers -------------------------------------------------------------
+
+    @staticmethod
+    def _validate_name(name: str | None) -> str:
+        if name is None:
+            return "wb-" + "".join(secrets.choice("abcdefghijkmnpqrstuvwxyz23456789") for _ in range(6))
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise ConfigurationError(
+                f"name={name!r} is not a valid cluster name: use 1-64 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit."
+            )
+        return name
+
+    def _engine_env(self) -> dict[str, str]:
+        env = {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1")}
+        env.update(self._env)
+        return env
+
+    def _check_local_gpus(self, workers: int) -> None:
+        if not self._gpus_per_worker:
+            return
+        merged = {**os.environ, **self._env}
+        available = discover_gpus(merged)
+        needed = workers * self._gpus_per_worker
+        if needed > len(available):
+            raise ConfigurationError(
+                f"{workers} worker(s) x gpus_per_worker={self._gpus_per_worker} need {needed} GPU(s), but this "
+                f"machine has {len(available)} {available}: lower gpus_per_worker or workers, or use "
+                "gpus_per_worker=0 to train on CPUs."
+            )
+
+    @classmethod
+    def from_existing(
+        cls,
+        source: Any = None,
+        *,
+        ps: int = 1,
+        workers: int = 2,
+        profile: str | None = None,
+        cluster_id: str | None = None,
+        name: str | None = None,
+        start_timeout: float = 120.0,
+        progress: bool | ProgressSink = True,
+    ) -> Cluster:
+        """Give TF roles to the engines of an ipyparallel cluster the user already runs.
+
+        ``source`` is an ``ipyparallel.Cluster`` or ``ipyparallel.Client``; or leave it out and
+        name the cluster with ``profile=``/``cluster_id=``. Call ``start()`` next. ``stop()`` then
+        releases the roles and leaves the engines running (their TF servers keep listening until
+        the engines restart: TensorFlow cannot stop a server inside a running process).
+        """
+        cluster = cls(ps, workers, engines=None, name=name, start_timeout=start_timeout, progress=progress)
+        cluster._launcher = "existing"
+
+        def factory() -> AttachedPool:
+            client, created, ipp_cluster = attach_client(source, profile, cluster_id, start_timeout)
+            return AttachedPool(client, close_client=created, cluster=ipp_cluster)
+
+        cluster._pool_factory = factory
+        return cluster
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> Cluster:
+        """Start the engines and one TF server per task; return when every server is up.
+
+        On any failure everything already started is stopped before the error is raised.
+        """
+        if self._state != "new":
+            raise ClusterStateError(
+                f"cluster {self.name!r} is {self._state}; a Cluster starts once. Create a new wb.Cluster(...)."
+            )
+        progress = make_progress(self._progress_option)
+        deadline = Deadline(self._start_timeout)
+        self._state = "starting"
+        self._client_tf_version = client_tensorflow_version()
+        try:
+            self._pool = self._pool_factory()
+            self._pool.start(deadline)
+            self._pool.remove_on_death(str(registry.registry_path(self.name)))
+            layout = role_layout(self._ps, self._workers)
+            ids = self._pool.add_engines(
+                len(layout), deadline, lambda done, total: progress.update("engines registered", done, total)
+            )
+            self._assign_tasks(dict(zip(layout, ids)), deadline, progress)
+        except BaseException as exc:
+            progress.close(f"cluster {self.name!r} failed to start", ok=False)
+            self._teardown()
+            self._state = "failed"
+            if isinstance(exc, WorkbenchError) or not isinstance(exc, Exception):
+                raise
+            raise ClusterStartError(f"starting cluster {self.name!r} failed: {type(exc).__name__}: {exc}") from exc
+        self._state = "running"
+        _LIVE_CLUSTERS.add(self)
+        self._write_registry()
+        progress.close(
+            f"cluster {self.name!r} ready: {self._ps} ps + {self._workers} worker task(s) "
+            f"in {deadline.seconds - deadline.remaining():.1f} s"
+        )
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop every task and everything this cluster started. Safe to call twice."""
+        if self._state in ("stopped", "new", "failed"):
+            self._state = "stopped" if self._state != "new" else "new"
+            return
+        self._teardown(timeout)
+        self._state = "stopped"
+
+    def _teardown(self, timeout: float = 60.0) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            if not pool.owned and self._tasks:
+                try:
+                    pool.remove_engines([r.engine_id for r in self._tasks.values()], [], Deadline(min(timeout, 15)))
+                except Exception:  # noqa: BLE001 - borrowed engines may already be gone
+                    pass
+            pool.close(timeout)
+        for record in self._tasks.values():
+            record.state = "stopped"
+        registry.remove_record(self.name)
+        _LIVE_CLUSTERS.discard(self)
+
+    def __enter__(self) -> Cluster:
+        if self._state == "new":
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def scale(self, workers: int | None = None, ps: int | None = None) -> Cluster:
+        """Add or remove worker tasks while running (the highest indices go first).
+
+        The number of ps tasks is fixed while running: variables live on them.
+        """
+        self._require_running("scale")
+        if ps is not None and ps != self._ps:
+            raise ConfigurationError(
+                f"ps={ps}: the number of ps tasks cannot change while the cluster runs (model variables live on "
+                f"them). Stop the cluster and start a new one with ps={ps}."
+            )
+        workers = self._workers if workers is None else workers
+        validate_counts(self._ps, workers)
+        deadline = Deadline(self._start_timeout)
+        if workers > self._workers:
+            if self._launcher == "local":
+                self._check_local_gpus(workers)
+            new_tasks = [TaskId("worker", i) for i in range(self._workers, workers)]
+            progress = make_progress(self._progress_option)
+            try:
+                ids = self._add_engines(len(new_tasks), deadline, progress)
+                self._assign_tasks(dict(zip(new_tasks, ids)), deadline, progress)
+            except BaseException:
+                progress.close("scaling failed", ok=False)
+                self._drop_tasks([t for t in new_tasks if t in self._tasks], deadline)
+                raise
+            progress.close(f"cluster {self.name!r} now has {workers} worker task(s)")
+        elif workers < self._workers:
+            self._drop_tasks([TaskId("worker", i) for i in range(workers, self._workers)], deadline)
+        self._workers = workers
+        self._write_registry()
+        return self
+
+    def _add_engines(self, n: int, deadline: Deadline, progress: ProgressSink) -> list[int]:
+        def report(done: int, total: int) -> None:
+            progress.update("engines registered", done, total)
+
+        if isinstance(self._pool, AttachedPool):
+            used = [r.engine_id for r in self._tasks.values()]
+            return self._pool.add_engines(n, deadline, report, exclude=used)
+        return self._pool.add_engines(n, deadline, report)
+
+    def _drop_tasks(self, tasks: list[TaskId], deadline: Deadline) -> None:
+        records = [self._tasks.pop(t) for t in tasks]
+        self._pool.remove_engines([r.engine_id for r in records], [r.pid for r in records if self._is_local(r)], deadline)
+
+    # -- giving engines their TF tasks -----------------------------------------------------
+
+    def _run_each(self, calls: dict[int, tuple], phase: str, deadline: Deadline, progress: ProgressSink) -> dict[int, Any]:
+        """Run ``{engine_id: (function, *args)}`` on the engines in parallel; results by engine id."""
+        client = self._pool.client
+        pending = {eid: client[eid].apply_async(fn, *args) for eid, (fn, *args) in calls.items()}
+        results: dict[int, Any] = {}
+        while pending:
+            for eid in [e for e, ar in pending.items() if ar.ready()]:
+                try:
+                    results[eid] = pending.pop(eid).get(timeout=0)
+                except Exception as exc:  # noqa: BLE001 - a remote error becomes a message naming the engine
+                    raise ClusterStartError(
+                        f"engine {eid} failed while {phase}: {getattr(exc, 'ename', type(exc).__name__)}: "
+                        f"{getattr(exc, 'evalue', exc)}"
+                    ) from None
+            progress.update(phase, len(results), len(calls))
+            if not pending:
+                break
+            if deadline.expired:
+                raise ClusterStartError(
+                    f"timed out after {deadline.seconds:.0f} s while {phase}: engine(s) "
+                    f"{sorted(pending)} did not answer. Pass a larger start_timeout if they are merely slow."
+                )
+            time.sleep(0.05)
+        return results
+
+    def _assign_tasks(self, assignment: dict[TaskId, int], deadline: Deadline, progress: ProgressSink) -> None:
+        by_engine = {eid: task for task, eid in assignment.items()}
+        controller_ip = self._pool.controller_ip
+        probes = self._run_each({e: (engine_side.probe, controller_ip) for e in by_engine}, "probing engines", deadline, progress)
+        for eid, task in by_engine.items():
+            info = probes[eid]
+            if info["workbench_version"] != workbench_version():
+                raise VersionMismatchError(
+                    f"engine {eid} ({info['host']}, pid {info['pid']}) runs workbench {info['workbench_version']} "
+                    f"but the client runs {workbench_version()}: install the same version in both environments."
+                )
+            self._tasks[task] = TaskRecord(task.job, task.index, eid, info["host"], pid=info["pid"])
+            if self._is_local(self._tasks[task]):
+                self._pool.watch([info["pid"]])
+        if self._pool.lifeline:
+            self._run_each({e: (engine_side.ensure_lifeline, self._pool.lifeline) for e in by_engine}, "linking engines", deadline, progress)
+
+        visible = self._plan_gpus(assignment, probes)
+        imports = self._run_each(
+            {eid: (engine_side.import_tensorflow, visible[task]) for task, eid in assignment.items()},
+            "TensorFlow imported", deadline, progress,
+        )
+        for task, eid in assignment.items():
+            self._check_import(eid, probes[eid], imports[eid])
+            self._tasks[task].tensorflow = imports[eid]["version"]
+
+        ports = self._run_each({e: (engine_side.reserve_port,) for e in by_engine}, "reserving ports", deadline, progress)
+        for task, eid in assignment.items():
+            self._tasks[task].address = _format_address(probes[eid]["address"], ports[eid])
+        spec = self.spec_dict
+        servers = self._run_each(
+            {eid: (engine_side.start_server, spec, task.job, task.index) for task, eid in assignment.items()},
+            "TF servers up", deadline, progress,
+        )
+        for task, eid in assignment.items():
+            result = servers[eid]
+            if not result["ok"]:
+                raise ServerStartError(f"the TF server for {task} on engine {eid} did not start: {result['error']}")
+            record = self._tasks[task]
+            record.address = result["address"]
+            record.devices = result["devices"]
+            record.gpus = [g for g in (result["cuda_visible_devices"] or "").split(",") if g]
+            record.state = "running"
+
+    def _plan_gpus(self, assignment: dict[TaskId, int], probes: dict[int, dict]) -> dict[TaskId, list[str]]:
+        if not self._gpus_per_worker:
+            return {task: [] for task in assignment}
+        tasks_by_host: dict[str, list[TaskId]] = {}
+        available: dict[str, list[str]] = {}
+        for task, eid in assignment.items():
+            host = probes[eid]["host"]
+            tasks_by_host.setdefault(host, []).append(task)
+            available.setdefault(host, probes[eid]["gpus"])
+        in_use: dict[str, list[str]] = {}
+        for record in self._tasks.values():
+            if record.task not in assignment:
+                in_use.setdefault(record.host, []).extend(record.gpus)
+        return assign_gpus(tasks_by_host, available, self._gpus_per_worker, in_use)
+
+    def _check_import(self, eid: int, probe: dict, result: dict) -> None:
+        where = f"engine {eid} ({probe['host']}, pid {probe['pid']}, Python {probe['python']})"
+        if not result["ok"]:
+            raise TensorFlowImportError(
+                f"{where} could not import TensorFlow: {result['error']}. Install it in the engines' "
+                "environment (`pip install 'workbench[cpu]'`, or '[gpu]'), or point the launcher at a Python "
+                "that has it."
+            )
+        if result["version"] != self._client_tf_version:
+            raise VersionMismatchError(
+                f"{where} runs TensorFlow {result['version']} but this client runs {self._client_tf_version}: "
+                "install the same TensorFlow version in the client and engine environments."
+            )
+
+    @staticmethod
+    def _is_local(record: TaskRecord) -> bool:
+        from .pool import local_hostnames
+
+        return record.host in local_hostnames()
+
+    # -- what users read -------------------------------------------------------------------
+
+    def _require_running(self, what: str) -> None:
+        if self._state != "running":
+            raise ClusterStateError(
+                f"cannot {what}: cluster {self.name!r} is {self._state}. "
+                + ("Call cluster.start() first." if self._state == "new" else "Start a new wb.Cluster(...).")
+            )
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def tasks(self) -> list[TaskRecord]:
+        """One record per task (job, index, engine id, address, pid, devices, GPUs, state), ps first."""
+        return [self._tasks[t] for t in sorted(self._tasks)]
+
+    def task(self, name: str | TaskId) -> TaskRecord:
+        """The record of ``"worker:1"``; ``UnknownTaskError`` names the tasks that exist."""
+        task = TaskId.parse(name)
+        if task not in self._tasks:
+            raise UnknownTaskError(
+                f"cluster {self.name!r} has no task {task}: its tasks are {', '.join(r.name for r in self.tasks) or 'none'}."
+            )
+        return self._tasks[task]
+
+    @property
+    def spec_dict(self) -> dict[str, list[str]]:
+        """``{"ps": [...], "worker": [...]}`` addresses."""
+        return cluster_spec_dict({t: r.address for t, r in self._tasks.items()})
+
+    @property
+    def spec(self):
+        """The ``tf.train.ClusterSpec`` of the running tasks."""
+        import tensorflow as tf
+
+        return tf.train.ClusterSpec(self.spec_dict)
+
+    @property
+    def client(self):
+        """The ipyparallel ``Client`` of the engine pool."""
+        self._require_running("use the engine pool")
+        return self._pool.client
+
+    def status(self) -> ClusterStatus:
+        """A table of the tasks, refreshed: text in a terminal, HTML in a notebook."""
+        if self._state == "running" and self._pool is not None:
+            alive = set(self._pool.client.ids)
+            for record in self._tasks.values():
+                if record.engine_id not in alive or (self._is_local(record) and not psutil.pid_exists(record.pid)):
+                    record.state = "lost"
+        return ClusterStatus(self.name, self._state, self._launcher, self.tasks)
+
+    def _write_registry(self) -> None:
+        proc = psutil.Process()
+        registry.write_record({
+            "name": self.name,
+            "state": self._state,
+            "engines": self._launcher,
+            "owned": bool(self._pool and self._pool.owned),
+            "client_pid": proc.pid,
+            "client_created": proc.create_time(),
+            "cluster_file": self._pool.cluster_file if self._pool else "",
+            "profile_dir": self._pool.profile_dir if self._pool else "",
+            "spec": self.spec_dict,
+            "tasks": [r.to_dict() for r in self.tasks],
+            "gpus_per_worker": self._gpus_per_worker,
+            "updated": time.time(),
+            "workbench_version": workbench_version(),
+        })
+
+    def __repr__(self) -> str:
+        return f"<workbench.Cluster {self.name!r} {self._state}: {self._ps} ps, {self._workers} worker(s), engines={self._launcher!r}>"
+
+    def _repr_html_(self) -> str:
+        return self.status()._repr_html_()

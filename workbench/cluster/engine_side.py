@@ -1,0 +1,160 @@
+"""Functions the client runs on engines (through ipyparallel) to give each engine its TF task.
+
+Each engine hosts at most one ``tf.distribute.Server``; it is kept in ``_SERVER`` so that it
+lives as long as the engine. Functions return plain dicts, never raise for expected failures:
+the client turns them into messages that name the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from .gpus import discover_gpus
+
+_SERVER: dict[str, Any] = {}
+_PORT_ATTEMPTS = 8
+
+
+def _workbench_version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def route_address(controller_ip: str) -> str:
+    """The address other tasks should use to reach this engine.
+
+    It is the local address of the route towards the controller: loopback for a local pool,
+    the interface facing the cluster network otherwise. A UDP ``connect`` sends no packet.
+    """
+    if controller_ip in ("", "*", "0.0.0.0", "::"):
+        return socket.gethostname()
+    family = socket.AF_INET6 if ":" in controller_ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe_socket:
+        try:
+            probe_socket.connect((controller_ip, 9))
+            return probe_socket.getsockname()[0]
+        except OSError:
+            return socket.gethostname()
+
+
+def probe(controller_ip: str) -> dict[str, Any]:
+    """Who and where this engine is, before TensorFlow is imported."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "address": route_address(controller_ip),
+        "gpus": discover_gpus(),
+        "python": sys.executable,
+        "python_version": "%d.%d.%d" % sys.version_info[:3],
+        "workbench_version": _workbench_version(),
+        "tensorflow_loaded": "tensorflow" in sys.modules,
+    }
+
+
+def import_tensorflow(visible_gpus: list[str] | None) -> dict[str, Any]:
+    """Import TensorFlow with ``visible_gpus`` as ``CUDA_VISIBLE_DEVICES`` (``None``: leave as is)."""
+    started = time.monotonic()
+    if visible_gpus is not None and "tensorflow" not in sys.modules:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible_gpus)
+    try:
+        import tensorflow as tf
+    except BaseException as exc:  # noqa: BLE001 - reported to the client with the engine's name
+        return {
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(limit=4),
+            "python": sys.executable,
+        }
+    return {
+        "ok": True,
+        "version": getattr(tf, "__version__", "unknown"),
+        "seconds": time.monotonic() - started,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def reserve_port() -> int:
+    """A port that is free on this engine now (the server binds it right after)."""
+    with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | None = None) -> dict[str, Any]:
+    """Start this engine's ``tf.distribute.Server`` for ``job:index`` of ``spec``.
+
+    If the port in ``spec`` was taken since it was reserved, pick another and try again: the
+    returned ``address`` is the one actually serving.
+    """
+    import tensorflow as tf
+
+    existing = _SERVER.get("server")
+    if existing is not None:
+        if (_SERVER["job"], _SERVER["index"]) == (job, index):
+            return _describe(tf, _SERVER["address"], job, index, reused=True)
+        return {
+            "ok": False,
+            "error": (
+                f"this engine already hosts the TensorFlow task {_SERVER['job']}:{_SERVER['index']} "
+                f"(a server cannot be stopped inside a running process); restart the engine to give it "
+                f"the role {job}:{index}."
+            ),
+        }
+    spec = {name: list(addresses) for name, addresses in spec.items()}
+    host = spec[job][index].rsplit(":", 1)[0]
+    errors = []
+    for _attempt in range(_PORT_ATTEMPTS):
+        try:
+            server = tf.distribute.Server(
+                tf.train.ClusterSpec(spec), job_name=job, task_index=index, protocol="grpc", start=True
+            )
+        except (tf.errors.UnknownError, tf.errors.UnavailableError) as exc:
+            # "Could not start gRPC server": the port was taken between reservation and start.
+            errors.append(f"{spec[job][index]}: {exc.message if hasattr(exc, 'message') else exc}")
+            spec[job][index] = f"{host}:{reserve_port()}"
+            continue
+        address = spec[job][index]
+        _SERVER.update(server=server, job=job, index=index, address=address)
+        return _describe(tf, address, job, index, retries=len(errors))
+    return {"ok": False, "error": "could not bind a port for the TensorFlow server: " + "; ".join(errors)}
+
+
+def _describe(tf: Any, address: str, job: str, index: int, reused: bool = False, retries: int = 0) -> dict:
+    prefix = f"/job:{job}/replica:0/task:{index}"
+    devices = [f"{prefix}/device:{d.device_type}:{d.name.rsplit(':', 1)[-1]}" for d in tf.config.list_logical_devices()]
+    return {
+        "ok": True,
+        "address": address,
+        "devices": devices,
+        "retries": retries,
+        "reused": reused,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def release() -> bool:
+    """Mark this engine's role as released.
+
+    TensorFlow cannot stop a server inside a running process, so the gRPC server keeps
+    listening until the engine exits; a later attach with the same role reuses it.
+    """
+    if "server" not in _SERVER:
+        return False
+    _SERVER["released"] = True
+    return True
+
+
+def ensure_lifeline(value: str) -> bool:
+    """Hold the client's lifeline if this engine's bootstrap did not (e.g. a custom ``engine_cmd``)."""
+    from .lifeline import hold_lifeline, holding_lifeline
+
+    if holding_lifeline():
+        return False
+    hold_lifeline(value)
+    return True

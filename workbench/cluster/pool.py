@@ -1,0 +1,403 @@
+"""The ipyparallel side of a cluster: engines to host TF tasks, owned or borrowed.
+
+``OwnedPool`` starts a controller and engines through ipyparallel's launchers (local, MPI,
+Slurm, SSH, PBS, ...) and guarantees they go away: on ``close()``, and through the reaper and
+the engines' lifelines if the client dies. ``AttachedPool`` borrows the engines of an
+ipyparallel cluster the user already runs and never stops them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import sys
+import threading
+import time
+from collections.abc import Coroutine, Iterable
+from typing import Any
+
+import psutil
+
+from ..errors import ClusterStartError, ClusterStateError, ConfigurationError, EngineStartTimeout
+from .lifeline import LIFELINE_ENV, PREIMPORT_ENV
+from .reaper import Reaper, kill_process_trees
+
+ENGINE_MAIN = [sys.executable, "-m", "workbench.cluster.engine_main"]
+POLL_SECONDS = 0.1
+
+
+class Deadline:
+    """A time budget shared by the steps of one operation."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._end = time.monotonic() + seconds
+
+    def remaining(self, floor: float = 0.0) -> float:
+        return max(floor, self._end - time.monotonic())
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() >= self._end
+
+
+class LoopThread:
+    """An asyncio loop in a daemon thread, to drive ipyparallel's async cluster API with timeouts.
+
+    Using our own thread works the same in a script and inside Jupyter's running loop.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="workbench-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine, timeout: float) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+def engine_launcher_class(name: str) -> type:
+    """ipyparallel's engine launcher class for ``name`` ("local", "mpi", "slurm", ...)."""
+    from ipyparallel.cluster.launcher import find_launcher_class
+    from ipyparallel.traitlets import entry_points
+
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"engines={name!r} is not a launcher name: use e.g. engines='local'.")
+    try:
+        return find_launcher_class(name, "engine")
+    except (KeyError, ImportError, AttributeError):
+        pass
+    if "." in name:  # a full class path, as ipyparallel also accepts
+        module, _, cls = name.rpartition(".")
+        try:
+            return getattr(__import__(module, fromlist=[cls]), cls)
+        except (ImportError, AttributeError):
+            pass
+    known = sorted(ep.name for ep in entry_points(group="ipyparallel.engine_launchers"))
+    raise ConfigurationError(
+        f"engines={name!r} is not a known ipyparallel engine launcher: use one of {', '.join(known)} "
+        "(or a full launcher class path)."
+    )
+
+
+def split_launcher_options(launcher_cls: type, options: dict[str, Any]) -> tuple[dict, dict]:
+    """Split ``**launcher_options`` into ipyparallel ``Cluster`` traits and engine-launcher traits."""
+    from ipyparallel import Cluster as IPPCluster
+
+    cluster_traits = set(IPPCluster.class_trait_names(config=True)) | {"profile", "profile_dir", "controller_ip"}
+    launcher_traits = set(launcher_cls.class_trait_names(config=True))
+    reserved = {"n", "cluster_id", "engine_launcher_class", "engines", "shutdown_atexit"}
+    cluster_kwargs, launcher_kwargs, unknown = {}, {}, []
+    for key, value in options.items():
+        if key in reserved:
+            raise ConfigurationError(f"{key!r} is set by the workbench; leave it out of the launcher options.")
+        if key in cluster_traits:
+            cluster_kwargs[key] = value
+        elif key in launcher_traits:
+            launcher_kwargs[key] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown launcher option(s) {', '.join(map(repr, sorted(unknown)))} for engines launched by "
+            f"{launcher_cls.__name__}. Options it accepts: {', '.join(sorted(launcher_traits))}; and "
+            f"ipyparallel Cluster options: {', '.join(sorted(cluster_traits))}."
+        )
+    return cluster_kwargs, launcher_kwargs
+
+
+def _launcher_pids(launcher: Any) -> list[int]:
+    """Local process ids behind an ipyparallel launcher (none for batch-system launchers)."""
+    pids = []
+    pid = getattr(launcher, "pid", -1)
+    if isinstance(pid, int) and pid > 0:
+        pids.append(pid)
+    for sub in getattr(launcher, "launchers", {}).values():
+        pids.extend(_launcher_pids(sub))
+    return pids
+
+
+def _process_tree(pids: Iterable[int]) -> list[psutil.Process]:
+    procs: dict[int, psutil.Process] = {}
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            for member in [proc, *proc.children(recursive=True)]:
+                procs[member.pid] = member
+        except psutil.Error:
+            continue
+    return list(procs.values())
+
+
+def _quiet_logger() -> logging.Logger:
+    """ipyparallel logs every start and stop at INFO; the workbench reports progress itself."""
+    log = logging.getLogger("workbench.ipyparallel")
+    log.setLevel(logging.ERROR)
+    return log
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    kept = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join("    " + line for line in kept) if kept else "    (the launcher wrote nothing)"
+
+
+class OwnedPool:
+    """A controller and engines this client started, and will stop."""
+
+    owned = True
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        launcher: str,
+        controller_ip: str,
+        engine_env: dict[str, str],
+        preimport: bool,
+        cluster_kwargs: dict[str, Any],
+        launcher_kwargs: dict[str, Any],
+    ):
+        self.name = name
+        self.launcher = launcher
+        self.controller_ip = controller_ip
+        self._engine_env = dict(engine_env)
+        self._preimport = preimport
+        self._cluster_kwargs = cluster_kwargs
+        self._launcher_kwargs = launcher_kwargs
+        self._loop: LoopThread | None = None
+        self._reaper: Reaper | None = None
+        self._ipp: Any = None
+        self.client: Any = None
+        self._watched: set[int] = set()
+
+    @property
+    def lifeline(self) -> str:
+        return self._reaper.lifeline(self.name) if self._reaper else ""
+
+    def watch(self, pids: Iterable[int]) -> None:
+        """Kill these local processes if the client dies; check them on close."""
+        for pid in pids:
+            if pid not in self._watched and self._reaper:
+                self._watched.add(pid)
+                self._reaper.watch(pid)
+
+    def remove_on_death(self, path: str) -> None:
+        if self._reaper:
+            self._reaper.remove_on_death(path)
+
+    def start(self, deadline: Deadline) -> None:
+        from ipyparallel import Cluster as IPPCluster
+
+        lifeline_host = self.controller_ip if self.controller_ip not in ("", "*", "0.0.0.0") else "0.0.0.0"
+        self._reaper = Reaper(lifeline_host)
+        self._loop = LoopThread()
+        kwargs = dict(self._cluster_kwargs)
+        if self.controller_ip:
+            kwargs["controller_ip"] = self.controller_ip
+        self._ipp = IPPCluster(
+            engines=self.launcher,
+            cluster_id=self.name,
+            shutdown_atexit=False,  # the workbench's own atexit and reaper handle it
+            send_engines_connection_env=True,
+            log=_quiet_logger(),
+            **kwargs,
+        )
+        self._loop.run(self._ipp.start_controller(), deadline.remaining(1))
+        self.watch(_launcher_pids(self._ipp.controller))
+        self.client = self._loop.run(self._ipp.connect_client(), deadline.remaining(1))
+
+    def _engine_kwargs(self) -> dict[str, Any]:
+        env = {LIFELINE_ENV: self.lifeline, **self._engine_env}
+        if self._preimport:
+            env[PREIMPORT_ENV] = "1"
+        kwargs: dict[str, Any] = {"environment": env, **self._launcher_kwargs}
+        # Launchers that run engines with this Python get the workbench bootstrap. Others (SSH
+        # computes a remote command) keep theirs; the lifeline is then attached after registration.
+        cls = self._ipp.engine_launcher_class
+        trait = cls.class_traits().get("engine_cmd")
+        if trait is not None and not hasattr(cls, "_engine_cmd_default"):
+            if list(trait.default() or []) == [sys.executable, "-m", "ipyparallel.engine"]:
+                kwargs.setdefault("engine_cmd", list(ENGINE_MAIN))
+        return kwargs
+
+    def add_engines(self, n: int, deadline: Deadline, on_progress) -> list[int]:
+        """Start ``n`` engines; return their ids once all registered."""
+        before = set(self.client.ids)
+        set_id = self._loop.run(self._ipp.start_engines(n, **self._engine_kwargs()), deadline.remaining(1))
+        engine_set = self._ipp.engines[set_id]
+        self.watch(_launcher_pids(engine_set))
+        while True:
+            new = sorted(set(self.client.ids) - before)
+            on_progress(len(new), n)
+            if len(new) >= n:
+                return new[:n]
+            stopped = getattr(engine_set, "state", "") == "after"
+            if stopped or deadline.expired:
+                why = "the engine launcher stopped" if stopped else f"within {deadline.seconds:.0f} s"
+                raise EngineStartTimeout(
+                    f"only {len(new)} of {n} engine(s) registered ({why}) with launcher "
+                    f"{self.launcher!r}. Last lines of the launcher's log:\n{_tail(self.log_tail(set_id))}\n"
+                    "Fix what the log shows; if the engines are merely slow to start (a busy batch queue), "
+                    "pass a larger start_timeout."
+                )
+            time.sleep(POLL_SECONDS)
+
+    def log_tail(self, set_id: str | None = None) -> str:
+        sets = [self._ipp.engines[set_id]] if set_id else list(self._ipp.engines.values())
+        chunks = []
+        for engine_set in sets:
+            try:
+                chunks.append(engine_set.get_output() or "")
+            except Exception as exc:  # noqa: BLE001 - a log we cannot read must not hide the real error
+                chunks.append(f"(could not read the launcher's output: {exc})")
+        return "\n".join(chunks)
+
+    def remove_engines(self, engine_ids: list[int], pids: list[int], deadline: Deadline) -> None:
+        """Shut these engines down and wait until they left the controller."""
+        if not engine_ids:
+            return
+        self.client.shutdown(targets=engine_ids, hub=False, block=False)
+        while set(engine_ids) & set(self.client.ids) and not deadline.expired:
+            time.sleep(POLL_SECONDS)
+        local = [pid for pid in pids if psutil.pid_exists(pid)]
+        if local:
+            kill_process_trees([(pid, 0.0) for pid in local], grace=min(10.0, deadline.remaining(1)))
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop everything this pool started; leaves no process behind."""
+        deadline = Deadline(timeout)
+        # Engines' nannies are their children; once an engine exits they are re-parented, so
+        # collect the whole tree now and make sure all of it is gone at the end.
+        tree = _process_tree(self._watched)
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # noqa: BLE001 - closing sockets of a dead cluster may fail; keep going
+                pass
+            self.client = None
+        if self._ipp is not None and self._loop is not None:
+            try:
+                self._loop.run(self._ipp.stop_cluster(), deadline.remaining(5))
+            except Exception:  # noqa: BLE001 - the process sweep below is what guarantees the result
+                pass
+        _gone, alive = psutil.wait_procs(tree, timeout=min(5.0, deadline.remaining(0.5)))
+        if alive:
+            kill_process_trees([(p.pid, 0.0) for p in alive], grace=min(10.0, deadline.remaining(1)))
+        if self._reaper is not None:
+            self._reaper.close(release=True)
+            self._reaper = None
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+        self._ipp = None
+
+    @property
+    def cluster_file(self) -> str:
+        return getattr(self._ipp, "cluster_file", "") if self._ipp else ""
+
+    @property
+    def profile_dir(self) -> str:
+        return getattr(self._ipp, "profile_dir", "") if self._ipp else ""
+
+
+class AttachedPool:
+    """Engines of an ipyparallel cluster the user runs; the workbench never stops them."""
+
+    owned = False
+    lifeline = ""
+
+    def __init__(self, client: Any, *, close_client: bool, launcher: str = "existing", cluster: Any = None):
+        self.client = client
+        self.launcher = launcher
+        self._close_client = close_client
+        self._cluster = cluster
+        self.name = getattr(cluster, "cluster_id", "") or getattr(client, "_cluster_id", "") or ""
+        self.controller_ip = getattr(cluster, "controller_ip", "") or "127.0.0.1"
+
+    def watch(self, pids: Iterable[int]) -> None:
+        pass
+
+    def remove_on_death(self, path: str) -> None:
+        pass
+
+    def start(self, deadline: Deadline) -> None:
+        pass
+
+    def add_engines(self, n: int, deadline: Deadline, on_progress, exclude: Iterable[int] = ()) -> list[int]:
+        """Take ``n`` idle engines, waiting until enough registered."""
+        taken = set(exclude)
+        while True:
+            idle = sorted(set(self.client.ids) - taken)
+            on_progress(min(len(idle), n), n)
+            if len(idle) >= n:
+                return idle[:n]
+            if deadline.expired:
+                raise ClusterStateError(
+                    f"the attached ipyparallel cluster has {len(idle)} idle engine(s) but {n} are needed; "
+                    "start more engines there (e.g. `ipcluster engines -n N` or cluster.start_engines_sync(N)) "
+                    "or ask for fewer tasks."
+                )
+            time.sleep(POLL_SECONDS)
+
+    def remove_engines(self, engine_ids: list[int], pids: list[int], deadline: Deadline) -> None:
+        from . import engine_side
+
+        if engine_ids:
+            self.client[engine_ids].apply_async(engine_side.release).get(timeout=deadline.remaining(1))
+
+    def close(self, timeout: float = 60.0) -> None:
+        if self._close_client and self.client is not None:
+            self.client.close()
+        self.client = None
+
+    cluster_file = ""
+    profile_dir = ""
+
+
+def local_hostnames() -> set[str]:
+    names = {socket.gethostname(), "localhost"}
+    try:
+        names.add(socket.getfqdn())
+    except OSError:
+        pass
+    return names
+
+
+def attach_client(source: Any, profile: str | None, cluster_id: str | None, timeout: float) -> tuple[Any, bool, Any]:
+    """An ipyparallel ``Client`` for ``from_existing``: (client, we_created_it, ipp_cluster_or_None)."""
+    import ipyparallel as ipp
+
+    if isinstance(source, ipp.Client):
+        return source, False, getattr(source, "cluster", None)
+    if isinstance(source, ipp.Cluster):
+        return source.connect_client_sync(), True, source
+    if source is not None:
+        raise ConfigurationError(
+            f"cannot attach to {type(source).__name__}: pass an ipyparallel.Cluster, an ipyparallel.Client, "
+            "or profile=/cluster_id= of a running ipyparallel cluster."
+        )
+    kwargs = {}
+    if profile:
+        kwargs["profile"] = profile
+    if cluster_id is not None:
+        kwargs["cluster_id"] = cluster_id
+    try:
+        return ipp.Client(timeout=timeout, **kwargs), True, None
+    except (OSError, TimeoutError) as exc:
+        raise ClusterStartError(
+            f"could not connect to an ipyparallel cluster (profile={profile!r}, cluster_id={cluster_id!r}): {exc}. "
+            "Start one first (`ipcluster start -n N`) or pass the ipyparallel.Cluster object."
+        ) from exc

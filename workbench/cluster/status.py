@@ -1,0 +1,99 @@
+"""Records of a cluster's tasks and their rendering as a text table and as HTML."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import asdict, dataclass, field
+
+from .spec import TaskId
+
+
+@dataclass
+class TaskRecord:
+    """One TensorFlow task and the engine hosting it."""
+
+    job: str
+    index: int
+    engine_id: int
+    host: str
+    address: str = ""
+    pid: int = 0
+    devices: list[str] = field(default_factory=list)
+    gpus: list[str] = field(default_factory=list)  # CUDA_VISIBLE_DEVICES of the engine
+    state: str = "starting"  # starting | running | lost | stopped
+    tensorflow: str = ""
+
+    @property
+    def task(self) -> TaskId:
+        return TaskId(self.job, self.index)
+
+    @property
+    def name(self) -> str:
+        return str(self.task)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_COLUMNS = ("task", "engine", "address", "pid", "devices", "GPUs", "state")
+
+
+def _device_summary(record: TaskRecord) -> str:
+    kinds = [d.rsplit("/device:", 1)[-1] for d in record.devices]
+    return ", ".join(kinds) if kinds else "-"
+
+
+def _row(record: TaskRecord) -> tuple[str, ...]:
+    return (
+        record.name,
+        str(record.engine_id),
+        record.address or "-",
+        str(record.pid or "-"),
+        _device_summary(record),
+        ",".join(record.gpus) if record.gpus else "none",
+        record.state,
+    )
+
+
+@dataclass
+class ClusterStatus:
+    """What ``Cluster.status()`` returns: printable in a terminal, rich HTML in a notebook."""
+
+    name: str
+    state: str
+    launcher: str
+    tasks: list[TaskRecord]
+
+    def _header(self) -> str:
+        counts = {job: sum(t.job == job for t in self.tasks) for job in ("ps", "worker")}
+        return (
+            f"cluster {self.name!r}: {self.state}, {counts['ps']} ps + {counts['worker']} worker "
+            f"task(s), engines: {self.launcher}"
+        )
+
+    def __str__(self) -> str:
+        rows = [_COLUMNS, *(_row(t) for t in self.tasks)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+        lines = [self._header()]
+        for n, row in enumerate(rows):
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+            if n == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        colours = {"running": "#2e7d32", "starting": "#f9a825", "lost": "#c62828", "stopped": "#757575"}
+        head = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in _COLUMNS)
+        body = []
+        for record in self.tasks:
+            cells = list(_row(record))
+            state = cells[-1]
+            cells = [html.escape(c) for c in cells[:-1]]
+            badge = f"<span style='color:{colours.get(state, '#000')};font-weight:bold'>● {html.escape(state)}</span>"
+            body.append("<tr>" + "".join(f"<td style='text-align:left'>{c}</td>" for c in cells) + f"<td>{badge}</td></tr>")
+        return (
+            f"<div class='workbench-cluster'><p><b>{html.escape(self._header())}</b></p>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+        )

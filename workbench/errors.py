@@ -1,0 +1,49 @@
+"""The one error hierarchy of the workbench.
+
+Every message says what failed, why, and what to do next. Callers catch
+``WorkbenchError`` to handle anything the workbench raises on purpose.
+"""
+
+from __future__ import annotations
+
+
+class WorkbenchError(Exception):
+    """Base class of every error the workbench raises on purpose."""
+
+
+class ConfigurationError(WorkbenchError, ValueError):
+    """Arguments that cannot work, detected before anything starts."""
+
+
+class ClusterStartError(WorkbenchError):
+    """Starting the engine pool or its TensorFlow servers failed.
+
+    Everything that had been started is stopped before this is raised.
+    """
+
+
+class EngineStartTimeout(ClusterStartError):
+    """Fewer engines registered than were asked for, within the time allowed."""
+
+
+class TensorFlowImportError(ClusterStartError):
+    """An engine could not import TensorFlow."""
+
+
+class VersionMismatchError(ClusterStartError):
+    """An engine runs different TensorFlow or workbench versions than the client."""
+
+
+class ServerStartError(ClusterStartError):
+    """A TensorFlow server could not be started on an engine."""
+
+
+class ClusterStateError(WorkbenchError):
+    """The operation does not fit the cluster's current state (e.g. stopped)."""
+
+
+class UnknownTaskError(WorkbenchError, KeyError):
+    """A task name such as ``worker:9`` that the cluster does not have."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
