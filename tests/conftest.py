@@ -1,0 +1,99 @@
+"""Fixtures shared by the whole suite.
+
+Integration tests start real ipyparallel engines and real TensorFlow servers on loopback.
+Every fixture that starts processes stops them, and ``no_leftover_processes`` proves it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+
+# Registry files of test clusters go to a private directory, not the user's Jupyter runtime dir.
+_REGISTRY = tempfile.mkdtemp(prefix="workbench-test-registry-")
+os.environ["WORKBENCH_REGISTRY_DIR"] = _REGISTRY
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+for _proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy"):
+    os.environ.pop(_proxy, None)
+
+
+@pytest.fixture(scope="session")
+def registry_dir() -> Path:
+    return Path(_REGISTRY)
+
+
+def descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def wait_gone(pids, timeout: float = 30.0) -> set[int]:
+    """Wait until none of ``pids`` runs (zombies count as gone); return those still alive."""
+    deadline = time.monotonic() + timeout
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {pid for pid in alive if _running(pid)}
+        if alive:
+            time.sleep(0.2)
+    return alive
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.fixture
+def no_leftover_processes():
+    """Fails the test if it leaves any process it started (directly or not) running."""
+    before = descendants()
+    yield
+    leftover = wait_gone(descendants() - before, timeout=20)
+    assert not leftover, f"processes left running: {[psutil.Process(p).cmdline() for p in leftover if _running(p)]}"
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """One running 1 ps + 2 worker cluster shared by the integration tests that only read it."""
+    import workbench as wb
+
+    c = wb.Cluster(ps=1, workers=2, name="wb-test-shared", progress=False).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def run_tf_client(spec: dict, body: str, timeout: float = 120.0) -> dict:
+    """Run ``body`` in a fresh Python connected to ``spec`` as a plain TF client; return its JSON result.
+
+    ``body`` sees ``tf`` and must assign a JSON-serialisable ``result``.
+    """
+    script = textwrap.dedent(
+        """
+        import json, sys
+        import tensorflow as tf
+        spec = json.loads(sys.argv[1])
+        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+        """
+    ) + textwrap.dedent(body) + "\nprint('RESULT ' + json.dumps(result))\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(spec)],
+        capture_output=True, text=True, timeout=timeout,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"TF client failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1][len("RESULT "):])

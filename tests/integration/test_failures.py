@@ -1,0 +1,114 @@
+"""Start-up failures give clear errors and leave nothing running; so does a killed client."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+import workbench as wb
+from conftest import wait_gone
+
+pytestmark = pytest.mark.cluster
+
+
+def _fake_tensorflow(tmp_path, body):
+    package = tmp_path / "fake" / "tensorflow"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(textwrap.dedent(body))
+    return str(tmp_path / "fake")
+
+
+def test_engine_that_cannot_import_tensorflow(tmp_path, no_leftover_processes):
+    path = _fake_tensorflow(tmp_path, "raise ImportError('libtensorflow_framework.so.2: cannot open shared object file')\n")
+    cluster = wb.Cluster(ps=0, workers=1, env={"PYTHONPATH": path}, progress=False, start_timeout=120)
+    with pytest.raises(wb.TensorFlowImportError) as info:
+        cluster.start()
+    message = str(info.value)
+    assert "engine 0 (" in message and "could not import TensorFlow" in message
+    assert "libtensorflow_framework.so.2" in message and "pip install 'workbench[cpu]'" in message
+    assert cluster.state == "failed"
+
+
+def test_engine_with_another_tensorflow_version(tmp_path, no_leftover_processes):
+    path = _fake_tensorflow(tmp_path, "__version__ = '2.0.0-fake'\n")
+    cluster = wb.Cluster(ps=0, workers=1, env={"PYTHONPATH": path}, progress=False, start_timeout=120)
+    with pytest.raises(wb.VersionMismatchError, match=r"engine 0 \(.*\) runs TensorFlow 2.0.0-fake but this client runs 2\."):
+        cluster.start()
+
+
+def test_engines_that_die_at_start_report_the_launchers_log(no_leftover_processes):
+    crash = [sys.executable, "-c", "import sys; print('engine: cannot find the scratch filesystem'); sys.exit(3)"]
+    cluster = wb.Cluster(ps=1, workers=1, engine_cmd=crash, progress=False, start_timeout=60)
+    started = time.monotonic()
+    with pytest.raises(wb.EngineStartTimeout) as info:
+        cluster.start()
+    assert time.monotonic() - started < 50, "a launcher that stopped should fail fast, not wait for the timeout"
+    message = str(info.value)
+    assert "only 0 of 2 engine(s) registered (the engine launcher stopped)" in message
+    assert "cannot find the scratch filesystem" in message
+
+
+def test_engines_that_never_register_time_out_and_are_stopped(no_leftover_processes):
+    hang = [sys.executable, "-c", "import time; print('engine: waiting for a licence server'); time.sleep(600)"]
+    cluster = wb.Cluster(ps=0, workers=2, engine_cmd=hang, progress=False, start_timeout=8)
+    with pytest.raises(wb.EngineStartTimeout) as info:
+        cluster.start()
+    message = str(info.value)
+    assert "only 0 of 2 engine(s) registered (within 8 s)" in message
+    assert "waiting for a licence server" in message and "start_timeout" in message
+
+
+CLIENT = textwrap.dedent("""
+    import json, sys, time
+    import psutil
+    import workbench as wb
+    cluster = wb.Cluster(ps=1, workers=1, name="wb-test-sigkill", progress=False).start()
+    pids = set()
+    for proc in psutil.Process().children(recursive=True):
+        pids.add(proc.pid)
+    print("PIDS " + json.dumps(sorted(pids)), flush=True)
+    time.sleep(600)
+""")
+
+
+def test_killed_client_leaves_no_engine_controller_or_registry_file(registry_dir):
+    client = subprocess.Popen([sys.executable, "-c", CLIENT], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        line = ""
+        while not line.startswith("PIDS ") and time.monotonic() < deadline:
+            line = client.stdout.readline()
+            assert line or client.poll() is None, "client exited before its cluster started"
+        pids = json.loads(line[5:])
+        names = [" ".join(psutil.Process(p).cmdline()) for p in pids]
+        assert any("ipyparallel.controller" in n for n in names)
+        assert sum("workbench.cluster.engine_main" in n for n in names) == 2
+        assert any("workbench.cluster.reaper" in n for n in names)
+        assert (registry_dir / "wb-test-sigkill.json").exists()
+    except BaseException:
+        client.kill()
+        raise
+    client.send_signal(signal.SIGKILL)
+    client.wait(timeout=10)
+    alive = wait_gone(pids, timeout=60)
+    assert not alive, f"still running 60 s after the client was killed: {alive}"
+    assert not (registry_dir / "wb-test-sigkill.json").exists()
+
+
+def test_engines_exit_on_their_own_when_the_lifeline_closes(no_leftover_processes):
+    """The engine-side half of the guarantee, for engines the reaper cannot reach (other hosts)."""
+    cluster = wb.Cluster(ps=0, workers=1, name="wb-test-lifeline", progress=False).start()
+    try:
+        engine = psutil.Process(cluster.tasks[0].pid)
+        reaper = cluster._pool._reaper
+        # Kill the reaper alone, as if the client's host vanished: nobody kills the engine for it.
+        os.kill(reaper.pid, signal.SIGKILL)
+        engine.wait(timeout=30)
+    finally:
+        cluster.stop()

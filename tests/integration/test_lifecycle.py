@@ -1,0 +1,56 @@
+"""Start, scale and stop own their processes: nothing is left behind."""
+
+import psutil
+import pytest
+
+import workbench as wb
+from conftest import run_tf_client, wait_gone
+
+pytestmark = pytest.mark.cluster
+
+
+def _tree(pids):
+    found = set()
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            found |= {proc.pid} | {c.pid for c in proc.children(recursive=True)}
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_scale_stop_and_context_manager(no_leftover_processes, registry_dir):
+    with wb.Cluster(ps=1, workers=1, name="wb-test-scale", progress=False) as cluster:
+        assert cluster.state == "running"
+        cluster.scale(workers=3)
+        assert [r.name for r in cluster.tasks] == ["ps:0", "worker:0", "worker:1", "worker:2"]
+        assert len(cluster.spec_dict["worker"]) == 3
+        result = run_tf_client(cluster.spec_dict, """
+            with tf.device("/job:worker/replica:0/task:2/device:CPU:0"):
+                x = tf.reduce_sum(tf.ones([4, 4]))
+            result = {"sum": float(x.numpy()), "device": x.device}
+        """)
+        assert result == {"sum": 16.0, "device": "/job:worker/replica:0/task:2/device:CPU:0"}
+
+        removed = cluster.task("worker:2")
+        removed_tree = _tree([removed.pid])
+        cluster.scale(workers=2)
+        assert [r.name for r in cluster.tasks] == ["ps:0", "worker:0", "worker:1"]
+        assert not wait_gone(removed_tree, timeout=30), "the removed worker's engine is still running"
+        assert removed.engine_id not in cluster.client.ids
+
+        with pytest.raises(wb.ConfigurationError, match="number of ps tasks cannot change"):
+            cluster.scale(ps=2)
+        with pytest.raises(wb.ConfigurationError, match="at least one worker"):
+            cluster.scale(workers=0)
+
+        everything = _tree([r.pid for r in cluster.tasks])
+        assert (registry_dir / "wb-test-scale.json").exists()
+    assert cluster.state == "stopped"
+    assert all(r.state == "stopped" for r in cluster.tasks)
+    assert not wait_gone(everything, timeout=30)
+    assert not (registry_dir / "wb-test-scale.json").exists()
+    cluster.stop()  # a second stop is harmless
+    with pytest.raises(wb.ClusterStateError, match="stopped"):
+        cluster.start()
