@@ -25,6 +25,7 @@ from .reaper import Reaper, kill_process_trees
 
 ENGINE_MAIN = [sys.executable, "-m", "workbench.cluster.engine_main"]
 POLL_SECONDS = 0.1
+HEARTBEAT_ARGS = ["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=60"]
 
 
 class Deadline:
@@ -205,25 +206,33 @@ class OwnedPool:
         self._reaper = Reaper(lifeline_host)
         self._loop = LoopThread()
         kwargs = dict(self._cluster_kwargs)
+        # The hub confirms a new engine only on the heartbeat after its first reply: with the
+        # default 3 s period that adds 3-6 s to every start. Beat faster, and allow as many
+        # seconds of missed beats (30) as the default before declaring an engine dead.
+        kwargs["controller_args"] = [*HEARTBEAT_ARGS, *kwargs.get("controller_args", [])]
         if self.controller_ip:
             kwargs["controller_ip"] = self.controller_ip
         self._ipp = IPPCluster(
             engines=self.launcher,
             cluster_id=self.name,
             shutdown_atexit=False,  # the workbench's own atexit and reaper handle it
-            send_engines_connection_env=True,
+            # Local engines read the controller's connection file themselves, so they can be
+            # launched while the controller is still starting (their TF import overlaps it).
+            # Engines elsewhere get the connection info in their environment instead.
+            send_engines_connection_env=self.launcher != "local",
             log=_quiet_logger(),
             **kwargs,
         )
         self._loop.run(self._ipp.start_controller(), deadline.remaining(1))
         self.watch(_launcher_pids(self._ipp.controller))
-        self.client = self._loop.run(self._ipp.connect_client(), deadline.remaining(1))
 
     def _engine_kwargs(self) -> dict[str, Any]:
         env = {LIFELINE_ENV: self.lifeline, **self._engine_env}
         if self._preimport:
             env[PREIMPORT_ENV] = "1"
         kwargs: dict[str, Any] = {"environment": env, **self._launcher_kwargs}
+        if self.launcher == "local":
+            kwargs.setdefault("engine_args", ["--IPEngine.wait_for_url_file=120"])
         # Launchers that run engines with this Python get the workbench bootstrap. Others (SSH
         # computes a remote command) keep theirs; the lifeline is then attached after registration.
         cls = self._ipp.engine_launcher_class
@@ -235,10 +244,12 @@ class OwnedPool:
 
     def add_engines(self, n: int, deadline: Deadline, on_progress) -> list[int]:
         """Start ``n`` engines; return their ids once all registered."""
-        before = set(self.client.ids)
+        before = set(self.client.ids) if self.client is not None else set()
         set_id = self._loop.run(self._ipp.start_engines(n, **self._engine_kwargs()), deadline.remaining(1))
         engine_set = self._ipp.engines[set_id]
         self.watch(_launcher_pids(engine_set))
+        if self.client is None:
+            self.client = self._loop.run(self._ipp.connect_client(), deadline.remaining(1))
         while True:
             new = sorted(set(self.client.ids) - before)
             on_progress(len(new), n)
@@ -288,14 +299,14 @@ class OwnedPool:
             except Exception:  # noqa: BLE001 - closing sockets of a dead cluster may fail; keep going
                 pass
             self.client = None
+        # Terminate every process at once (engines, nannies, controller): engines hold nothing a
+        # graceful shutdown would save, and TF servers cannot shut down cleanly anyway.
+        kill_process_trees([(p.pid, 0.0) for p in tree], grace=min(5.0, deadline.remaining(1)))
         if self._ipp is not None and self._loop is not None:
-            try:
+            try:  # ipyparallel's bookkeeping: connection and cluster files, logs
                 self._loop.run(self._ipp.stop_cluster(), deadline.remaining(5))
-            except Exception:  # noqa: BLE001 - the process sweep below is what guarantees the result
+            except Exception:  # noqa: BLE001 - the processes are gone already; files are secondary
                 pass
-        _gone, alive = psutil.wait_procs(tree, timeout=min(5.0, deadline.remaining(0.5)))
-        if alive:
-            kill_process_trees([(p.pid, 0.0) for p in alive], grace=min(10.0, deadline.remaining(1)))
         if self._reaper is not None:
             self._reaper.close(release=True)
             self._reaper = None

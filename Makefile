@@ -1,0 +1,36 @@
+# Two commands do everything on a fresh machine:
+#   make lab    install into .venv and open JupyterLab on notebooks/ (LAB_ARGS=--no-browser for a server)
+#   make test   install with test dependencies and run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+EXTRAS ?= cpu,notebook,test
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install lab test bench demo clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	$(PY) -m pip check
+	touch $@
+
+install: $(VENV)/.installed
+
+lab: install
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
+		$$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: install
+	$(VENV)/bin/workbench demo
+
+bench: install
+	$(PY) bench/startup.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info test-artifacts bench/results

@@ -1,0 +1,40 @@
+"""Tutorial notebooks run top to bottom in a real kernel."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from conftest import ARTIFACTS, ROOT
+
+pytestmark = pytest.mark.cluster
+
+
+def _execute(name: str, timeout: int = 300) -> nbformat.NotebookNode:
+    notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    NotebookClient(notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    ARTIFACTS.mkdir(exist_ok=True)
+    nbformat.write(notebook, ARTIFACTS / name)  # the executed copy, for people to look at
+    return notebook
+
+
+def _text(cell) -> str:
+    parts = []
+    for output in cell.get("outputs", []):
+        parts.append(output.get("text", ""))
+        for key in ("text/plain", "text/html"):
+            parts.append(output.get("data", {}).get(key, ""))
+    return "\n".join(parts)
+
+
+def test_quickstart(no_leftover_processes):
+    notebook = _execute("01-quickstart.ipynb")
+    cells = [c for c in notebook.cells if c.cell_type == "code"]
+    status_html = _text(cells[1])
+    assert "ps:0" in status_html and "worker:1" in status_html and "running" in status_html
+    ops = _text(cells[3])
+    for task in ("ps", "worker"):
+        assert f"(5050, '/job:{task}/replica:0/task:0/device:CPU:0')" in ops
+    assert "(5050, '/job:worker/replica:0/task:1/device:CPU:0')" in ops
+    assert "stopped" in _text(cells[4])
