@@ -2,7 +2,9 @@
 
 __version__ = "0.1.0"
 
+from . import datasets  # noqa: E402
 from .cluster import Cluster, ClusterStatus, TaskId, TaskRecord, list_clusters  # noqa: E402
+from .training import DataContext, Job, ParameterServerLost, TrainingError, train  # noqa: E402
 from .errors import (  # noqa: E402
     ClusterStartError,
     ClusterStateError,
@@ -16,6 +18,11 @@ from .errors import (  # noqa: E402
 )
 
 __all__ = [
+    "DataContext",
+    "Job",
+    "ParameterServerLost",
+    "TrainingError",
+    "train",
     "Cluster",
     "ClusterStartError",
     "ClusterStateError",

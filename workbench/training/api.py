@@ -1,0 +1,73 @@
+"""``wb.train``: the public entry point of distributed training."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..errors import ConfigurationError
+from .job import Job
+from .options import TrainOptions, validate
+
+
+def train(
+    cluster,
+    model: Any,
+    data: Callable,
+    loss: Any,
+    optimizer: Any = "adam",
+    *,
+    metrics: list | tuple = (),
+    strategy: str = "async-ps",
+    backup_workers: int = 0,
+    steps: int = 1000,
+    batch_size: int = 64,
+    steps_per_call: int = 10,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    seed: int | None = None,
+    step_timeout: float = 300.0,
+    wait: bool = False,
+) -> Job:
+    """Train a Keras model on ``cluster`` with the workbench's own distributed training loop.
+
+    Keras 3's ``model.fit`` does not run under TensorFlow's parameter-server or multi-worker
+    strategies; this loop does, with Keras models, losses and optimizers.
+
+    Parameters
+    ----------
+    cluster: a running ``wb.Cluster``.
+    model: a function returning a ``keras.Model`` (or a functional/Sequential model to clone); its
+        variables are created on the ps tasks, spread by size.
+    data: ``data(ctx) -> tf.data.Dataset`` of unbatched ``(features, labels)`` examples; ``ctx`` is a
+        ``wb.DataContext`` (worker index, number of workers, per-worker batch, seed). The pipeline is
+        built and run on each worker; the workbench repeats, batches and shards it.
+    loss, optimizer, metrics: Keras loss (name, object or function), optimizer (name, object or
+        factory), and per-batch metrics (``"accuracy"``, ``"mae"``, ``"mse"`` or functions).
+    strategy: ``"async-ps"`` (each worker applies its own updates), ``"sync-ps"`` (each step averages
+        the first N - ``backup_workers`` gradients and drops the late ones), or ``"allreduce"``.
+    steps, batch_size: optimizer steps to run, and the global batch (split evenly over the workers).
+    steps_per_call: async-ps steps a worker runs per remote call (fewer round trips).
+    checkpoint_dir, checkpoint_every, resume: periodic ``tf.train.Checkpoint`` of model, optimizer and
+        step; ``resume=True`` continues from the newest one.
+    seed: makes initial weights and data order reproducible.
+    step_timeout: seconds a sync-ps step may wait for its gradients before the job fails.
+    wait: block until the job ends (else it trains in the background; see ``job.wait()``).
+    """
+    if strategy == "allreduce":
+        raise ConfigurationError(
+            "strategy='allreduce' is not available in this version of the workbench yet; use 'sync-ps' for "
+            "synchronous data parallelism (it gives the same updates with backup_workers=0)."
+        )
+    options = validate(TrainOptions(
+        strategy=strategy, steps=steps, batch_size=batch_size, backup_workers=backup_workers,
+        steps_per_call=steps_per_call, metrics=tuple(metrics), checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every, resume=resume, seed=seed, step_timeout=step_timeout,
+        num_workers=len([t for t in cluster.tasks if t.job == "worker"]) if cluster.state == "running" else 1,
+    ))
+    if cluster.state != "running":
+        from ..errors import ClusterStateError
+
+        raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}. Call cluster.start() first.")
+    job = Job(cluster, model, data, loss, optimizer, options).start()
+    return job.wait() if wait else job

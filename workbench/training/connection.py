@@ -1,0 +1,60 @@
+"""The notebook kernel as a TensorFlow client of one cluster at a time.
+
+TensorFlow keeps one cluster connection per process. Connecting to a second cluster makes every
+variable and function of the first unusable, and mixing connection modes in one process has
+crashed it (a segmentation fault kills the kernel). So the workbench connects the kernel once per
+cluster, through ``connect()``, and objects made under a connection record its epoch: using one
+after the kernel moved to another cluster raises a clear error instead.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..errors import ClusterStateError
+
+_LOCK = threading.Lock()
+_STATE = {"spec": None, "cluster": None, "epoch": 0}
+
+
+def connect(cluster) -> int:
+    """Make this process a TF client of ``cluster`` (idempotent); return the connection epoch."""
+    import tensorflow as tf
+
+    if cluster.state != "running":
+        raise ClusterStateError(
+            f"cannot connect to cluster {cluster.name!r}: it is {cluster.state}. Start it first (cluster.start())."
+        )
+    spec = cluster.spec_dict
+    with _LOCK:
+        if _STATE["spec"] == spec:
+            return _STATE["epoch"]
+        _refuse_other_strategies()
+        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+        _STATE.update(spec=spec, cluster=cluster.name, epoch=_STATE["epoch"] + 1)
+        return _STATE["epoch"]
+
+
+def check_epoch(epoch: int, what: str) -> None:
+    """Raise if ``what`` was made under a connection the kernel has since replaced."""
+    if epoch != _STATE["epoch"]:
+        raise ClusterStateError(
+            f"{what} belongs to a cluster connection this kernel has replaced (it now talks to "
+            f"{_STATE['cluster']!r}); its variables are out of reach. Re-run the job on the current cluster, "
+            "or use job.model, the local copy of the trained weights."
+        )
+
+
+def current_epoch() -> int:
+    return _STATE["epoch"]
+
+
+def _refuse_other_strategies() -> None:
+    import tensorflow as tf
+
+    if tf.distribute.has_strategy():
+        raise ClusterStateError(
+            f"a tf.distribute strategy ({type(tf.distribute.get_strategy()).__name__}) is active in this kernel; "
+            "connecting it to a cluster as well has crashed TensorFlow. Leave the strategy's scope, or run that "
+            "code in another kernel."
+        )

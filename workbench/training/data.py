@@ -1,0 +1,59 @@
+"""Per-worker input: the user's ``data(ctx)`` function, batched and sharded identically everywhere.
+
+``data(ctx)`` returns a ``tf.data.Dataset`` of *unbatched* ``(features, labels)`` examples in a
+deterministic order (shuffle with ``seed=ctx.seed``). The workbench repeats it, batches it with
+the per-worker batch, and gives worker ``w`` batches ``w, w+N, w+2N, ...``: one synchronous step
+over N workers then sees exactly the global batch a single worker would see, so sync strategies
+follow the same loss curve whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class DataContext:
+    """What a data function may want to know about the pipeline it feeds."""
+
+    worker_index: int
+    num_workers: int
+    per_worker_batch_size: int
+    seed: int
+    training: bool = True
+
+
+def training_dataset(data: Callable[[DataContext], Any], ctx: DataContext):
+    """The endless, batched, sharded dataset of one worker (built where it is traced and run)."""
+    dataset = data(ctx)
+    _check_dataset(dataset, data)
+    dataset = dataset.repeat().batch(ctx.per_worker_batch_size, drop_remainder=True)
+    if ctx.num_workers > 1:
+        dataset = dataset.shard(ctx.num_workers, ctx.worker_index)
+    return dataset.prefetch(2)
+
+
+def evaluation_dataset(data: Callable[[DataContext], Any], batch_size: int, seed: int):
+    ctx = DataContext(0, 1, batch_size, seed, training=False)
+    dataset = data(ctx)
+    _check_dataset(dataset, data)
+    return dataset.batch(batch_size)
+
+
+def _check_dataset(dataset: Any, data: Callable) -> None:
+    import tensorflow as tf
+
+    from ..errors import ConfigurationError
+
+    if not isinstance(dataset, tf.data.Dataset):
+        raise ConfigurationError(
+            f"the data function {getattr(data, '__name__', data)!r} returned {type(dataset).__name__}, not a "
+            "tf.data.Dataset: return tf.data.Dataset.from_tensor_slices((x, y)) or another unbatched pipeline."
+        )
+    spec = dataset.element_spec
+    if not (isinstance(spec, tuple) and len(spec) == 2):
+        raise ConfigurationError(
+            "the data function must yield (features, labels) pairs, one example each (unbatched); "
+            f"its elements are {spec}."
+        )

@@ -1,0 +1,436 @@
+"""A training job on a cluster: set-up in the kernel, steps on the workers, variables on the ps tasks.
+
+The kernel schedules; it never carries the data or the per-step parameters. Each worker has a
+thread in the kernel bound to it, so the job knows which worker ran each step, gives each worker
+its own shard of the data, and can treat the workers differently (backup workers in sync-ps).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
+from . import connection
+from .data import DataContext, evaluation_dataset, training_dataset
+from .options import TrainOptions
+from .placement import PsPlacer
+from .steps import StepFunctions, accumulator_step, resolve_loss, resolve_metrics
+
+# Errors that mean "a task went away", as opposed to a bug in the model or data functions.
+_INFRASTRUCTURE_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError", "InternalError")
+THREAD_JOIN_SECONDS = 30.0
+
+
+class TrainingError(WorkbenchError):
+    """A training job failed; the message names the task and, where there is one, the checkpoint."""
+
+
+class ParameterServerLost(TrainingError):
+    """A ps task became unreachable: the job cannot go on (its variables lived there)."""
+
+
+def _reachable(address: str, timeout: float = 2.0) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _build_model(model: Any, example_features) -> Any:
+    import keras
+    import tensorflow as tf
+
+    if isinstance(model, keras.Model):
+        try:
+            built = keras.models.clone_model(model)
+        except Exception as exc:  # noqa: BLE001 - subclassed models cannot be cloned; say what to pass instead
+            raise ConfigurationError(
+                f"cannot re-create {type(model).__name__} with its variables on the ps tasks ({exc}): pass a "
+                "function that builds the model instead, e.g. model=make_model."
+            ) from None
+    elif callable(model):
+        built = model()
+        if not isinstance(built, keras.Model):
+            raise ConfigurationError(f"the model function returned {type(built).__name__}, not a keras.Model.")
+    else:
+        raise ConfigurationError(f"model={model!r}: pass a function that builds a keras.Model (or a keras.Model).")
+    if not built.built or not built.weights:
+        built(tf.zeros([1, *example_features.shape[1:]], example_features.dtype))
+    return built
+
+
+def _build_optimizer(optimizer: Any) -> Any:
+    import keras
+
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        # Re-create it here so that its variables (iterations, slots) live on the ps tasks too.
+        return type(optimizer).from_config(optimizer.get_config())
+    if isinstance(optimizer, str):
+        try:
+            return keras.optimizers.get(optimizer)
+        except ValueError as exc:
+            raise ConfigurationError(f"optimizer={optimizer!r} is not a Keras optimizer: {exc}") from None
+    if callable(optimizer):
+        return _build_optimizer(optimizer())
+    raise ConfigurationError(f"optimizer={optimizer!r}: pass a name ('adam'), a keras optimizer, or a function returning one.")
+
+
+class Job:
+    """A running or finished training job. Returned by ``wb.train``.
+
+    ``wait()`` blocks until it ends; ``history`` holds one record per step; ``evaluate(data)``
+    runs on the trained variables; ``model`` is a local Keras model with the trained weights.
+    """
+
+    def __init__(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions):
+        import keras
+        import tensorflow as tf
+
+        self.cluster = cluster
+        self.options = options
+        self._data = data
+        self._model_source = model
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._history: list[dict] = []
+        self.state = "starting"
+        self.error: BaseException | None = None
+        self.dropped_gradients = 0
+        self.last_checkpoint: str | None = None
+        self._epoch = connection.connect(cluster)
+
+        ps_tasks = [r for r in cluster.tasks if r.job == "ps"]
+        self._workers = [r for r in cluster.tasks if r.job == "worker"]
+        if not ps_tasks:
+            raise ConfigurationError(
+                f"strategy={options.strategy!r} keeps the variables on ps tasks, and cluster {cluster.name!r} has none: "
+                "start it with ps=1 or more."
+            )
+        self._ps_devices = [f"{r.task.device}/device:CPU:0" for r in ps_tasks]
+        self._ps_addresses = [r.address for r in ps_tasks]
+        self._worker_devices = [f"{r.task.device}/device:CPU:0" for r in self._workers]
+        seed = 0 if options.seed is None else options.seed
+        if options.seed is not None:
+            keras.utils.set_random_seed(options.seed)
+        probe = data(DataContext(0, len(self._workers), options.per_worker_batch, seed))
+        example = training_dataset(lambda _ctx: probe, DataContext(0, 1, 1, seed)).element_spec[0]
+
+        self._example_shape, self._example_dtype = [1, *example.shape[1:]], example.dtype
+        self.placer = PsPlacer(self._ps_devices)
+        with tf.variable_creator_scope(self.placer):
+            self._model = _build_model(model, tf.zeros(self._example_shape, self._example_dtype))
+            self._optimizer = _build_optimizer(optimizer)
+            self._optimizer.build(self._model.trainable_variables)
+            with tf.device(self._ps_devices[0]):
+                self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
+        self._fns = StepFunctions(self._model, self._optimizer, resolve_loss(loss), resolve_metrics(options.metrics))
+        self.metric_names = list(self._fns.metric_fns)
+
+        self._checkpoint = None
+        self.start_step = 0
+        if options.checkpoint_dir:
+            self._checkpoint = tf.train.Checkpoint(model=self._model, optimizer=self._optimizer, step=self._step)
+            self._manager = tf.train.CheckpointManager(self._checkpoint, options.checkpoint_dir, max_to_keep=3)
+            if options.resume:
+                self._checkpoint.restore(self._manager.latest_checkpoint).expect_partial()
+                self.start_step = int(self._step.numpy())
+                self.last_checkpoint = self._manager.latest_checkpoint
+        self._iterators = self._make_iterators(seed)
+        self._started = time.time()
+        self._thread = threading.Thread(target=self._drive, name="workbench-job", daemon=True)
+
+    def _make_iterators(self, seed: int) -> list:
+        import tensorflow as tf
+
+        iterators = []
+        n = len(self._workers)
+        for index, device in enumerate(self._worker_devices):
+            ctx = DataContext(index, n, self.options.per_worker_batch, seed)
+            make = tf.function(lambda ctx=ctx: training_dataset(self._data, ctx), autograph=False).get_concrete_function()
+            with tf.device(device):  # the pipeline is built and runs on that worker
+                iterators.append(iter(make()))
+        return iterators
+
+    # -- public ------------------------------------------------------------------------------
+
+    def start(self) -> Job:
+        self.state = "running"
+        self._thread.start()
+        return self
+
+    @property
+    def info(self) -> dict:
+        """How the job is laid out: strategy, batches, devices, variable placement."""
+        return {
+            "strategy": self.options.strategy,
+            "steps": self.options.steps,
+            "start_step": self.start_step,
+            "global_batch_size": self.options.batch_size,
+            "per_worker_batch_size": self.options.per_worker_batch,
+            "workers": [r.name for r in self._workers],
+            "backup_workers": self.options.backup_workers,
+            "gradients_per_step": self.options.required_gradients if self.options.strategy == "sync-ps" else None,
+            "ps_bytes": dict(self.placer.loads),
+            "checkpoint_dir": self.options.checkpoint_dir,
+        }
+
+    @property
+    def history(self) -> list[dict]:
+        """One record per step: step, loss, metrics, worker(s), worker-side start/end time, examples/s."""
+        with self._lock:
+            return sorted((dict(r) for r in self._history), key=lambda r: r["step"])
+
+    @property
+    def steps_done(self) -> int:
+        with self._lock:
+            return len(self._history)
+
+    def wait(self, timeout: float | None = None) -> Job:
+        """Block until the job ends; raise its error if it failed."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the job is still running after {timeout} s ({self.steps_done} steps done); wait longer or job.stop().")
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Ask the job to stop after the steps in flight; wait for that."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def evaluate(self, data: Callable | None = None, batch_size: int = 256) -> dict[str, float]:
+        """Loss and metrics of the trained variables over one pass of ``data(ctx)`` (on ``worker:0``)."""
+        import tensorflow as tf
+
+        connection.check_epoch(self._epoch, "this job")
+        data = data or self._data
+        seed = 0 if self.options.seed is None else self.options.seed
+        self._fns.build_evaluate(tf.autograph.experimental.do_not_convert(lambda: evaluation_dataset(data, batch_size, seed)))
+        with tf.device(self._worker_devices[0]):
+            values, count = self._fns.evaluate()
+        values = values.numpy().tolist()
+        return {"loss": values[0], **dict(zip(self.metric_names, values[1:])), "examples": int(count.numpy())}
+
+    @property
+    def model(self):
+        """A local Keras model (in this kernel, no cluster needed) holding the trained weights."""
+        import tensorflow as tf
+
+        connection.check_epoch(self._epoch, "this job")
+        with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+            local = _build_model(self._model_source, tf.zeros(self._example_shape, self._example_dtype))
+        local.set_weights([w.numpy() for w in self._model.weights])
+        return local
+
+    def __repr__(self) -> str:
+        return f"<workbench.Job {self.options.strategy} {self.state}: {self.steps_done}/{self.options.steps - self.start_step} steps>"
+
+    # -- the driver --------------------------------------------------------------------------
+
+    def _drive(self) -> None:
+        try:
+            if self.options.strategy == "async-ps":
+                self._run_async()
+            else:
+                self._run_sync()
+            if self._checkpoint is not None:
+                self._save()
+            self.state = "cancelled" if self._stop.is_set() else "done"
+        except BaseException as exc:  # noqa: BLE001 - kept for wait() to raise in the caller's thread
+            self.error = exc if isinstance(exc, WorkbenchError) else TrainingError(f"training failed: {type(exc).__name__}: {exc}")
+            self.state = "failed"
+
+    def _save(self) -> None:
+        self._step.assign(self.start_step + self.steps_done)
+        self.last_checkpoint = self._manager.save(checkpoint_number=self.start_step + self.steps_done)
+
+    def _classify(self, exc: BaseException, worker: str) -> BaseException:
+        """A lost ps fails the job (naming the checkpoint); a lost worker does not; other errors are bugs."""
+        if type(exc).__name__ not in _INFRASTRUCTURE_ERRORS:
+            return TrainingError(f"a step on {worker} failed: {type(exc).__name__}: {getattr(exc, 'message', exc)}")
+        for address, device in zip(self._ps_addresses, self._ps_devices):
+            if not _reachable(address):
+                where = (f"resume from {self.last_checkpoint} with wb.train(..., resume=True) on a new cluster"
+                         if self.last_checkpoint else "no checkpoint was written (pass checkpoint_dir= and checkpoint_every=)")
+                return ParameterServerLost(
+                    f"the parameter server {device.split('/device')[0]} ({address}) is unreachable, so the model's "
+                    f"variables are lost at step {self.start_step + self.steps_done}: {where}."
+                )
+        return ClusterStateError(f"{worker} was lost: {type(exc).__name__}")
+
+    def _record(self, step: int, loss: float, metrics, worker: str, start: float, end: float, examples: int, **extra) -> None:
+        record = {
+            "step": step,
+            "loss": float(loss),
+            **{name: float(v) for name, v in zip(self.metric_names, metrics)},
+            "worker": worker,
+            "start": float(start),
+            "end": float(end),
+            "examples": examples,
+            "examples_per_s": examples / max(end - start, 1e-9),
+            **extra,
+        }
+        with self._lock:
+            self._history.append(record)
+
+    def _checkpoint_due(self, next_at: int) -> int:
+        if self._checkpoint is not None and self.options.checkpoint_every and self.steps_done >= next_at:
+            self._save()
+            return next_at + self.options.checkpoint_every
+        return next_at
+
+    # async-ps: every worker runs chunks of steps, each applying its own updates ----------------
+
+    def _run_async(self) -> None:
+        import tensorflow as tf
+
+        self._fns.build_async()
+        total = self.options.steps - self.start_step
+        chunk = self.options.steps_per_call
+        pending = [(self.start_step + i, min(chunk, total - i)) for i in range(0, total, chunk)]
+        pending.reverse()
+        failures: list[BaseException] = []
+        lost: list[str] = []
+
+        def claim():
+            with self._lock:
+                return pending.pop() if pending and not self._stop.is_set() and not failures else None
+
+        def work(index: int) -> None:
+            name, device, iterator = self._workers[index].name, self._worker_devices[index], self._iterators[index]
+            while (item := claim()) is not None:
+                first, n = item
+                try:
+                    with tf.device(device):
+                        losses, metrics, stamps = self._fns.train_steps(iterator, tf.constant(n, tf.int32))
+                    losses, metrics, stamps = losses.numpy(), metrics.numpy(), stamps.numpy()
+                except Exception as exc:  # noqa: BLE001 - classified below
+                    with self._lock:
+                        pending.append(item)  # its steps are re-run on another worker
+                    error = self._classify(exc, name)
+                    if isinstance(error, ClusterStateError):
+                        lost.append(name)
+                    else:
+                        failures.append(error)
+                    return
+                for i in range(n):
+                    self._record(first + i, losses[i], metrics[i], name, stamps[i], stamps[i + 1], self.options.per_worker_batch)
+
+        threads = [threading.Thread(target=work, args=(i,), daemon=True, name=f"workbench-{w.name}") for i, w in enumerate(self._workers)]
+        for thread in threads:
+            thread.start()
+        next_checkpoint = self.options.checkpoint_every
+        while any(t.is_alive() for t in threads):
+            time.sleep(0.05)
+            next_checkpoint = self._checkpoint_due(next_checkpoint)
+        if failures:
+            raise failures[0]
+        if pending and not self._stop.is_set():
+            raise TrainingError(f"every worker was lost ({', '.join(lost)}); {self.steps_done} of {total} steps ran.")
+        self.lost_workers = lost
+
+    # sync-ps: each step aggregates the first N - k gradients, drops the late ones ------------------
+
+    def _run_sync(self) -> None:
+        import tensorflow as tf
+
+        variables = self._model.trainable_variables
+        tag = f"wb-{id(self)}"
+        accumulators = []
+        for i, var in enumerate(variables):
+            with tf.device(getattr(var, "value", var).device):
+                handle = tf.raw_ops.ResourceConditionalAccumulator(
+                    dtype=var.dtype, shape=var.shape, shared_name=f"{tag}-{i}", reduction_type="MEAN")
+                tf.raw_ops.ResourceAccumulatorSetGlobalStep(handle=handle, new_global_step=accumulator_step(self.start_step))
+            accumulators.append(handle)
+        self._fns.build_sync(accumulators)
+
+        current = {"step": -1}
+        halt = threading.Event()  # set when the driver is done or the user stopped the job
+        cond = threading.Condition()
+        results: dict[int, list] = defaultdict(list)
+        failures: list[BaseException] = []
+        alive = set(range(len(self._workers)))
+        required = self.options.required_gradients
+
+        def work(index: int) -> None:
+            name, device, iterator = self._workers[index].name, self._worker_devices[index], self._iterators[index]
+            last = -1
+            while True:
+                with cond:
+                    while current["step"] <= last and not halt.is_set() and not self._stop.is_set() and not failures:
+                        cond.wait(0.5)
+                    if halt.is_set() or self._stop.is_set() or failures:
+                        return
+                    step = current["step"]
+                try:
+                    with tf.device(device):
+                        loss, metrics, stamps = self._fns.push_gradient(iterator, tf.constant(step, tf.int64))
+                    loss, metrics, stamps = float(loss.numpy()), metrics.numpy(), stamps.numpy()
+                except Exception as exc:  # noqa: BLE001 - classified below
+                    error = self._classify(exc, name)
+                    with cond:
+                        alive.discard(index)
+                        if not isinstance(error, ClusterStateError):
+                            failures.append(error)
+                        elif len(alive) < required:
+                            failures.append(TrainingError(
+                                f"{name} was lost and only {len(alive)} worker(s) remain for the {required} gradient(s) "
+                                "each sync-ps step needs: scale the cluster back up, or use more backup_workers."))
+                        cond.notify_all()
+                    return
+                with cond:
+                    results[step].append((stamps[1], name, loss, metrics, stamps[0]))
+                    cond.notify_all()
+                last = step
+
+        threads = [threading.Thread(target=work, args=(i,), daemon=True, name=f"workbench-{w.name}") for i, w in enumerate(self._workers)]
+        for thread in threads:
+            thread.start()
+        next_checkpoint = self.options.checkpoint_every
+        try:
+            for step in range(self.start_step, self.options.steps):
+                if self._stop.is_set():
+                    break
+                with cond:
+                    current["step"] = step
+                    cond.notify_all()
+                    deadline = time.monotonic() + self.options.step_timeout
+                    while len(results[step]) < required and not failures and time.monotonic() < deadline:
+                        cond.wait(0.5)
+                    if failures:
+                        raise failures[0]
+                    if len(results[step]) < required:
+                        raise TrainingError(
+                            f"sync-ps step {step} waited {self.options.step_timeout:.0f} s for {required} gradient(s) and got "
+                            f"{len(results[step])}: check the workers (cluster.status()), add backup_workers, or raise step_timeout.")
+                try:
+                    with tf.device(self._ps_devices[0]):
+                        aggregated = int(self._fns.close_step(tf.constant(step, tf.int64)).numpy())
+                except Exception as exc:  # noqa: BLE001 - classified
+                    raise self._classify(exc, "ps:0") from None
+                with cond:  # a contributor's thread may not have reported yet: give it a moment
+                    cond.wait_for(lambda: len(results[step]) >= aggregated or bool(failures), timeout=2.0)
+                    arrived = sorted(results[step])[:aggregated]
+                workers = [a[1] for a in arrived]
+                loss = sum(a[2] for a in arrived) / max(len(arrived), 1)
+                metrics = [sum(a[3][i] for a in arrived) / max(len(arrived), 1) for i in range(len(self.metric_names))]
+                self._record(step, loss, metrics, ",".join(workers), min(a[4] for a in arrived), max(a[0] for a in arrived),
+                             aggregated * self.options.per_worker_batch, aggregated=aggregated)
+                next_checkpoint = self._checkpoint_due(next_checkpoint)
+        finally:
+            halt.set()
+            with cond:
+                cond.notify_all()
+            for thread in threads:
+                thread.join(THREAD_JOIN_SECONDS)
+        with cond:
+            computed = sum(len(v) for v in results.values())
+        self.dropped_gradients = computed - sum(r.get("aggregated", 0) for r in self._history)

@@ -1,0 +1,82 @@
+"""The options of ``wb.train``, declared and validated once (pure: no TensorFlow)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigurationError
+
+STRATEGIES = ("async-ps", "sync-ps", "allreduce")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """What to train and how; see ``wb.train`` for the meaning of each field."""
+
+    strategy: str = "async-ps"
+    steps: int = 1000
+    batch_size: int = 64  # global: split evenly over the workers
+    backup_workers: int = 0  # sync-ps only
+    steps_per_call: int = 10  # async-ps: steps a worker runs per remote call
+    metrics: tuple = ()
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0  # steps; 0: only at the end (if checkpoint_dir)
+    resume: bool = False
+    seed: int | None = None
+    step_timeout: float = 300.0  # seconds a sync step may wait for its gradients
+    num_workers: int = field(default=1)
+
+    @property
+    def per_worker_batch(self) -> int:
+        return self.batch_size // self.num_workers
+
+    @property
+    def required_gradients(self) -> int:
+        """sync-ps: gradients aggregated per step (the first N - k to arrive)."""
+        return self.num_workers - self.backup_workers
+
+
+def _whole(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigurationError(f"{name}={value!r} is not allowed: pass a whole number >= {minimum}.")
+    return value
+
+
+def validate(options: TrainOptions) -> TrainOptions:
+    """Check every field against the others; raise ``ConfigurationError`` saying what to change."""
+    if options.strategy not in STRATEGIES:
+        raise ConfigurationError(f"strategy={options.strategy!r} is not known: use one of {', '.join(STRATEGIES)}.")
+    n = _whole("workers", options.num_workers, 1)
+    _whole("steps", options.steps, 1)
+    _whole("batch_size", options.batch_size, 1)
+    _whole("steps_per_call", options.steps_per_call, 1)
+    _whole("checkpoint_every", options.checkpoint_every, 0)
+    k = _whole("backup_workers", options.backup_workers, 0)
+    if options.batch_size % n:
+        raise ConfigurationError(
+            f"batch_size={options.batch_size} (the global batch) does not split evenly over {n} workers: "
+            f"use a multiple of {n}, e.g. batch_size={max(n, options.batch_size // n * n)}."
+        )
+    if k and options.strategy != "sync-ps":
+        raise ConfigurationError(
+            f"backup_workers={k} only applies to strategy='sync-ps' (it drops the slowest gradients of each "
+            f"synchronous step); with strategy={options.strategy!r} leave it at 0."
+        )
+    if k >= n:
+        raise ConfigurationError(
+            f"backup_workers={k} leaves no gradient to aggregate with {n} worker(s): use at most {n - 1}, "
+            "or scale the cluster up."
+        )
+    if options.checkpoint_every and not options.checkpoint_dir:
+        raise ConfigurationError("checkpoint_every needs checkpoint_dir: pass the directory to write checkpoints to.")
+    if options.resume and not options.checkpoint_dir:
+        raise ConfigurationError("resume=True needs checkpoint_dir: the directory holding the checkpoints to resume from.")
+    if options.resume and not any(Path(options.checkpoint_dir).glob("ckpt-*.index")):
+        raise ConfigurationError(
+            f"resume=True but {options.checkpoint_dir!r} holds no checkpoint: train without resume first, or "
+            "point checkpoint_dir at the directory of the run to continue."
+        )
+    if not isinstance(options.step_timeout, (int, float)) or options.step_timeout <= 0:
+        raise ConfigurationError(f"step_timeout={options.step_timeout!r} must be a positive number of seconds.")
+    return options
