@@ -278,9 +278,9 @@ class OwnedPool:
 
     def remove_engines(self, engine_ids: list[int], pids: list[int], deadline: Deadline) -> None:
         """Shut these engines down and wait until they left the controller."""
-        if not engine_ids:
-            return
-        self.client.shutdown(targets=engine_ids, hub=False, block=False)
+        engine_ids = [e for e in engine_ids if e in self.client.ids]  # a dead engine left already
+        if engine_ids:
+            self.client.shutdown(targets=engine_ids, hub=False, block=False)
         while set(engine_ids) & set(self.client.ids) and not deadline.expired:
             time.sleep(POLL_SECONDS)
         local = [pid for pid in pids if psutil.pid_exists(pid)]

@@ -17,7 +17,7 @@ _LOCK = threading.Lock()
 _STATE = {"spec": None, "cluster": None, "epoch": 0}
 
 
-def connect(cluster) -> int:
+def connect(cluster, timeout: float = 60.0) -> int:
     """Make this process a TF client of ``cluster`` (idempotent); return the connection epoch."""
     import tensorflow as tf
 
@@ -29,10 +29,36 @@ def connect(cluster) -> int:
     with _LOCK:
         if _STATE["spec"] == spec:
             return _STATE["epoch"]
+        if _STATE.get("broken"):
+            raise ClusterStateError(_STATE["broken"])
         _refuse_other_strategies()
-        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+        _connect_with_timeout(tf, spec, cluster.name, timeout)
         _STATE.update(spec=spec, cluster=cluster.name, epoch=_STATE["epoch"] + 1)
         return _STATE["epoch"]
+
+
+def _connect_with_timeout(tf, spec: dict, name: str, timeout: float) -> None:
+    """TensorFlow's connect has no timeout and waits for every task: a stalled one blocks it forever."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="workbench-connect", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        _STATE["broken"] = (
+            f"connecting this kernel to cluster {name!r} did not finish within {timeout:.0f} s: a task is not "
+            "answering (stopped, overloaded, or behind a firewall; see cluster.status()). TensorFlow cannot cancel "
+            "the attempt, so restart the kernel before connecting again."
+        )
+        raise ClusterStateError(_STATE["broken"])
+    if "error" in outcome:
+        raise ClusterStateError(f"connecting this kernel to cluster {name!r} failed: {outcome['error']}")
 
 
 def check_epoch(epoch: int, what: str) -> None:

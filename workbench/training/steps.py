@@ -131,12 +131,15 @@ class StepFunctions:
             stamps = tf.TensorArray(tf.float64, size=n + 1)
             stamps = stamps.write(0, tf.timestamp())
             for i in tf.range(n):
+                # Steps are strictly sequential: without this, iterations overlap and timestamps lie.
+                tf.autograph.experimental.set_loop_options(parallel_iterations=1)
                 x, y = next(iterator)
                 loss, metrics, grads = self._loss_and_grads(x, y)
-                self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+                updated = self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
                 losses = losses.write(i, loss)
                 metric_values = metric_values.write(i, tf.stack(metrics) if metrics else tf.zeros([0]))
-                stamps = stamps.write(i + 1, tf.timestamp())
+                with tf.control_dependencies([loss, *([updated] if updated is not None else [])]):
+                    stamps = stamps.write(i + 1, tf.timestamp())
             return losses.stack(), metric_values.stack(), stamps.stack()
 
         self.train_steps = train_steps

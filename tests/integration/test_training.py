@@ -1,0 +1,85 @@
+"""Distributed training on a real cluster: every strategy learns the digits; sync is exact."""
+
+import numpy as np
+import pytest
+
+import workbench as wb
+from training_helpers import LOSS, make_model, train
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.mark.parametrize("strategy, backup", [("async-ps", 0), ("sync-ps", 0), ("sync-ps", 1)])
+def test_each_strategy_reaches_90_percent_on_held_out_digits(cluster, strategy, backup):
+    job = train(cluster, strategy=strategy, backup_workers=backup).wait(300)
+    assert job.state == "done"
+    history = job.history
+    assert [r["step"] for r in history] == list(range(300))
+    assert history[-1]["loss"] < history[0]["loss"] / 5
+    workers = {w for r in history for w in r["worker"].split(",")}
+    assert workers == {"worker:0", "worker:1"}  # both workers trained
+    assert all(r["examples_per_s"] > 0 and r["end"] >= r["start"] for r in history)
+    result = job.evaluate(wb.datasets.digits_test)
+    assert result["examples"] == 450
+    assert result["accuracy"] >= 0.90, result
+    if strategy == "sync-ps":
+        assert all(1 <= r["aggregated"] <= 2 for r in history)
+        assert job.info["gradients_per_step"] == 2 - backup
+    assert job.info["per_worker_batch_size"] == 32
+
+
+def test_job_model_is_a_local_keras_model_with_the_trained_weights(cluster):
+    job = train(cluster, steps=200).wait(300)
+    model = job.model
+    x, y = wb.datasets.digits_arrays("test")
+    accuracy = float(np.mean(np.argmax(model.predict(x, verbose=0), axis=1) == y))
+    assert accuracy == pytest.approx(job.evaluate(wb.datasets.digits_test)["accuracy"], abs=1e-6)
+    assert all("localhost" in w.value.device for w in model.weights)
+
+
+def test_variables_and_optimizer_state_live_on_the_ps(cluster):
+    job = train(cluster, steps=10).wait(120)
+    devices = {w.value.device for w in job._model.weights} | {v.value.device for v in job._optimizer.variables}
+    assert devices == {"/job:ps/replica:0/task:0/device:CPU:0"}
+    assert job.info["ps_bytes"]["/job:ps/replica:0/task:0/device:CPU:0"] > 64 * 32 * 4
+
+
+def test_resume_continues_step_count_and_loss(cluster, tmp_path):
+    first = train(cluster, steps=150, checkpoint_dir=str(tmp_path), checkpoint_every=50).wait(300)
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*.index")) == ["ckpt-100.index", "ckpt-150.index", "ckpt-50.index"]
+    end_loss = np.mean([r["loss"] for r in first.history[-20:]])
+    second = train(cluster, steps=250, checkpoint_dir=str(tmp_path), resume=True).wait(300)
+    assert second.start_step == 150
+    assert [r["step"] for r in second.history] == list(range(150, 250))
+    start_loss = np.mean([r["loss"] for r in second.history[:20]])
+    fresh_start = np.mean([r["loss"] for r in first.history[:20]])
+    assert start_loss < 3 * end_loss + 0.05 and start_loss < fresh_start / 3
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(strategy="hogwild"), wb.ConfigurationError, "strategy='hogwild' is not known"),
+    (dict(strategy="async-ps", backup_workers=1), wb.ConfigurationError, "only applies to strategy='sync-ps'"),
+    (dict(strategy="sync-ps", backup_workers=2), wb.ConfigurationError, "leaves no gradient"),
+    (dict(batch_size=65), wb.ConfigurationError, "does not split evenly over 2 workers"),
+    (dict(resume=True), wb.ConfigurationError, "needs checkpoint_dir"),
+    (dict(checkpoint_every=10), wb.ConfigurationError, "needs checkpoint_dir"),
+    (dict(loss="no_such_loss"), wb.ConfigurationError, "not a Keras loss"),
+    (dict(metrics=["f7"]), wb.ConfigurationError, "metric 'f7' is not known"),
+    (dict(optimizer="sgdx"), wb.ConfigurationError, "not a Keras optimizer"),
+    (dict(steps=0), wb.ConfigurationError, "steps=0"),
+])
+def test_bad_training_arguments(cluster, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        train(cluster, **kwargs)
+
+
+def test_resume_without_checkpoints_and_bad_data(cluster, tmp_path):
+    with pytest.raises(wb.ConfigurationError, match="holds no checkpoint"):
+        train(cluster, checkpoint_dir=str(tmp_path), resume=True)
+    with pytest.raises(wb.ConfigurationError, match="returned ndarray, not a tf.data.Dataset"):
+        wb.train(cluster, make_model, lambda ctx: wb.datasets.digits_arrays()[0], LOSS)
+
+
+def test_training_needs_a_running_cluster_with_ps():
+    with pytest.raises(wb.ClusterStateError, match="Call cluster.start"):
+        train(wb.Cluster(ps=1, workers=2))
