@@ -42,6 +42,26 @@ def _reachable(address: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def _seed_initializers(seed: int) -> None:
+    """What ``keras.utils.set_random_seed`` does, minus ``tf.random.set_seed``.
+
+    Keras draws initializer seeds from Python's ``random``. TensorFlow's global seed is left
+    alone: setting it clears the eager caches of every connected task and blocks while any of
+    them is stalled. Data pipelines get their seed explicitly (``ctx.seed``).
+    """
+    import random
+
+    import numpy as np
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+    from keras.src.utils import rng_utils
+
+    global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
+    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 def _build_model(model: Any, example_features) -> Any:
     import keras
     import tensorflow as tf
@@ -89,7 +109,6 @@ class Job:
     """
 
     def __init__(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions):
-        import keras
         import tensorflow as tf
 
         self.cluster = cluster
@@ -117,7 +136,7 @@ class Job:
         self._worker_devices = [f"{r.task.device}/device:CPU:0" for r in self._workers]
         seed = 0 if options.seed is None else options.seed
         if options.seed is not None:
-            keras.utils.set_random_seed(options.seed)
+            _seed_initializers(options.seed)
         probe = data(DataContext(0, len(self._workers), options.per_worker_batch, seed))
         example = training_dataset(lambda _ctx: probe, DataContext(0, 1, 1, seed)).element_spec[0]
 
@@ -244,7 +263,12 @@ class Job:
                 self._save()
             self.state = "cancelled" if self._stop.is_set() else "done"
         except BaseException as exc:  # noqa: BLE001 - kept for wait() to raise in the caller's thread
-            self.error = exc if isinstance(exc, WorkbenchError) else TrainingError(f"training failed: {type(exc).__name__}: {exc}")
+            if isinstance(exc, WorkbenchError):
+                self.error = exc
+            elif isinstance(exc, Exception):  # e.g. a checkpoint save that found the ps gone
+                self.error = self._classify(exc, "the job's driver (checkpointing)")
+            else:
+                self.error = TrainingError(f"training failed: {type(exc).__name__}: {exc}")
             self.state = "failed"
 
     def _save(self) -> None:
