@@ -49,7 +49,8 @@ def train(
     steps, batch_size: optimizer steps to run, and the global batch (split evenly over the workers).
     steps_per_call: async-ps steps a worker runs per remote call (fewer round trips).
     checkpoint_dir, checkpoint_every, resume: periodic ``tf.train.Checkpoint`` of model, optimizer and
-        step; ``resume=True`` continues from the newest one.
+        step (named ``ckpt-<step>``; in async-ps taken within one call's worth of steps after each
+        multiple, and always at the end); ``resume=True`` continues from the newest one.
     seed: makes initial weights and data order reproducible.
     step_timeout: seconds a sync-ps step may wait for its gradients before the job fails.
     wait: block until the job ends (else it trains in the background; see ``job.wait()``).
