@@ -69,16 +69,26 @@ def no_leftover_processes():
     assert not leftover, f"processes left running: {[psutil.Process(p).cmdline() for p in leftover if _running(p)]}"
 
 
-@pytest.fixture(scope="session")
-def cluster():
-    """One running 1 ps + 2 worker cluster shared by the integration tests that only read it."""
+def _running_cluster(workers: int, name: str):
     import workbench as wb
 
-    c = wb.Cluster(ps=1, workers=2, name="wb-test-shared", progress=False).start()
+    c = wb.Cluster(ps=1, workers=workers, name=name, progress=False).start()
     try:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """One running 1 ps + 2 worker cluster shared by the integration tests that only read it."""
+    yield from _running_cluster(2, "wb-test-shared")
+
+
+@pytest.fixture(scope="module")
+def cluster3():
+    """A 1 ps + 3 worker cluster for a module whose tests may scale it down."""
+    yield from _running_cluster(3, "wb-test-three")
 
 
 def run_tf_client(spec: dict, body: str, timeout: float = 120.0) -> dict:

@@ -1,6 +1,5 @@
 """Tutorial notebooks run top to bottom in a real kernel."""
 
-from pathlib import Path
 
 import nbformat
 import pytest

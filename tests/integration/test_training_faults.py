@@ -13,15 +13,6 @@ from training_helpers import train
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture(scope="module")
-def cluster3():
-    c = wb.Cluster(ps=1, workers=3, name="wb-test-three", progress=False).start()
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
 def _slow_share(job, worker):
     return np.mean([worker in r["worker"].split(",") for r in job.history])
 

@@ -40,15 +40,6 @@ def straggler(pid: int, stopped: float = 0.08, running: float = 0.02):
         os.kill(pid, signal.SIGCONT)
 
 
-@pytest.fixture(scope="module")
-def cluster3():
-    c = wb.Cluster(ps=1, workers=3, name="wb-test-three", progress=False).start()
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
 def _slow_share(job, worker):
     return np.mean([worker in r["worker"].split(",") for r in job.history])
 

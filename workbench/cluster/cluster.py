@@ -233,8 +233,10 @@ class Cluster:
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop every task and everything this cluster started. Safe to call twice."""
-        if self._state in ("stopped", "new", "failed"):
-            self._state = "stopped" if self._state != "new" else "new"
+        if self._state == "new":
+            return
+        if self._state in ("stopped", "failed"):
+            self._state = "stopped"
             return
         self._teardown(timeout)
         self._state = "stopped"

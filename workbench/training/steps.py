@@ -101,7 +101,6 @@ class StepFunctions:
     loss_fn: Callable
     metric_fns: dict[str, Callable]
 
-    # Model calls and metrics need no autograph conversion (Keras handles its own control flow).
     def _forward(self, x, y, training: bool):
         import tensorflow as tf
 
