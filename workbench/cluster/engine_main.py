@@ -42,6 +42,10 @@ def hide_gpus_for_cpu_pool() -> None:
 def main(argv: list[str] | None = None) -> None:
     for name in _PROXY_VARIABLES:
         os.environ.pop(name, None)
+    # A task's receive from a peer that died must fail, not wait for the peer to come back: with
+    # gRPC's default (wait for ready), a ps receiving a gradient from a killed worker blocks, and
+    # with it every later call this client makes on that ps. A user's own setting wins.
+    os.environ.setdefault("GRPC_FAIL_FAST", "true")
     lifeline = os.environ.get(LIFELINE_ENV)
     if lifeline:
         hold_lifeline(lifeline)

@@ -127,7 +127,9 @@ def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | N
 
 def _describe(tf: Any, address: str, job: str, index: int, reused: bool = False, retries: int = 0) -> dict:
     prefix = f"/job:{job}/replica:0/task:{index}"
-    devices = [f"{prefix}/device:{d.device_type}:{d.name.rsplit(':', 1)[-1]}" for d in tf.config.list_logical_devices()]
+    # Physical devices: listing logical ones would initialize this process's eager context, after
+    # which MultiWorkerMirroredStrategy (strategy="allreduce") can no longer be set up here.
+    devices = [f"{prefix}/device:{d.device_type}:{d.name.rsplit(':', 1)[-1]}" for d in tf.config.list_physical_devices()]
     return {
         "ok": True,
         "address": address,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..errors import ConfigurationError
+from .allreduce import AllReduceJob
 from .job import Job
 from .options import TrainOptions, validate
 
@@ -45,21 +45,18 @@ def train(
     loss, optimizer, metrics: Keras loss (name, object or function), optimizer (name, object or
         factory), and per-batch metrics (``"accuracy"``, ``"mae"``, ``"mse"`` or functions).
     strategy: ``"async-ps"`` (each worker applies its own updates), ``"sync-ps"`` (each step averages
-        the first N - ``backup_workers`` gradients and drops the late ones), or ``"allreduce"``.
+        the first N - ``backup_workers`` gradients and drops the late ones), or ``"allreduce"``
+        (MultiWorkerMirroredStrategy on the worker engines: every step all-reduces every worker's
+        gradient; no ps needed; ``model``, ``data`` and functions are sent to the engines by value).
     steps, batch_size: optimizer steps to run, and the global batch (split evenly over the workers).
-    steps_per_call: async-ps steps a worker runs per remote call (fewer round trips).
+    steps_per_call: async-ps and allreduce steps a worker runs per remote call (fewer round trips).
     checkpoint_dir, checkpoint_every, resume: periodic ``tf.train.Checkpoint`` of model, optimizer and
-        step (named ``ckpt-<step>``; in async-ps taken within one call's worth of steps after each
+        step (named ``ckpt-<step>``; in async-ps taken within ``steps_per_call`` x workers steps after each
         multiple, and always at the end); ``resume=True`` continues from the newest one.
     seed: makes initial weights and data order reproducible.
     step_timeout: seconds a sync-ps step may wait for its gradients before the job fails.
     wait: block until the job ends (else it trains in the background; see ``job.wait()``).
     """
-    if strategy == "allreduce":
-        raise ConfigurationError(
-            "strategy='allreduce' is not available in this version of the workbench yet; use 'sync-ps' for "
-            "synchronous data parallelism (it gives the same updates with backup_workers=0)."
-        )
     options = validate(TrainOptions(
         strategy=strategy, steps=steps, batch_size=batch_size, backup_workers=backup_workers,
         steps_per_call=steps_per_call, metrics=tuple(metrics), checkpoint_dir=checkpoint_dir,
@@ -70,5 +67,6 @@ def train(
         from ..errors import ClusterStateError
 
         raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}. Call cluster.start() first.")
-    job = Job(cluster, model, data, loss, optimizer, options).start()
+    job_class = AllReduceJob if strategy == "allreduce" else Job
+    job = job_class(cluster, model, data, loss, optimizer, options).start()
     return job.wait() if wait else job

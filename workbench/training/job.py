@@ -17,8 +17,8 @@ from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
 from . import connection
 from .data import DataContext, evaluation_dataset, training_dataset
 from .options import TrainOptions
-from .placement import PsPlacer
-from .steps import StepFunctions, accumulator_step, resolve_loss, resolve_metrics
+from .placement import PsPlacer, variable_device
+from .steps import StepFunctions, resolve_loss, resolve_metrics
 
 # Errors that mean "a task went away", as opposed to a bug in the model or data functions.
 _INFRASTRUCTURE_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError", "InternalError")
@@ -101,6 +101,24 @@ def _build_optimizer(optimizer: Any) -> Any:
     raise ConfigurationError(f"optimizer={optimizer!r}: pass a name ('adam'), a keras optimizer, or a function returning one.")
 
 
+def _update_where_the_variable_lives(optimizer) -> None:
+    """Run the optimizer's per-variable update math on the variable's own device.
+
+    Keras places an update under the caller's device, so an update issued from a worker would read
+    the optimizer slots (e.g. Adam's m and v) from the ps, compute there and write them back: about
+    four times the bytes of a gradient push. Colocated, a step moves the parameters and the gradient.
+    """
+    import tensorflow as tf
+
+    update_step = optimizer.update_step
+
+    def colocated(gradient, variable, learning_rate):
+        with tf.device(variable_device(variable)):
+            return update_step(gradient, variable, learning_rate)
+
+    optimizer.update_step = colocated
+
+
 class Job:
     """A running or finished training job. Returned by ``wb.train``.
 
@@ -109,8 +127,6 @@ class Job:
     """
 
     def __init__(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions):
-        import tensorflow as tf
-
         self.cluster = cluster
         self.options = options
         self._data = data
@@ -121,11 +137,22 @@ class Job:
         self.state = "starting"
         self.error: BaseException | None = None
         self.dropped_gradients = 0
+        self.lost_workers: list[str] = []
         self.last_checkpoint: str | None = None
-        self._epoch = connection.connect(cluster)
-
-        ps_tasks = [r for r in cluster.tasks if r.job == "ps"]
+        self.start_step = 0
+        self.placer: PsPlacer | None = None  # ps strategies: where each variable went
         self._workers = [r for r in cluster.tasks if r.job == "worker"]
+        self.metric_names = list(resolve_metrics(options.metrics))
+        self._setup(cluster, model, data, loss, optimizer, options)
+        self._started = time.time()
+        self._thread = threading.Thread(target=self._drive, name="workbench-job", daemon=True)
+
+    def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions) -> None:
+        """Parameter-server strategies: variables on the ps tasks, steps driven from this kernel."""
+        import tensorflow as tf
+
+        self._epoch = connection.connect(cluster)
+        ps_tasks = [r for r in cluster.tasks if r.job == "ps"]
         if not ps_tasks:
             raise ConfigurationError(
                 f"strategy={options.strategy!r} keeps the variables on ps tasks, and cluster {cluster.name!r} has none: "
@@ -145,14 +172,13 @@ class Job:
         with tf.variable_creator_scope(self.placer):
             self._model = _build_model(model, tf.zeros(self._example_shape, self._example_dtype))
             self._optimizer = _build_optimizer(optimizer)
+            _update_where_the_variable_lives(self._optimizer)
             self._optimizer.build(self._model.trainable_variables)
             with tf.device(self._ps_devices[0]):
                 self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
         self._fns = StepFunctions(self._model, self._optimizer, resolve_loss(loss), resolve_metrics(options.metrics))
-        self.metric_names = list(self._fns.metric_fns)
 
         self._checkpoint = None
-        self.start_step = 0
         if options.checkpoint_dir:
             self._checkpoint = tf.train.Checkpoint(model=self._model, optimizer=self._optimizer, step=self._step)
             self._manager = tf.train.CheckpointManager(self._checkpoint, options.checkpoint_dir, max_to_keep=3)
@@ -161,8 +187,6 @@ class Job:
                 self.start_step = int(self._step.numpy())
                 self.last_checkpoint = self._manager.latest_checkpoint
         self._iterators = self._make_iterators(seed)
-        self._started = time.time()
-        self._thread = threading.Thread(target=self._drive, name="workbench-job", daemon=True)
 
     def _make_iterators(self, seed: int) -> list:
         import tensorflow as tf
@@ -195,7 +219,7 @@ class Job:
             "workers": [r.name for r in self._workers],
             "backup_workers": self.options.backup_workers,
             "gradients_per_step": self.options.required_gradients if self.options.strategy == "sync-ps" else None,
-            "ps_bytes": dict(self.placer.loads),
+            "ps_bytes": dict(self.placer.loads) if self.placer else {},
             "checkpoint_dir": self.options.checkpoint_dir,
         }
 
@@ -253,13 +277,16 @@ class Job:
 
     # -- the driver --------------------------------------------------------------------------
 
+    def _run(self) -> None:
+        if self.options.strategy == "async-ps":
+            self._run_async()
+        else:
+            self._run_sync()
+
     def _drive(self) -> None:
         try:
-            if self.options.strategy == "async-ps":
-                self._run_async()
-            else:
-                self._run_sync()
-            if self._checkpoint is not None:
+            self._run()
+            if self.options.checkpoint_dir:
                 self._save()
             self.state = "cancelled" if self._stop.is_set() else "done"
         except BaseException as exc:  # noqa: BLE001 - kept for wait() to raise in the caller's thread
@@ -305,7 +332,7 @@ class Job:
             self._history.append(record)
 
     def _checkpoint_due(self, next_at: int) -> int:
-        if self._checkpoint is not None and self.options.checkpoint_every and self.steps_done >= next_at:
+        if self.options.checkpoint_dir and self.options.checkpoint_every and self.steps_done >= next_at:
             self._save()
             return next_at + self.options.checkpoint_every
         return next_at
@@ -322,6 +349,12 @@ class Job:
         pending.reverse()
         failures: list[BaseException] = []
         lost: list[str] = []
+        checkpoint_lock = threading.Lock()
+        next_checkpoint = [self.options.checkpoint_every]
+
+        def after_chunk() -> None:  # right away, in the worker's thread: checkpoints land close to each multiple
+            with checkpoint_lock:
+                next_checkpoint[0] = self._checkpoint_due(next_checkpoint[0])
 
         def claim():
             with self._lock:
@@ -346,14 +379,17 @@ class Job:
                     return
                 for i in range(n):
                     self._record(first + i, losses[i], metrics[i], name, stamps[i], stamps[i + 1], self.options.per_worker_batch)
+                try:
+                    after_chunk()
+                except Exception as exc:  # noqa: BLE001 - a checkpoint that found the ps gone
+                    failures.append(self._classify(exc, "the job's checkpointing"))
+                    return
 
         threads = [threading.Thread(target=work, args=(i,), daemon=True, name=f"workbench-{w.name}") for i, w in enumerate(self._workers)]
         for thread in threads:
             thread.start()
-        next_checkpoint = self.options.checkpoint_every
         while any(t.is_alive() for t in threads):
             time.sleep(0.05)
-            next_checkpoint = self._checkpoint_due(next_checkpoint)
         if failures:
             raise failures[0]
         if pending and not self._stop.is_set():
@@ -365,27 +401,25 @@ class Job:
     def _run_sync(self) -> None:
         import tensorflow as tf
 
-        variables = self._model.trainable_variables
-        tag = f"wb-{id(self)}"
-        accumulators = []
-        for i, var in enumerate(variables):
-            with tf.device(getattr(var, "value", var).device):
-                handle = tf.raw_ops.ResourceConditionalAccumulator(
-                    dtype=var.dtype, shape=var.shape, shared_name=f"{tag}-{i}", reduction_type="MEAN")
-                tf.raw_ops.ResourceAccumulatorSetGlobalStep(handle=handle, new_global_step=accumulator_step(self.start_step))
-            accumulators.append(handle)
-        self._fns.build_sync(accumulators)
+        replicas, buffers = [], []
+        for device in self._worker_devices:  # each worker computes on its own replica and keeps its gradient
+            with tf.device(device):
+                replicas.append(_build_model(self._model_source, tf.zeros(self._example_shape, self._example_dtype)))
+                buffers.append([tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"grad_{i}")
+                                for i, v in enumerate(self._model.trainable_variables)])
+        self._fns.build_sync(replicas, buffers)
 
         current = {"step": -1}
         halt = threading.Event()  # set when the driver is done or the user stopped the job
         cond = threading.Condition()
-        results: dict[int, list] = defaultdict(list)
+        results: dict[int, list] = defaultdict(list)  # step -> arrivals, in the order the kernel saw them
         failures: list[BaseException] = []
         alive = set(range(len(self._workers)))
         required = self.options.required_gradients
 
         def work(index: int) -> None:
             name, device, iterator = self._workers[index].name, self._worker_devices[index], self._iterators[index]
+            pull, compute = self._fns.pull[index], self._fns.compute_gradient[index]
             last = -1
             while True:
                 with cond:
@@ -396,7 +430,8 @@ class Job:
                     step = current["step"]
                 try:
                     with tf.device(device):
-                        loss, metrics, stamps = self._fns.push_gradient(iterator, tf.constant(step, tf.int64))
+                        pull()
+                        loss, metrics, stamps = compute(iterator)
                     loss, metrics, stamps = float(loss.numpy()), metrics.numpy(), stamps.numpy()
                 except Exception as exc:  # noqa: BLE001 - classified below
                     error = self._classify(exc, name)
@@ -411,7 +446,7 @@ class Job:
                         cond.notify_all()
                     return
                 with cond:
-                    results[step].append((stamps[1], name, loss, metrics, stamps[0]))
+                    results[step].append((index, name, loss, metrics, stamps))
                     cond.notify_all()
                 last = step
 
@@ -435,19 +470,16 @@ class Job:
                         raise TrainingError(
                             f"sync-ps step {step} waited {self.options.step_timeout:.0f} s for {required} gradient(s) and got "
                             f"{len(results[step])}: check the workers (cluster.status()), add backup_workers, or raise step_timeout.")
+                    arrived = results[step][:required]  # the first N - k; later ones are dropped
                 try:
                     with tf.device(self._ps_devices[0]):
-                        aggregated = int(self._fns.close_step(tf.constant(step, tf.int64)).numpy())
+                        self._fns.apply_gradients(tuple(sorted(a[0] for a in arrived)))
                 except Exception as exc:  # noqa: BLE001 - classified
-                    raise self._classify(exc, "ps:0") from None
-                with cond:  # a contributor's thread may not have reported yet: give it a moment
-                    cond.wait_for(lambda: len(results[step]) >= aggregated or bool(failures), timeout=2.0)
-                    arrived = sorted(results[step])[:aggregated]
-                workers = [a[1] for a in arrived]
-                loss = sum(a[2] for a in arrived) / max(len(arrived), 1)
-                metrics = [sum(a[3][i] for a in arrived) / max(len(arrived), 1) for i in range(len(self.metric_names))]
-                self._record(step, loss, metrics, ",".join(workers), min(a[4] for a in arrived), max(a[0] for a in arrived),
-                             aggregated * self.options.per_worker_batch, aggregated=aggregated)
+                    raise self._classify(exc, "the ps tasks") from None
+                loss = sum(a[2] for a in arrived) / required
+                metrics = [sum(a[3][i] for a in arrived) / required for i in range(len(self.metric_names))]
+                self._record(step, loss, metrics, ",".join(a[1] for a in arrived), min(a[4][0] for a in arrived),
+                             max(a[4][1] for a in arrived), required * self.options.per_worker_batch, aggregated=required)
                 next_checkpoint = self._checkpoint_due(next_checkpoint)
         finally:
             halt.set()

@@ -6,6 +6,13 @@ import math
 from collections import defaultdict
 
 
+def variable_device(variable) -> str:
+    """The device of a ``tf.Variable`` or of the one inside a Keras variable (``.value``)."""
+    import tensorflow as tf
+
+    return variable.device if isinstance(variable, tf.Variable) else variable.value.device
+
+
 class PsPlacer:
     """A ``tf.variable_creator_scope`` function putting each new variable on the least-loaded ps.
 

@@ -2,12 +2,16 @@
 
 * ``train_steps(iterator, n)`` (async-ps) runs ``n`` optimizer steps inside one remote call on a
   worker: parameters are read from the ps tasks and updates written back at every step.
-* ``push_gradient(iterator, step)`` (sync-ps) computes one gradient on a worker and adds it to a
-  conditional accumulator on the ps that holds its variable; gradients stamped with a step that
-  is already closed are dropped by the accumulator itself.
-* ``close_step(step)`` (sync-ps) runs on ``ps:0`` once the kernel saw the first N - k pushes
-  return: it closes the step (late gradients are dropped from now on), averages what arrived,
-  applies it, and returns how many gradients it aggregated.
+* ``pull[w]()`` then ``compute_gradient[w](iterator)`` (sync-ps): copy the parameters into worker
+  ``w``'s replica of the model, then compute one gradient there and keep it there, in that
+  worker's gradient buffer. Only the pull touches the ps, and it is short: a call that spans the
+  ps holds up this client's other calls to it until it ends, so a slow input pipeline or a slow
+  worker must not run inside one.
+* ``apply_gradients(contributors)`` (sync-ps) runs once the kernel saw the first N - k workers
+  finish a step: the ps tasks read those workers' buffers, average and apply them. Late workers
+  are not read at all, so a stalled one holds up nothing; the kernel drops and counts their
+  gradients. (Pushing gradients into accumulators on the ps instead made every ps wait on the
+  receive from the slowest worker: the ps side of a push starts when it is issued.)
 * ``evaluate()`` makes one pass over the evaluation data on a worker.
 
 Every function returns the worker-side ``tf.timestamp()`` of its steps: step timing is measured
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigurationError
+from .placement import variable_device
 
 
 def resolve_loss(loss: Any) -> Callable:
@@ -83,15 +88,6 @@ def resolve_metrics(metrics: Any) -> dict[str, Callable]:
     return resolved
 
 
-def accumulator_step(step):
-    """The stamp of step ``t``'s gradients in the conditional accumulators: ``2t``.
-
-    Closing step t sets the accumulator to ``2t + 1`` (late gradients, stamped ``2t``, are dropped);
-    taking the aggregate increments it to ``2t + 2``, the stamp of step ``t + 1``.
-    """
-    return 2 * step
-
-
 @dataclass
 class StepFunctions:
     """The compiled functions of one job; built once, traced on first use."""
@@ -101,21 +97,22 @@ class StepFunctions:
     loss_fn: Callable
     metric_fns: dict[str, Callable]
 
-    def _forward(self, x, y, training: bool):
+    def _forward(self, x, y, training: bool, model=None):
         import tensorflow as tf
 
-        logits = self.model(x, training=training)
+        logits = (model or self.model)(x, training=training)
         loss = tf.reduce_mean(self.loss_fn(y, logits))
         metrics = [tf.cast(fn(y, logits), tf.float32) for fn in self.metric_fns.values()]
         return loss, metrics
 
-    def _loss_and_grads(self, x, y):
+    def _loss_and_grads(self, x, y, model=None):
         import tensorflow as tf
 
+        model = model or self.model
         with tf.GradientTape() as tape:
-            loss, metrics = self._forward(x, y, training=True)
-            scaled = loss + sum(self.model.losses) if self.model.losses else loss
-        grads = tape.gradient(scaled, self.model.trainable_variables)
+            loss, metrics = self._forward(x, y, training=True, model=model)
+            scaled = loss + sum(model.losses) if model.losses else loss
+        grads = tape.gradient(scaled, model.trainable_variables)
         return loss, metrics, grads
 
     def build_async(self):
@@ -143,42 +140,63 @@ class StepFunctions:
 
         self.train_steps = train_steps
 
-    def build_sync(self, accumulators: list):
+    def build_sync(self, replicas: list, buffers: list[list]):
+        """``replicas[w]``: a copy of the model on worker ``w``; ``buffers[w]``: its last gradient, there too."""
         import tensorflow as tf
 
-        variables = self.model.trainable_variables
+        def make_pull(replica):
+            @tf.function
+            def pull():
+                for local, remote in zip(replica.weights, self.model.weights):
+                    local.assign(remote)
+                return tf.constant(0)
 
-        @tf.function
-        def push_gradient(iterator, step):
-            start = tf.timestamp()
-            x, y = next(iterator)
-            loss, metrics, grads = self._loss_and_grads(x, y)
-            applied = [
-                tf.raw_ops.ResourceAccumulatorApplyGradient(
-                    handle=accumulator, local_step=accumulator_step(step), gradient=tf.convert_to_tensor(grad, dtype=var.dtype))
-                for accumulator, grad, var in zip(accumulators, grads, variables)
-            ]
-            with tf.control_dependencies(applied):
-                end = tf.timestamp()
-            return loss, tf.stack(metrics) if metrics else tf.zeros([0]), tf.stack([start, end])
+            return pull
 
-        @tf.function
-        def close_step(step):
-            # Nothing here blocks: the kernel calls it once enough gradients were pushed. (A blocking
-            # op on a ps would stall the pushes queued behind it on that task.) From the close on,
-            # gradients stamped for this step are dropped; the take then moves the accumulator on
-            # to the next step's stamp by itself.
-            closed = [tf.raw_ops.ResourceAccumulatorSetGlobalStep(handle=a, new_global_step=accumulator_step(step) + 1)
-                      for a in accumulators]
-            with tf.control_dependencies(closed):
-                aggregated = tf.raw_ops.ResourceAccumulatorNumAccumulated(handle=accumulators[0])
-                grads = [tf.raw_ops.ResourceAccumulatorTakeGradient(handle=a, num_required=1, dtype=v.dtype)
-                         for a, v in zip(accumulators, variables)]
-            self.optimizer.apply_gradients(zip(grads, variables))
-            return aggregated
+        def make_compute(replica, buffer: list):
+            @tf.function
+            def compute_gradient(iterator):
+                start = tf.timestamp()
+                x, y = next(iterator)
+                loss, metrics, grads = self._loss_and_grads(x, y, model=replica)
+                written = [b.assign(tf.convert_to_tensor(g, b.dtype)) for b, g in zip(buffer, grads)]
+                with tf.control_dependencies(written):
+                    end = tf.timestamp()
+                return loss, tf.stack(metrics) if metrics else tf.zeros([0]), tf.stack([start, end])
 
-        self.push_gradient = push_gradient
-        self.close_step = close_step
+            return compute_gradient
+
+        self.pull = [make_pull(replica) for replica in replicas]
+        self.compute_gradient = [make_compute(r, b) for r, b in zip(replicas, buffers)]
+        self._replicas, self._buffers = replicas, buffers
+        self._apply_cache: dict[tuple, Callable] = {}
+
+    def apply_gradients(self, contributors: tuple[int, ...]):
+        """Average the buffered gradients of ``contributors`` (worker indices) and apply them.
+
+        One function per set of contributors, so that the ps tasks read only those workers'
+        buffers: a late worker is never waited for, not even by a receive. Non-trainable state
+        (e.g. BatchNorm statistics) is taken from the first contributor's replica.
+        """
+        import tensorflow as tf
+
+        if contributors not in self._apply_cache:
+            variables = self.model.trainable_variables
+            first = self._replicas[contributors[0]]
+
+            @tf.function(autograph=False)
+            def apply():
+                grads = []
+                for i, var in enumerate(variables):
+                    with tf.device(variable_device(var)):  # averaged where the variable lives
+                        grads.append(tf.add_n([self._buffers[w][i].read_value() for w in contributors]) / len(contributors))
+                self.optimizer.apply_gradients(zip(grads, variables))
+                for var, local in zip(self.model.non_trainable_variables, first.non_trainable_variables):
+                    var.assign(local)
+                return tf.constant(len(contributors))
+
+            self._apply_cache[contributors] = apply
+        return self._apply_cache[contributors]()
 
     def build_evaluate(self, make_dataset: Callable):
         import tensorflow as tf

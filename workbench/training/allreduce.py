@@ -1,0 +1,190 @@
+"""``strategy="allreduce"``: synchronous data parallelism with MultiWorkerMirroredStrategy on the engines.
+
+The kernel does not join the all-reduce: it ships the model, data, loss and optimizer to the worker
+engines (pickled by value, so functions defined in a notebook or a local module travel), forms the
+group (TF_CONFIG-style spec on ports the engines reserve beside their TF servers), then asks every
+engine to run the next ``steps_per_call`` steps together and records what they measured.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from ..cluster import engine_side
+from ..errors import ClusterStateError, ConfigurationError
+from . import allreduce_engine
+from .job import Job, TrainingError
+
+GROUP_TIMEOUT = 120.0  # forming the group and building the model on every worker
+
+
+def _is_installed(module_name: str) -> bool:
+    """True for modules an engine can import by name (the standard library, site-packages)."""
+    module = sys.modules.get(module_name)
+    path = getattr(module, "__file__", None)
+    if module is None or path is None:
+        return module_name in sys.builtin_module_names
+    resolved = str(Path(path).resolve())
+    return "site-packages" in resolved or "dist-packages" in resolved or resolved.startswith(str(Path(sys.base_prefix).resolve()))
+
+
+def portable(value: Any) -> bytes:
+    """Pickle ``value`` for the engines; code from modules they may not have travels by value."""
+    import cloudpickle
+    import keras
+
+    def keras_portable(item):
+        if isinstance(item, keras.optimizers.Optimizer):
+            return keras.optimizers.deserialize, keras.optimizers.serialize(item)
+        if isinstance(item, keras.losses.Loss):
+            return keras.losses.deserialize, keras.losses.serialize(item)
+        if isinstance(item, keras.Model):
+            try:
+                return keras.models.model_from_json, item.to_json()
+            except Exception:  # noqa: BLE001 - subclassed models have no config
+                raise ConfigurationError(
+                    f"cannot send {type(item).__name__} to the engines: pass a function that builds the model instead, "
+                    "e.g. model=make_model.") from None
+        return None
+
+    items = value if isinstance(value, tuple) else (value,)
+    shipped = tuple(("rebuild", *keras_portable(i)) if keras_portable(i) else ("as-is", i) for i in items)
+    modules = {getattr(i, "__module__", None) for i in items if callable(i)} - {None, "__main__"}
+    by_value = [sys.modules[m] for m in modules if m in sys.modules and not _is_installed(m) and not m.startswith("workbench")]
+    for module in by_value:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(shipped)
+    finally:
+        for module in by_value:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+class AllReduceJob(Job):
+    """A ``wb.train(..., strategy="allreduce")`` job; same interface as the ps jobs."""
+
+    def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options) -> None:
+        self._epoch = None
+        self._client = cluster.client
+        self._engines = [r.engine_id for r in self._workers]
+        self._run_id = uuid.uuid4().hex
+        self._payload = portable((model, data, loss, optimizer, tuple(options.metrics)))
+        ports = self._call_all({e: (engine_side.reserve_port,) for e in self._engines}, "reserving all-reduce ports", 30)
+        addresses = [f"{r.address.rpartition(':')[0]}:{ports[r.engine_id]}" for r in self._workers]
+        key = [r.address for r in self._workers]  # the group is these TF tasks, whatever ports it uses
+        joined = self._call_all({e: (allreduce_engine.join_group, addresses, i, key) for i, e in enumerate(self._engines)},
+                                "forming the all-reduce group", GROUP_TIMEOUT)
+        refused = [self._name(e) for e, r in joined.items() if not r["ok"]]
+        if refused:
+            raise ClusterStateError(
+                f"{', '.join(refused)} cannot join an all-reduce group over {', '.join(r.name for r in self._workers)}: "
+                f"{joined[self._engines[0]].get('error') or next(r['error'] for r in joined.values() if not r['ok'])}. The "
+                "worker set changed since the cluster's first allreduce job; restart the cluster (cluster.stop(); "
+                "cluster.start()) to all-reduce over the current workers.")
+        seed = 0 if options.seed is None else options.seed
+        settings = dict(seed=seed, seeded=options.seed is not None, num_workers=len(self._engines),
+                        per_worker_batch=options.per_worker_batch, resume=options.resume, checkpoint_dir=options.checkpoint_dir)
+        prepared = self._call_all(
+            {e: (allreduce_engine.prepare, self._run_id, self._payload, {**settings, "index": i}) for i, e in enumerate(self._engines)},
+            "building the model on the workers", GROUP_TIMEOUT)
+        first = prepared[self._engines[0]]
+        self.start_step, self.metric_names = first["start_step"], first["metric_names"]
+        self.replicas, self.per_replica_batch = first["replicas"], first["per_replica_batch"]
+        if options.resume:
+            self.last_checkpoint = self._latest_checkpoint()
+
+    def _latest_checkpoint(self) -> str | None:
+        import tensorflow as tf
+
+        return tf.train.latest_checkpoint(self.options.checkpoint_dir)
+
+    def _name(self, engine_id: int) -> str:
+        return next(r.name for r in self._workers if r.engine_id == engine_id)
+
+    def _call_all(self, calls: dict[int, tuple], what: str, timeout: float) -> dict[int, Any]:
+        """Run ``{engine: (function, *args)}`` on the worker engines at once; results by engine."""
+        pending = {e: self._client[e].apply_async(fn, *args) for e, (fn, *args) in calls.items()}
+        results: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout
+        while pending:
+            for engine in [e for e, ar in pending.items() if ar.ready()]:
+                try:
+                    results[engine] = pending.pop(engine).get(timeout=0)
+                except Exception as exc:  # noqa: BLE001 - a remote error becomes a message naming the task
+                    raise TrainingError(
+                        f"{self._name(engine)} failed while {what}: {getattr(exc, 'ename', type(exc).__name__)}: "
+                        f"{getattr(exc, 'evalue', exc)}") from None
+            if pending and time.monotonic() > deadline:
+                raise TrainingError(
+                    f"{', '.join(self._name(e) for e in pending)} did not finish {what} within {timeout:.0f} s (a worker is "
+                    "stalled or gone, and the others wait for it in the all-reduce). Check cluster.status(); restart the "
+                    "cluster and resume from the last checkpoint.")
+            time.sleep(0.005)
+        return results
+
+    @property
+    def info(self) -> dict:
+        info = super().info
+        info.update(replicas=self.replicas, per_replica_batch_size=self.per_replica_batch, gradients_per_step=self.replicas)
+        return info
+
+    def _run(self) -> None:
+        total = self.options.steps - self.start_step
+        chunk = self.options.steps_per_call
+        names = ",".join(r.name for r in self._workers)
+        next_checkpoint = self.options.checkpoint_every
+        done = 0
+        while done < total and not self._stop.is_set():
+            n = min(chunk, total - done)
+            results = self._call_all({e: (allreduce_engine.run_steps, self._run_id, n) for e in self._engines},
+                                     f"steps {self.start_step + done}-{self.start_step + done + n - 1}",
+                                     self.options.step_timeout * n)
+            ours = results[self._engines[0]]  # loss and metrics are already averaged over the workers
+            starts = [min(r["stamps"][i] for r in results.values()) for i in range(n)]
+            ends = [max(r["stamps"][i + 1] for r in results.values()) for i in range(n)]
+            for i in range(n):
+                self._record(self.start_step + done + i, ours["losses"][i], ours["metrics"][i], names, starts[i], ends[i],
+                             self.options.batch_size, aggregated=len(self._engines))
+            done += n
+            next_checkpoint = self._checkpoint_due(next_checkpoint)
+
+    def _save(self) -> None:
+        step = self.start_step + self.steps_done
+        saved = self._call_all({e: (allreduce_engine.save, self._run_id, self.options.checkpoint_dir, step) for e in self._engines},
+                               "writing a checkpoint", GROUP_TIMEOUT)
+        self.last_checkpoint = saved[self._engines[0]]
+
+    def evaluate(self, data: Callable | None = None, batch_size: int = 256) -> dict[str, float]:
+        """Loss and metrics of the trained weights over one pass of ``data(ctx)``, on ``worker:0``."""
+        engine = self._engines[0]
+        result = self._call_all({engine: (allreduce_engine.evaluate, self._run_id, portable(data or self._data), batch_size)},
+                                "evaluating", GROUP_TIMEOUT)[engine]
+        values = result["values"]
+        return {"loss": values[0], **dict(zip(self.metric_names, values[1:])), "examples": result["count"]}
+
+    @property
+    def model(self):
+        """A local Keras model (in this kernel, no cluster needed) holding the trained weights."""
+        import tensorflow as tf
+
+        from .job import _build_model
+
+        engine = self._engines[0]
+        weights = self._call_all({engine: (allreduce_engine.weights, self._run_id)}, "fetching the weights", GROUP_TIMEOUT)[engine]
+        with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+            local = _build_model(self._model_source, self._example())
+        local.set_weights(weights)
+        return local
+
+    def _example(self):
+        import tensorflow as tf
+
+        from .data import DataContext, training_dataset
+
+        seed = 0 if self.options.seed is None else self.options.seed
+        spec = training_dataset(self._data, DataContext(0, 1, 1, seed)).element_spec[0]
+        return tf.zeros([1, *spec.shape[1:]], spec.dtype)

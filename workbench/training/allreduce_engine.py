@@ -1,0 +1,165 @@
+"""The engine side of ``strategy="allreduce"``: MultiWorkerMirroredStrategy run on the worker engines.
+
+Every worker engine runs the same code (SPMD): it builds the model under the strategy, runs its own
+shard of the input, and all-reduces the gradients with the other workers each step. The kernel
+only tells the engines how many steps to run next, and collects what they measured.
+
+The strategy lives as long as the engine: TensorFlow cannot re-create it with other peers in a
+running process (that hangs), so an engine joins one all-reduce group for its lifetime.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from typing import Any
+
+_GROUP: dict[str, Any] = {"strategy": None, "key": None, "workers": None}
+_RUNS: dict[str, dict] = {}
+
+
+def unpack(payload: bytes) -> tuple:
+    """The objects ``allreduce.portable`` packed: Keras objects are rebuilt from their configs."""
+    import cloudpickle
+
+    return tuple(item[1](item[2]) if item[0] == "rebuild" else item[1] for item in cloudpickle.loads(payload))
+
+
+def join_group(workers: list[str], index: int, key: list[str]) -> dict:
+    """Create (or reuse) this engine's strategy for the all-reduce group ``workers``; collective.
+
+    ``key`` names the group by its members' TF tasks: a later job over the same tasks reuses it.
+    """
+    import tensorflow as tf
+
+    if _GROUP["strategy"] is not None:
+        if _GROUP["key"] == key:
+            return {"ok": True, "reused": True, "replicas": _GROUP["strategy"].num_replicas_in_sync}
+        return {"ok": False, "error": (
+            f"this engine already all-reduces with {_GROUP['workers']}, and TensorFlow cannot change the group of a "
+            "running process")}
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": workers}), task_type="worker", task_id=index, rpc_layer="grpc")
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    _GROUP.update(strategy=strategy, key=list(key), workers=list(workers))
+    return {"ok": True, "reused": False, "replicas": strategy.num_replicas_in_sync}
+
+
+def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
+    """Build the model, optimizer, input and step function of one job on this engine."""
+    import keras
+    import tensorflow as tf
+
+    from .data import DataContext, training_dataset
+    from .job import _build_model, _build_optimizer, _seed_initializers
+    from .steps import StepFunctions, resolve_loss, resolve_metrics
+
+    strategy = _GROUP["strategy"]
+    model_source, data, loss, optimizer, metrics = unpack(payload)
+    seed = settings["seed"]
+    if settings["seeded"]:
+        _seed_initializers(seed)
+    index, num_workers = settings["index"], settings["num_workers"]
+    local_replicas = strategy.num_replicas_in_sync // num_workers
+    per_replica = settings["per_worker_batch"] // local_replicas
+    probe = training_dataset(data, DataContext(index, num_workers, 1, seed)).element_spec[0]
+    example = tf.zeros([1, *probe.shape[1:]], probe.dtype)
+    with strategy.scope():
+        model = _build_model(model_source, example)
+        opt = _build_optimizer(optimizer)
+        opt.build(model.trainable_variables)
+        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
+    fns = StepFunctions(model, opt, resolve_loss(loss), resolve_metrics(metrics))
+    dataset = strategy.distribute_datasets_from_function(
+        lambda _input_context: training_dataset(data, DataContext(index, num_workers, per_replica, seed)))
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=opt, step=step)
+    start_step = 0
+    if settings["resume"]:
+        checkpoint.restore(tf.train.latest_checkpoint(settings["checkpoint_dir"])).expect_partial()
+        start_step = int(step.numpy())
+    n_metrics = len(fns.metric_fns)
+    replicas = strategy.num_replicas_in_sync
+
+    # A keras.losses.Loss divides itself by the number of replicas under a strategy; plain loss
+    # functions do not. Undo it, so that the loss is the batch mean either way.
+    scaled_by_keras = isinstance(fns.loss_fn, keras.losses.Loss) and fns.loss_fn.reduction in (
+        "sum_over_batch_size", "mean", "mean_with_sample_weight")
+    unscale = float(replicas) if scaled_by_keras else 1.0
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            loss_value, metric_values = fns._forward(x, y, training=True)
+            loss_value = loss_value * unscale
+            total = loss_value + sum(model.losses) if model.losses else loss_value
+            scaled = total / replicas  # Keras sums the gradients over the replicas
+        grads = tape.gradient(scaled, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        context = tf.distribute.get_replica_context()  # report the global mean, the same on every worker
+        return context.all_reduce("MEAN", loss_value), context.all_reduce(
+            "MEAN", tf.stack(metric_values) if metric_values else tf.zeros([0]))
+
+    @tf.function
+    def train_steps(iterator, n):
+        losses = tf.TensorArray(tf.float32, size=n)
+        metric_values = tf.TensorArray(tf.float32, size=n, element_shape=[n_metrics])
+        stamps = tf.TensorArray(tf.float64, size=n + 1)
+        stamps = stamps.write(0, tf.timestamp())
+        for i in tf.range(n):
+            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
+            x, y = next(iterator)
+            loss_value, metric_value = strategy.run(replica_step, args=(x, y))
+            loss_value = strategy.experimental_local_results(loss_value)[0]
+            metric_value = strategy.experimental_local_results(metric_value)[0]
+            losses = losses.write(i, loss_value)
+            metric_values = metric_values.write(i, metric_value)
+            with tf.control_dependencies([loss_value]):
+                stamps = stamps.write(i + 1, tf.timestamp())
+        return losses.stack(), metric_values.stack(), stamps.stack()
+
+    _RUNS.clear()  # one job at a time per engine; a new job releases the last one's variables
+    _RUNS[run_id] = {"fns": fns, "model": model, "step": step, "checkpoint": checkpoint,
+                     "iterator": iter(dataset), "train_steps": train_steps, "settings": settings}
+    return {"ok": True, "start_step": start_step, "replicas": replicas, "per_replica_batch": per_replica,
+            "metric_names": list(fns.metric_fns)}
+
+
+def run_steps(run_id: str, n: int) -> dict:
+    """Run ``n`` synchronous steps; every worker of the group must run the same call."""
+    import tensorflow as tf
+
+    run = _RUNS[run_id]
+    losses, metrics, stamps = run["train_steps"](run["iterator"], tf.constant(n, tf.int32))
+    return {"losses": losses.numpy().tolist(), "metrics": metrics.numpy().tolist(), "stamps": stamps.numpy().tolist()}
+
+
+def save(run_id: str, checkpoint_dir: str, step: int) -> str | None:
+    """Checkpoint collectively: worker 0 writes ``checkpoint_dir``, the others a scratch copy."""
+    import tensorflow as tf
+
+    run = _RUNS[run_id]
+    run["step"].assign(step)
+    chief = run["settings"]["index"] == 0
+    target = checkpoint_dir if chief else tempfile.mkdtemp(prefix="workbench-ckpt-")
+    try:
+        return tf.train.CheckpointManager(run["checkpoint"], target, max_to_keep=3).save(checkpoint_number=step)
+    finally:
+        if not chief:
+            shutil.rmtree(target, ignore_errors=True)
+
+
+def evaluate(run_id: str, payload: bytes, batch_size: int) -> dict:
+    """Loss and metrics over one pass of the evaluation data, on this engine's copy of the weights."""
+    import tensorflow as tf
+
+    from .data import evaluation_dataset
+
+    run = _RUNS[run_id]
+    (data,) = unpack(payload)
+    fns, seed = run["fns"], run["settings"]["seed"]
+    fns.build_evaluate(tf.autograph.experimental.do_not_convert(lambda: evaluation_dataset(data, batch_size, seed)))
+    values, count = fns.evaluate()
+    return {"values": values.numpy().tolist(), "count": int(count.numpy())}
+
+
+def weights(run_id: str) -> list:
+    return [w.numpy() for w in _RUNS[run_id]["model"].weights]
