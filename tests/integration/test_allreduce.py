@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from training_helpers import make_model, train
+from training_helpers import train
 
 pytestmark = pytest.mark.cluster
 

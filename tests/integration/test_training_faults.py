@@ -18,6 +18,11 @@ def _slow_share(job, worker):
     return np.mean([worker in r["worker"].split(",") for r in job.history])
 
 
+def _step_interval(job):
+    """Median time between the ends of consecutive steps (worker-side clocks; one machine here)."""
+    return float(np.median(np.diff([r["end"] for r in job.history])))
+
+
 def slow_last_worker(ctx):
     """Digits, with the last worker's input slowed to about 2 ms per example: a straggler.
 
@@ -34,15 +39,12 @@ def slow_last_worker(ctx):
 
 def test_backup_worker_keeps_steps_from_waiting_for_a_straggler(cluster3):
     cluster3.scale(workers=3)
-    started = time.monotonic()
     waiting = wb.train(cluster3, make_model, slow_last_worker, LOSS, strategy="sync-ps", backup_workers=0, steps=40,
                        batch_size=60, seed=7, metrics=["accuracy"]).wait(600)
-    waiting_seconds_per_step = (time.monotonic() - started) / 40
-    started = time.monotonic()
     backup = wb.train(cluster3, make_model, slow_last_worker, LOSS, strategy="sync-ps", backup_workers=1, steps=300,
                       batch_size=60, seed=7, metrics=["accuracy"], optimizer=keras.optimizers.Adam(0.01)).wait(600)
-    backup_seconds_per_step = (time.monotonic() - started) / 300
-    print(f"straggler: k=0 {waiting_seconds_per_step * 1000:.0f} ms/step, k=1 {backup_seconds_per_step * 1000:.0f} ms/step, "
+    waiting_interval, backup_interval = _step_interval(waiting), _step_interval(backup)
+    print(f"straggler: k=0 {waiting_interval * 1000:.0f} ms/step, k=1 {backup_interval * 1000:.0f} ms/step, "
           f"slow share {_slow_share(backup, 'worker:2'):.2f}, dropped {backup.dropped_gradients}")
     # k=0: every step waited for the straggler's gradient
     assert all(r["aggregated"] == 3 for r in waiting.history)
@@ -52,7 +54,8 @@ def test_backup_worker_keeps_steps_from_waiting_for_a_straggler(cluster3):
     assert all(r["aggregated"] == 2 for r in backup.history)
     assert _slow_share(backup, "worker:2") < 0.5
     assert backup.dropped_gradients > 0
-    assert backup_seconds_per_step < waiting_seconds_per_step
+    # the straggler needs about 120 ms per batch; the fast workers about 10
+    assert backup_interval < waiting_interval / 2
     # and the model still converges
     assert backup.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.90
 
