@@ -6,7 +6,7 @@ mix TF cluster connections), against the *same* running cluster. Both train the 
 the same digits data with the same global batch. Runs alternate, and the figures are medians, so
 both see the same machine load. Goal: workbench / baseline >= 1.0 in steps/s.
 
-Also reported: sync-ps throughput (backup_workers 0 and 1), and the loopback bytes per step
+Also reported: sync-ps (backup_workers 0 and 1) and allreduce throughput, and the loopback bytes per step
 (``/proc/net/dev``; this includes a little control traffic, and on one machine all ps<->worker
 traffic crosses loopback).
 
@@ -115,7 +115,8 @@ def main() -> int:
 
     import workbench as wb
 
-    results: dict[str, list] = {"baseline": [], "async": [], "async_bytes": [], "sync0": [], "sync1": [], "sync_bytes": []}
+    results: dict[str, list] = {"baseline": [], "async": [], "async_bytes": [], "sync0": [], "sync1": [], "sync_bytes": [],
+                                "allreduce": [], "allreduce_bytes": []}
     with wb.Cluster(ps=1, workers=2, progress=False) as cluster:
         spec = cluster.spec_dict
         for i in range(args.repeats):
@@ -128,8 +129,12 @@ def main() -> int:
             results["sync_bytes"].append(per_step)
             seconds, _ = workbench_run(cluster, args.steps // 3, args.batch, strategy="sync-ps", backup_workers=1)
             results["sync1"].append(args.steps // 3 / seconds)
+            seconds, per_step = workbench_run(cluster, args.steps, args.batch, strategy="allreduce")
+            results["allreduce"].append(args.steps / seconds)
+            results["allreduce_bytes"].append(per_step)
             print(f"run {i + 1}/{args.repeats}: baseline {results['baseline'][-1]:.1f} steps/s, workbench async-ps "
-                  f"{results['async'][-1]:.1f}, sync-ps {results['sync0'][-1]:.1f} (k=1: {results['sync1'][-1]:.1f})", flush=True)
+                  f"{results['async'][-1]:.1f}, sync-ps {results['sync0'][-1]:.1f} (k=1: {results['sync1'][-1]:.1f}), "
+                  f"allreduce {results['allreduce'][-1]:.1f}", flush=True)
     median = {k: statistics.median(v) for k, v in results.items()}
     summary = {
         "model": f"MLP 64-{HIDDEN}-{HIDDEN}-10 (~{(64 * HIDDEN + HIDDEN * HIDDEN + HIDDEN * 10) * 4 / 1e3:.0f} kB of weights)",
@@ -138,12 +143,16 @@ def main() -> int:
         "workbench_async_steps_per_s": median["async"],
         "ratio": median["async"] / median["baseline"],
         "goal_ratio": 1.0,
+        # async steps (and the baseline's) each take one worker's half of the global batch; a sync-ps step
+        # the whole batch (k=1 with 2 workers: one half); an allreduce step the whole batch
         "examples_per_s": {"baseline": median["baseline"] * args.batch / 2, "async": median["async"] * args.batch / 2,
-                           "sync-ps": median["sync0"] * args.batch, "sync-ps k=1": median["sync1"] * args.batch / 2},
+                           "sync-ps": median["sync0"] * args.batch, "sync-ps k=1": median["sync1"] * args.batch / 2,
+                           "allreduce": median["allreduce"] * args.batch},
         "sync_ps_steps_per_s": median["sync0"],
         "sync_ps_backup1_steps_per_s": median["sync1"],
-        "loopback_bytes_per_step": {"async-ps": median["async_bytes"], "sync-ps": median["sync_bytes"]},
-        "allreduce": "not available yet",
+        "allreduce_steps_per_s": median["allreduce"],
+        "loopback_bytes_per_step": {"async-ps": median["async_bytes"], "sync-ps": median["sync_bytes"],
+                                    "allreduce": median["allreduce_bytes"]},
         "raw": results,
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "raw"}, indent=2))

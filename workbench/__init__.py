@@ -4,7 +4,17 @@ __version__ = "0.1.0"
 
 from . import datasets  # noqa: E402
 from .cluster import Cluster, ClusterStatus, TaskId, TaskRecord, list_clusters  # noqa: E402
-from .training import DataContext, Job, ParameterServerLost, TrainingError, train  # noqa: E402
+from .training import (  # noqa: E402
+    DataContext,
+    Job,
+    ParameterServerLost,
+    PlacedModel,
+    Placement,
+    TrainingError,
+    place,
+    placement,
+    train,
+)
 from .errors import (  # noqa: E402
     ClusterStartError,
     ClusterStateError,
@@ -21,7 +31,11 @@ __all__ = [
     "DataContext",
     "Job",
     "ParameterServerLost",
+    "PlacedModel",
+    "Placement",
     "TrainingError",
+    "place",
+    "placement",
     "train",
     "Cluster",
     "ClusterStartError",

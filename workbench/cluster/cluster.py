@@ -454,6 +454,36 @@ class Cluster:
 
         return tf.train.ClusterSpec(self.spec_dict)
 
+    def connect(self, timeout: float = 60.0) -> Cluster:
+        """Make this kernel a TensorFlow client of the cluster (idempotent); return the cluster.
+
+        After it, ops and variables can be placed on any task with ``cluster.device("worker:1")``.
+        One kernel talks to one cluster at a time (TensorFlow keeps one connection per process).
+        """
+        from ..training import connection
+
+        connection.connect(self, timeout)
+        return self
+
+    def device(self, task: str | TaskId, device_type: str = "CPU", index: int = 0):
+        """A ``tf.device`` scope on ``task`` (``"worker:1"``, ``"ps:0"``): ops and variables made in it live there.
+
+        Connects the kernel first if needed. ``device_type="GPU"`` and ``index`` pick a GPU of that task.
+        """
+        import tensorflow as tf
+
+        record = self.task(task)
+        device_type = device_type.upper()
+        if device_type not in ("CPU", "GPU"):
+            raise ConfigurationError(f"device_type={device_type!r}: use 'CPU' or 'GPU'.")
+        name = f"{record.task.device}/device:{device_type}:{index}"
+        if record.devices and name not in record.devices:
+            raise ConfigurationError(
+                f"{record.name} has no device {device_type}:{index}: its devices are "
+                f"{', '.join(d.rsplit('/device:', 1)[-1] for d in record.devices)}.")
+        self.connect()
+        return tf.device(name)
+
     @property
     def client(self):
         """The ipyparallel ``Client`` of the engine pool."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 from dataclasses import asdict, dataclass, field
 
+from ..tables import text_table
 from .spec import TaskId
 
 
@@ -72,14 +73,7 @@ class ClusterStatus:
         )
 
     def __str__(self) -> str:
-        rows = [_COLUMNS, *(_row(t) for t in self.tasks)]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
-        lines = [self._header()]
-        for n, row in enumerate(rows):
-            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-            if n == 0:
-                lines.append("  ".join("-" * w for w in widths))
-        return "\n".join(lines)
+        return text_table(_COLUMNS, [_row(t) for t in self.tasks], title=self._header())
 
     __repr__ = __str__
 

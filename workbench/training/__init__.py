@@ -3,5 +3,6 @@
 from .api import train
 from .data import DataContext
 from .job import Job, ParameterServerLost, TrainingError
+from .model_parallel import Placement, PlacedModel, place, placement
 
-__all__ = ["DataContext", "Job", "ParameterServerLost", "TrainingError", "train"]
+__all__ = ["DataContext", "Job", "ParameterServerLost", "Placement", "PlacedModel", "TrainingError", "place", "placement", "train"]

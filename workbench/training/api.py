@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..errors import ConfigurationError
 from .allreduce import AllReduceJob
 from .job import Job
 from .options import TrainOptions, validate
@@ -48,6 +49,8 @@ def train(
         the first N - ``backup_workers`` gradients and drops the late ones), or ``"allreduce"``
         (MultiWorkerMirroredStrategy on the worker engines: every step all-reduces every worker's
         gradient; no ps needed; ``model``, ``data`` and functions are sent to the engines by value).
+        A placed model (``wb.place``) trains model-parallel: pass it as ``model`` and no strategy,
+        or call ``placed.train(...)``.
     steps, batch_size: optimizer steps to run, and the global batch (split evenly over the workers).
     steps_per_call: async-ps and allreduce steps a worker runs per remote call (fewer round trips).
     checkpoint_dir, checkpoint_every, resume: periodic ``tf.train.Checkpoint`` of model, optimizer and
@@ -57,16 +60,29 @@ def train(
     step_timeout: seconds a sync-ps step may wait for its gradients before the job fails.
     wait: block until the job ends (else it trains in the background; see ``job.wait()``).
     """
+    from .model_parallel import PlacedModel, _placed_job_class
+
+    if isinstance(model, PlacedModel):
+        if strategy not in ("async-ps", "model-parallel"):
+            raise ConfigurationError(
+                f"a placed model (wb.place) trains with its layers on their tasks, not with strategy={strategy!r}: "
+                "call placed.train(data, loss, ...) or wb.train without strategy.")
+        strategy = "model-parallel"
+    elif strategy == "model-parallel":
+        raise ConfigurationError(
+            "strategy='model-parallel' needs a placed model: placed = wb.place(make_model, {'layer': 'worker:0', ...}), "
+            "then placed.train(data, loss, ...).")
     options = validate(TrainOptions(
         strategy=strategy, steps=steps, batch_size=batch_size, backup_workers=backup_workers,
         steps_per_call=steps_per_call, metrics=tuple(metrics), checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, resume=resume, seed=seed, step_timeout=step_timeout,
-        num_workers=len([t for t in cluster.tasks if t.job == "worker"]) if cluster.state == "running" else 1,
+        num_workers=(len([t for t in cluster.tasks if t.job == "worker"])
+                     if cluster.state == "running" and strategy != "model-parallel" else 1),
     ))
     if cluster.state != "running":
         from ..errors import ClusterStateError
 
         raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}. Call cluster.start() first.")
-    job_class = AllReduceJob if strategy == "allreduce" else Job
+    job_class = {"allreduce": AllReduceJob, "model-parallel": _placed_job_class()}.get(strategy, Job)
     job = job_class(cluster, model, data, loss, optimizer, options).start()
     return job.wait() if wait else job

@@ -33,7 +33,7 @@ def connect(cluster, timeout: float = 60.0) -> int:
             raise ClusterStateError(_STATE["broken"])
         _refuse_other_strategies()
         _connect_with_timeout(tf, spec, cluster.name, timeout)
-        _STATE.update(spec=spec, cluster=cluster.name, epoch=_STATE["epoch"] + 1)
+        _STATE.update(spec=spec, cluster=cluster.name, cluster_object=cluster, epoch=_STATE["epoch"] + 1)
         return _STATE["epoch"]
 
 
@@ -73,6 +73,12 @@ def check_epoch(epoch: int, what: str) -> None:
 
 def current_epoch() -> int:
     return _STATE["epoch"]
+
+
+def current_cluster():
+    """The cluster this process is connected to, if it is still running; else None."""
+    cluster = _STATE.get("cluster_object")
+    return cluster if cluster is not None and cluster.state == "running" else None
 
 
 def _refuse_other_strategies() -> None:

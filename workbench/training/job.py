@@ -181,13 +181,7 @@ class Job:
         self._ps_devices = [f"{r.task.device}/device:CPU:0" for r in ps_tasks]
         self._ps_addresses = [r.address for r in ps_tasks]
         self._worker_devices = [f"{r.task.device}/device:CPU:0" for r in self._workers]
-        seed = 0 if options.seed is None else options.seed
-        if options.seed is not None:
-            _seed_initializers(options.seed)
-        probe = data(DataContext(0, len(self._workers), options.per_worker_batch, seed))
-        example = training_dataset(lambda _ctx: probe, DataContext(0, 1, 1, seed)).element_spec[0]
-
-        self._example_shape, self._example_dtype = [1, *example.shape[1:]], example.dtype
+        seed = self._probe_data(data, options)
         self.placer = PsPlacer(self._ps_devices)
         with tf.variable_creator_scope(self.placer):
             self._model = _build_model(model, tf.zeros(self._example_shape, self._example_dtype))
@@ -197,7 +191,23 @@ class Job:
             with tf.device(self._ps_devices[0]):
                 self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
         self._fns = StepFunctions(self._model, self._optimizer, resolve_loss(loss), resolve_metrics(options.metrics))
+        self._setup_checkpoints()
+        self._iterators = self._make_iterators(seed)
 
+    def _probe_data(self, data: Callable, options: TrainOptions) -> int:
+        """Seed Keras, learn the example shape from the data function; return the data seed."""
+        seed = 0 if options.seed is None else options.seed
+        if options.seed is not None:
+            _seed_initializers(options.seed)
+        probe = data(DataContext(0, options.num_workers, options.per_worker_batch, seed))
+        example = training_dataset(lambda _ctx: probe, DataContext(0, 1, 1, seed)).element_spec[0]
+        self._example_shape, self._example_dtype = [1, *example.shape[1:]], example.dtype
+        return seed
+
+    def _setup_checkpoints(self) -> None:
+        import tensorflow as tf
+
+        options = self.options
         self._checkpoint = None
         if options.checkpoint_dir:
             self._checkpoint = tf.train.Checkpoint(model=self._model, optimizer=self._optimizer, step=self._step)
@@ -206,13 +216,12 @@ class Job:
                 self._checkpoint.restore(self._manager.latest_checkpoint).expect_partial()
                 self.start_step = int(self._step.numpy())
                 self.last_checkpoint = self._manager.latest_checkpoint
-        self._iterators = self._make_iterators(seed)
 
     def _make_iterators(self, seed: int) -> list:
         import tensorflow as tf
 
         iterators = []
-        n = len(self._workers)
+        n = len(self._worker_devices)
         for index, device in enumerate(self._worker_devices):
             ctx = DataContext(index, n, self.options.per_worker_batch, seed)
             make = tf.function(lambda ctx=ctx: training_dataset(self._data, ctx), autograph=False).get_concrete_function()
@@ -297,6 +306,9 @@ class Job:
 
     # -- the driver --------------------------------------------------------------------------
 
+    def _async_step_options(self) -> dict:
+        return {}
+
     def _run(self) -> None:
         if self.options.strategy == "async-ps":
             self._run_async()
@@ -362,7 +374,7 @@ class Job:
     def _run_async(self) -> None:
         import tensorflow as tf
 
-        self._fns.build_async()
+        self._fns.build_async(**self._async_step_options())
         total = self.options.steps - self.start_step
         chunk = self.options.steps_per_call
         pending = [(self.start_step + i, min(chunk, total - i)) for i in range(0, total, chunk)]

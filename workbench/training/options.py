@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import ConfigurationError
 
-STRATEGIES = ("async-ps", "sync-ps", "allreduce")
+STRATEGIES = ("async-ps", "sync-ps", "allreduce", "model-parallel")
 
 
 @dataclass(frozen=True)

@@ -36,16 +36,20 @@ class PsPlacer:
         size = getattr(getattr(value, "dtype", None), "size", 4) or 4
         return max(1, elements) * size
 
-    def choose(self, nbytes: int) -> str:
-        device = min(self.devices, key=lambda d: (self.loads[d], self.devices.index(d)))
+    def choose(self, nbytes: int, requested: str = "") -> str:
+        """The least-loaded ps, unless a ps device is already requested (an optimizer slot colocated
+        with its variable: its update then reads it locally)."""
+        matching = [d for d in self.devices if requested and d.startswith(requested.split("/device:")[0] + "/")]
+        device = matching[0] if matching else min(self.devices, key=lambda d: (self.loads[d], self.devices.index(d)))
         self.loads[device] += nbytes
         return device
 
     def __call__(self, next_creator, **kwargs):
         import tensorflow as tf
+        from tensorflow.python.eager import context
 
         value = kwargs.get("initial_value")
         if callable(value):  # Keras passes a lazy initializer: run it to learn the size
             value = kwargs["initial_value"] = value()
-        with tf.device(self.choose(self._bytes(value))):
+        with tf.device(self.choose(self._bytes(value), context.context().device_name or "")):
             return next_creator(**kwargs)

@@ -115,10 +115,34 @@ class StepFunctions:
         grads = tape.gradient(scaled, model.trainable_variables)
         return loss, metrics, grads
 
-    def build_async(self):
+    def placed_gradients(self, x, y, output_device: str):
+        """Loss, metrics and gradients of a model whose layers run on their own devices.
+
+        The loss runs on ``output_device`` (the last layer's), and every gradient op with its
+        forward op (TF1's ``colocate_gradients_with_ops``): TF2's tape would run the backward pass
+        on the caller's device.
+        """
+        import tensorflow as tf
+
+        logits = self.model(x, training=True)
+        with tf.device(output_device):
+            loss = tf.reduce_mean(self.loss_fn(y, logits))
+            metrics = [tf.cast(fn(y, logits), tf.float32) for fn in self.metric_fns.values()]
+            total = loss + sum(self.model.losses) if self.model.losses else loss
+        variables = self.model.trainable_variables
+        grads = tf.compat.v1.gradients(total, [v.value for v in variables], colocate_gradients_with_ops=True)
+        return loss, metrics, grads
+
+    def build_async(self, output_device: str | None = None):
+        """``train_steps``; with ``output_device``, for a placed (model-parallel) model."""
         import tensorflow as tf
 
         n_metrics = len(self.metric_fns)
+        if output_device is None:
+            loss_and_grads = self._loss_and_grads
+        else:
+            def loss_and_grads(x, y):
+                return self.placed_gradients(x, y, output_device)
 
         @tf.function
         def train_steps(iterator, n):
@@ -130,7 +154,7 @@ class StepFunctions:
                 # Steps are strictly sequential: without this, iterations overlap and timestamps lie.
                 tf.autograph.experimental.set_loop_options(parallel_iterations=1)
                 x, y = next(iterator)
-                loss, metrics, grads = self._loss_and_grads(x, y)
+                loss, metrics, grads = loss_and_grads(x, y)
                 updated = self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
                 losses = losses.write(i, loss)
                 metric_values = metric_values.write(i, tf.stack(metrics) if metrics else tf.zeros([0]))

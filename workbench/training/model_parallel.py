@@ -1,0 +1,294 @@
+"""Model parallelism: a model's layers on chosen tasks, each layer's backward pass on its own task.
+
+``wb.place(model, {"hidden": "worker:0", "logits": "worker:1"})`` builds the model with each
+layer's variables on its task and runs each layer's forward ops there. Training differentiates
+with ``colocate_gradients_with_ops``, so every gradient op runs where its forward op ran (TF2's
+tape would put the whole backward pass on the caller's device instead, moving every activation
+back). ``wb.placement(...)`` lists where each variable lives and where each layer's forward and
+backward ops run.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import ConfigurationError
+from ..tables import html_table, text_table
+from . import connection
+from .placement import variable_device
+
+
+def resolve_layout(layer_names: list[str], layout: dict[str, str]) -> dict[str, str]:
+    """Each layer's task: as listed, or the task of the layer before it (the first listed for leading layers)."""
+    if not isinstance(layout, dict) or not layout:
+        raise ConfigurationError(
+            "pass the placement as a dict of layer name -> task, e.g. {'hidden': 'worker:0', 'logits': 'worker:1'}.")
+    unknown = [name for name in layout if name not in layer_names]
+    if unknown:
+        raise ConfigurationError(
+            f"the model has no layer(s) {', '.join(map(repr, unknown))}: its layers are {', '.join(layer_names)}. "
+            "Name layers when you build them (keras.layers.Dense(32, name='hidden')) to place them by name.")
+    current = next(layout[name] for name in layer_names if name in layout)
+    resolved = {}
+    for name in layer_names:
+        current = layout.get(name, current)
+        resolved[name] = current
+    return resolved
+
+
+def _device_for_path(path: str, layer_devices: dict[str, str], default: str) -> str:
+    """The device of the innermost layer named in a Keras variable path like ``model/hidden``."""
+    for part in reversed(path.split("/")):
+        if part in layer_devices:
+            return layer_devices[part]
+    return default
+
+
+def _on_device(call: Callable, device: str) -> Callable:
+    import tensorflow as tf
+
+    @functools.wraps(call)
+    def placed_call(*args, **kwargs):
+        with tf.device(device):
+            return call(*args, **kwargs)
+
+    return placed_call
+
+
+@dataclass
+class PlacementRow:
+    layer: str
+    variable: str
+    shape: str
+    task: str
+    device: str
+
+
+class Placement:
+    """What ``wb.placement`` returns: one row per variable (and per weightless layer); a table when printed."""
+
+    COLUMNS = ("layer", "variable", "shape", "task", "device", "backward on")
+
+    def __init__(self, rows: list[PlacementRow], backward: dict[str, list[str]] | None = None):
+        self.rows = rows
+        self.backward = backward or {}
+
+    def _cells(self) -> list[tuple[str, ...]]:
+        return [(r.layer, r.variable, r.shape, r.task, r.device, ", ".join(self.backward.get(r.layer, [])) or "-")
+                for r in self.rows]
+
+    def by_layer(self) -> dict[str, str]:
+        """``{layer: task}`` for every layer with variables."""
+        return {r.layer: r.task for r in self.rows if r.variable != "-"}
+
+    def __str__(self) -> str:
+        return text_table(self.COLUMNS, self._cells())
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return html_table(self.COLUMNS, self._cells(), css_class="workbench-placement")
+
+
+def _task_of(device: str) -> str:
+    parts = dict(p.split(":", 1) for p in device.strip("/").split("/") if ":" in p)
+    return f"{parts['job']}:{parts['task']}" if "job" in parts and "task" in parts else device or "-"
+
+
+def _layer_rows(model) -> list[PlacementRow]:
+    rows = []
+    for layer in model.layers:
+        weights = layer.weights
+        if not weights:
+            continue
+        for weight in weights:
+            device = variable_device(weight)
+            rows.append(PlacementRow(layer.name, weight.name, "x".join(map(str, weight.shape)) or "scalar", _task_of(device), device))
+    return rows
+
+
+class PlacedModel:
+    """A Keras model whose layers live on chosen tasks of a cluster. Made by ``wb.place``.
+
+    ``train(data, loss, ...)`` trains it (input pipeline on the first layer's task, loss on the last
+    layer's task, each gradient with its forward op) and returns a ``Job``; ``model`` is the placed
+    Keras model itself, usable in ``cluster.device`` scopes and ``tf.function``s.
+    """
+
+    def __init__(self, cluster, source: Any, model, layer_tasks: dict[str, str], layer_devices: dict[str, str]):
+        self.cluster = cluster
+        self.model = model
+        self.layer_tasks = layer_tasks
+        self.layer_devices = layer_devices
+        self._source = source
+        self._epoch = connection.current_epoch()
+
+    @property
+    def input_device(self) -> str:
+        return next(iter(self.layer_devices.values()))
+
+    @property
+    def output_device(self) -> str:
+        return list(self.layer_devices.values())[-1]
+
+    def __call__(self, *args, **kwargs):
+        connection.check_epoch(self._epoch, "this placed model")
+        return self.model(*args, **kwargs)
+
+    def backward_devices(self, loss: Any = "mse") -> dict[str, list[str]]:
+        """Where each layer's gradient ops run: traced, not run (``{layer: [devices]}``)."""
+        import tensorflow as tf
+
+        from .steps import StepFunctions, resolve_loss
+
+        inputs = self.model.inputs[0]
+        outputs = self.model.outputs[0]
+        fns = StepFunctions(self.model, None, resolve_loss(loss), {})
+        x_spec = tf.TensorSpec([2, *inputs.shape[1:]], inputs.dtype)
+        y_spec = tf.TensorSpec([2, *outputs.shape[1:]], "float32")
+        graph = tf.function(lambda x, y: fns.placed_gradients(x, y, self.output_device)[2]).get_concrete_function(x_spec, y_spec).graph
+        found: dict[str, set] = {}
+        for op in graph.get_operations():
+            if not op.name.startswith("gradients/") or op.type in ("Identity", "NoOp", "Const"):
+                continue
+            # graph name scopes are made unique: layer "hidden" may trace as "hidden_1"
+            parts = [re.sub(r"_\d+$", "", part) for part in op.name.split("/")] + op.name.split("/")
+            layer = next((part for part in reversed(parts) if part in self.layer_devices), None)
+            if layer is not None and op.device:
+                found.setdefault(layer, set()).add(op.device)
+        return {layer: sorted(devices) for layer, devices in found.items()}
+
+    def train(self, data: Callable, loss: Any, optimizer: Any = "adam", **kwargs):
+        """Train the placed model; same arguments as ``wb.train`` except strategy (model parallel)."""
+        from .api import train
+
+        return train(self.cluster, self, data, loss, optimizer, strategy="model-parallel", **kwargs)
+
+    def __repr__(self) -> str:
+        layout = ", ".join(f"{layer}: {task}" for layer, task in self.layer_tasks.items())
+        return f"<workbench.PlacedModel {self.model.name} on {self.cluster.name!r}: {layout}>"
+
+
+def place(model: Any, layout: dict[str, str], *, cluster=None) -> PlacedModel:
+    """Build ``model`` with its layers on the tasks named in ``layout``; return a ``PlacedModel``.
+
+    ``model`` is a function returning a functional or Sequential ``keras.Model`` (or such a
+    model, which is cloned). ``layout`` maps layer names to tasks (``"worker:1"``) or full device
+    names (``"/job:worker/replica:0/task:1/device:GPU:0"``); unlisted layers stay on the task of
+    the layer before them. ``cluster`` defaults to the cluster this kernel is connected to
+    (``cluster.connect()``).
+    """
+    import keras
+    import tensorflow as tf
+
+    cluster = cluster or connection.current_cluster()
+    if cluster is None:
+        raise ConfigurationError("wb.place needs a cluster: call cluster.connect() first, or pass cluster=.")
+    connection.connect(cluster)
+    if isinstance(model, keras.Model):
+        local = model
+    elif callable(model):
+        with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+            local = model()
+        if not isinstance(local, keras.Model):
+            raise ConfigurationError(f"the model function returned {type(local).__name__}, not a keras.Model.")
+    else:
+        raise ConfigurationError(f"model={model!r}: pass a function that builds a keras.Model (or a keras.Model).")
+    layer_names = [layer.name for layer in local.layers]
+    layer_tasks = resolve_layout(layer_names, layout)
+    layer_devices = {name: _device_name(cluster, task) for name, task in layer_tasks.items()}
+    default = next(iter(layer_devices.values()))
+
+    def creator(next_creator, **kwargs):
+        from keras.src.backend.common.name_scope import current_path
+
+        with tf.device(_device_for_path(current_path(), layer_devices, default)):
+            return next_creator(**kwargs)
+
+    with tf.variable_creator_scope(creator):
+        try:
+            placed = keras.models.clone_model(local)
+        except Exception as exc:  # noqa: BLE001 - subclassed models cannot be cloned layer by layer
+            raise ConfigurationError(
+                f"cannot place {type(local).__name__} layer by layer ({exc}); build it with the functional API or "
+                "keras.Sequential.") from None
+    placed.set_weights(local.get_weights())
+    for layer in placed.layers:
+        if layer.name in layer_devices:
+            layer.call = _on_device(layer.call, layer_devices[layer.name])
+    return PlacedModel(cluster, model, placed, layer_tasks, layer_devices)
+
+
+def _device_name(cluster, task: str) -> str:
+    if task.startswith("/job:"):
+        return task
+    return f"{cluster.task(task).task.device}/device:CPU:0"
+
+
+def placement(target: Any) -> Placement:
+    """Where each variable of ``target`` lives (and, for a placed model, where each layer's backward runs).
+
+    ``target``: a ``PlacedModel``, a ``Job`` (its variables on the cluster), or a ``keras.Model``.
+    """
+    import keras
+
+    from .job import Job
+
+    if isinstance(target, PlacedModel):
+        return Placement(_layer_rows(target.model), target.backward_devices())
+    if isinstance(target, Job):
+        model = getattr(target, "_model", None)
+        if model is None:
+            raise ConfigurationError("this job's variables live on the worker engines (allreduce): every worker holds a copy.")
+        return Placement(_layer_rows(model))
+    if isinstance(target, keras.Model):
+        return Placement(_layer_rows(target))
+    raise ConfigurationError(f"wb.placement({type(target).__name__}): pass a placed model (wb.place), a Job or a keras.Model.")
+
+
+def _placed_job_class():
+    from .job import Job, _build_optimizer, _update_where_the_variable_lives
+    from .steps import StepFunctions, resolve_loss, resolve_metrics
+
+    class PlacedJob(Job):
+        """Training of a ``PlacedModel``: one input pipeline, the layers' tasks in turn, several steps per call."""
+
+        def _setup(self, cluster, model: PlacedModel, data, loss, optimizer, options) -> None:
+            self._epoch = connection.connect(cluster)
+            connection.check_epoch(model._epoch, "this placed model")
+            self._placed = model
+            self._model_source = model._source
+            self._model = model.model
+            self._ps_devices, self._ps_addresses = [], []
+            first_task = _task_of(model.input_device)
+            self._workers = [r for r in cluster.tasks if r.name == first_task] or self._workers[:1]
+            self._worker_devices = [model.input_device]
+            seed = self._probe_data(data, options)
+            self._optimizer = _build_optimizer(optimizer)
+            _update_where_the_variable_lives(self._optimizer)
+            self._optimizer.build(self._model.trainable_variables)  # slots are created beside their variables
+            import tensorflow as tf
+
+            with tf.device(model.input_device):
+                self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
+            self._fns = StepFunctions(self._model, self._optimizer, resolve_loss(loss), resolve_metrics(options.metrics))
+            self._setup_checkpoints()
+            self._iterators = self._make_iterators(seed)
+
+        def _async_step_options(self) -> dict:
+            return {"output_device": self._placed.output_device}
+
+        def _run(self) -> None:
+            self._run_async()
+
+        @property
+        def info(self) -> dict:
+            info = super().info
+            info.update(layers=dict(self._placed.layer_tasks), input_device=self._placed.input_device,
+                        output_device=self._placed.output_device)
+            return info
+
+    return PlacedJob
