@@ -90,6 +90,24 @@ def test_killed_worker_does_not_stop_async_training(no_leftover_processes):
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.90
 
 
+def test_stalled_worker_is_given_up_on_and_async_training_finishes(no_leftover_processes):
+    with wb.Cluster(ps=1, workers=2, name="wb-test-stallworker", progress=False) as cluster:
+        stalled = cluster.task("worker:1").pid
+        job = train(cluster, strategy="async-ps", steps=1200, steps_per_call=5, step_timeout=20)
+        deadline = time.monotonic() + 120
+        while job.steps_done < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(stalled, signal.SIGSTOP)  # alive but answering nothing, like a hung host
+        try:
+            job.wait(300)
+        finally:
+            os.kill(stalled, signal.SIGCONT)
+        assert job.state == "done"
+        assert job.lost_workers == ["worker:1"]
+        assert [r["step"] for r in job.history] == list(range(1200))  # each once; the stalled chunk re-ran
+        assert job.history[-1]["worker"] == "worker:0"
+
+
 def test_killed_ps_fails_the_job_naming_the_checkpoint(tmp_path, no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-killps", progress=False) as cluster:
         job = train(cluster, strategy="async-ps", steps=5000, steps_per_call=5,

@@ -57,7 +57,9 @@ def train(
         step (named ``ckpt-<step>``; in async-ps taken within ``steps_per_call`` x workers steps after each
         multiple, and always at the end); ``resume=True`` continues from the newest one.
     seed: makes initial weights and data order reproducible.
-    step_timeout: seconds a sync-ps step may wait for its gradients before the job fails.
+    step_timeout: seconds a sync-ps step may wait for its gradients (then the job fails), or an
+        async-ps or allreduce remote call may run (an async-ps worker that stalls longer is given
+        up on and its steps re-run elsewhere; allreduce fails, as every worker waits for it).
     wait: block until the job ends (else it trains in the background; see ``job.wait()``).
     """
     from .model_parallel import PlacedModel, _placed_job_class

@@ -133,8 +133,15 @@ def _own_executor(work: Callable) -> Callable:
     def run(*args, **kwargs):
         from tensorflow.python.eager import context, executor
 
-        with context.executor_scope(executor.new_executor(enable_async=False)):
-            return work(*args, **kwargs)
+        own = executor.new_executor(enable_async=False)
+        try:
+            with context.executor_scope(own):
+                return work(*args, **kwargs)
+        finally:
+            try:  # a lost task leaves its error on the executor; clear it here, not in a noisy __del__
+                own.wait()
+            except Exception:  # noqa: BLE001 - already classified by the work function
+                own.clear_error()
 
     return run
 
@@ -392,24 +399,35 @@ class Job:
             with self._lock:
                 return pending.pop() if pending and not self._stop.is_set() and not failures else None
 
+        in_flight: dict[int, tuple] = {}  # worker index -> (chunk, monotonic start)
+        gone: set[int] = set()  # workers lost (dead) or given up on (stalled)
+
         @_own_executor
         def work(index: int) -> None:
             name, device, iterator = self._workers[index].name, self._worker_devices[index], self._iterators[index]
             while (item := claim()) is not None:
                 first, n = item
+                with self._lock:
+                    in_flight[index] = (item, time.monotonic())
                 try:
                     with tf.device(device):
                         losses, metrics, stamps = self._fns.train_steps(iterator, tf.constant(n, tf.int32))
                     losses, metrics, stamps = losses.numpy(), metrics.numpy(), stamps.numpy()
                 except Exception as exc:  # noqa: BLE001 - classified below
                     with self._lock:
+                        if in_flight.pop(index, None) is None:
+                            return  # given up on already; its chunk was re-queued then
                         pending.append(item)  # its steps are re-run on another worker
+                        gone.add(index)
                     error = self._classify(exc, name)
                     if isinstance(error, ClusterStateError):
                         lost.append(name)
                     else:
                         failures.append(error)
                     return
+                with self._lock:
+                    if in_flight.pop(index, None) is None:
+                        return  # it came back after being given up on: its steps ran elsewhere
                 for i in range(n):
                     self._record(first + i, losses[i], metrics[i], name, stamps[i], stamps[i + 1], self.options.per_worker_batch)
                 try:
@@ -418,11 +436,27 @@ class Job:
                     failures.append(self._classify(exc, "the job's checkpointing"))
                     return
 
-        threads = [threading.Thread(target=work, args=(i,), daemon=True, name=f"workbench-{w.name}") for i, w in enumerate(self._workers)]
-        for thread in threads:
+        def launch(index: int) -> threading.Thread:
+            thread = threading.Thread(target=work, args=(index,), daemon=True, name=f"workbench-{self._workers[index].name}")
             thread.start()
-        while any(t.is_alive() for t in threads):
+            return thread
+
+        threads = {i: launch(i) for i in range(len(self._workers))}
+        while any(t.is_alive() for i, t in threads.items() if i not in gone):
             time.sleep(0.05)
+            with self._lock:
+                # A call that neither returns nor fails (a stalled task) is given up on after step_timeout:
+                # TensorFlow cannot cancel it, so its chunk is re-queued and its late result dropped.
+                for index, (item, started) in list(in_flight.items()):
+                    if time.monotonic() - started > self.options.step_timeout:
+                        del in_flight[index]
+                        gone.add(index)
+                        pending.append(item)
+                        lost.append(self._workers[index].name)
+                idle = [i for i, t in threads.items() if not t.is_alive() and i not in gone]
+            if pending and not failures:
+                for index in idle:  # workers that finished early take the re-queued chunks
+                    threads[index] = launch(index)
         if failures:
             raise failures[0]
         if pending and not self._stop.is_set():

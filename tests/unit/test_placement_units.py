@@ -1,0 +1,75 @@
+"""Pure parts of placement: layouts, variable paths, the ps placer's choice, tables, payloads for engines."""
+
+import keras
+import pytest
+
+import workbench as wb
+from workbench.tables import html_table, text_table
+from workbench.training.allreduce import portable
+from workbench.training.allreduce_engine import unpack
+from workbench.training.model_parallel import _device_for_path, _task_of, resolve_layout
+from workbench.training.placement import PsPlacer
+
+PS0, PS1 = "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"
+
+
+def test_unlisted_layers_follow_the_layer_before_them():
+    layers = ["input", "embed", "hidden", "dropout", "logits"]
+    assert resolve_layout(layers, {"hidden": "worker:0", "logits": "worker:1"}) == {
+        "input": "worker:0", "embed": "worker:0", "hidden": "worker:0", "dropout": "worker:0", "logits": "worker:1"}
+
+
+@pytest.mark.parametrize("layout, match", [
+    ({}, "pass the placement as a dict"),
+    (["hidden"], "pass the placement as a dict"),
+    ({"hiden": "worker:0"}, "no layer.*'hiden'.*its layers are input, hidden"),
+])
+def test_bad_layouts_say_what_to_pass(layout, match):
+    with pytest.raises(wb.ConfigurationError, match=match):
+        resolve_layout(["input", "hidden"], layout)
+
+
+def test_variable_paths_map_to_the_innermost_named_layer():
+    devices = {"encoder": "/job:worker/task:0", "dense": "/job:worker/task:1"}
+    assert _device_for_path("model/encoder/dense", devices, "default") == "/job:worker/task:1"
+    assert _device_for_path("model/encoder", devices, "default") == "/job:worker/task:0"
+    assert _device_for_path("model/other", devices, "default") == "default"
+    assert _task_of(PS1) == "ps:1" and _task_of("") == "-"
+
+
+def test_ps_placer_spreads_by_bytes_but_keeps_a_requested_ps():
+    placer = PsPlacer([PS0, PS1])
+    assert placer.choose(1000) == PS0
+    assert placer.choose(10) == PS1
+    assert placer.choose(10) == PS1  # ps:1 still lighter
+    assert placer.choose(5000, requested=PS0) == PS0  # e.g. an optimizer slot beside its variable
+    assert placer.choose(1, requested="/job:worker/replica:0/task:0/device:CPU:0") == PS1  # not a ps: greedy
+    assert dict(placer.loads) == {PS0: 6000, PS1: 21}
+
+
+def test_tables_pad_columns_and_escape_html():
+    text = text_table(("a", "long column"), [("x", "1"), ("yyyy", "<b>")], title="T")
+    assert text.splitlines() == ["T", "a     long column", "----  -----------", "x     1", "yyyy  <b>"]
+    assert "&lt;b&gt;" in html_table(("a",), [("<b>",)])
+
+
+def local_function(x):
+    return x + 1
+
+
+def test_payloads_for_engines_rebuild_keras_objects_and_carry_local_functions_by_value():
+    optimizer = keras.optimizers.Adam(0.02)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="out")])
+    rebuilt_optimizer, rebuilt_loss, rebuilt_model, function, name = unpack(portable((optimizer, loss, model, local_function, "mse")))
+    assert isinstance(rebuilt_optimizer, keras.optimizers.Adam) and rebuilt_optimizer.get_config()["learning_rate"] == pytest.approx(0.02)
+    assert rebuilt_loss.get_config()["from_logits"] is True
+    assert [layer.name for layer in rebuilt_model.layers] == ["out"]
+    assert function(1) == 2 and name == "mse"
+    # this test module is not importable elsewhere: its function travels by value and runs in a fresh Python
+    import subprocess
+    import sys
+
+    script = "import sys; from workbench.training.allreduce_engine import unpack; print(unpack(sys.stdin.buffer.read())[0](41))"
+    result = subprocess.run([sys.executable, "-c", script], input=portable(local_function), capture_output=True, cwd="/", timeout=60)
+    assert result.stdout.strip() == b"42", result.stderr[-2000:]
