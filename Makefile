@@ -8,7 +8,7 @@ EXTRAS ?= cpu,notebook,test
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install lab test bench demo clean
+.PHONY: install lab test bench bench-training demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,9 @@ demo: install
 
 bench: install
 	$(PY) bench/startup.py
+
+bench-training: install
+	$(PY) bench/training.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info test-artifacts bench/results

@@ -36,4 +36,8 @@ def test_quickstart(no_leftover_processes):
     for task in ("ps", "worker"):
         assert f"(5050, '/job:{task}/replica:0/task:0/device:CPU:0')" in ops
     assert "(5050, '/job:worker/replica:0/task:1/device:CPU:0')" in ops
-    assert "stopped" in _text(cells[4])
+    assert "'step': 199" in _text(cells[4])
+    accuracy = float(_text(cells[5]).split("'accuracy': ")[1].split(",")[0])
+    assert accuracy >= 0.9
+    assert "ps:0" in _text(cells[6]) and "kernel" in _text(cells[6])
+    assert "stopped" in _text(cells[7])

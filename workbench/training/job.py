@@ -498,7 +498,7 @@ class Job:
                     step = current["step"]
                 try:
                     with tf.device(device):
-                        pull()
+                        pull().numpy()  # the replica holds this step's parameters before computing on it
                         loss, metrics, stamps = compute(iterator)
                     loss, metrics, stamps = float(loss.numpy()), metrics.numpy(), stamps.numpy()
                 except Exception as exc:  # noqa: BLE001 - classified below
@@ -540,8 +540,8 @@ class Job:
                             f"{len(results[step])}: check the workers (cluster.status()), add backup_workers, or raise step_timeout.")
                     arrived = results[step][:required]  # the first N - k; later ones are dropped
                 try:
-                    with tf.device(self._ps_devices[0]):
-                        self._fns.apply_gradients(tuple(sorted(a[0] for a in arrived)))
+                    with tf.device(self._ps_devices[0]):  # wait until every update landed: the next pulls read them
+                        self._fns.apply_gradients(tuple(sorted(a[0] for a in arrived))).numpy()
                 except Exception as exc:  # noqa: BLE001 - classified
                     raise self._classify(exc, "the ps tasks") from None
                 loss = sum(a[2] for a in arrived) / required

@@ -6,11 +6,15 @@ import math
 from collections import defaultdict
 
 
-def variable_device(variable) -> str:
-    """The device of a ``tf.Variable`` or of the one inside a Keras variable (``.value``)."""
+def tf_variable(variable):
+    """The ``tf.Variable`` itself, or the one inside a Keras variable (``.value``)."""
     import tensorflow as tf
 
-    return variable.device if isinstance(variable, tf.Variable) else variable.value.device
+    return variable if isinstance(variable, tf.Variable) else variable.value
+
+
+def variable_device(variable) -> str:
+    return tf_variable(variable).device
 
 
 class PsPlacer:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigurationError
-from .placement import variable_device
+from .placement import tf_variable, variable_device
 
 
 def resolve_loss(loss: Any) -> Callable:
@@ -86,6 +86,22 @@ def resolve_metrics(metrics: Any) -> dict[str, Callable]:
         else:
             raise ConfigurationError(f"metric {metric!r} is neither a name nor a function (y_true, y_pred) -> scalar.")
     return resolved
+
+
+def _written(variables):
+    """A scalar that exists only once every variable's last write landed: wait on it (``.numpy()``).
+
+    Reads of a variable come after its writes in a ``tf.function``, but a call's result can reach
+    the kernel before ops it does not depend on have run; the next call, from another thread's
+    executor, would then read stale values.
+    """
+    import tensorflow as tf
+
+    sizes = []
+    for variable in variables:
+        with tf.device(variable_device(variable)):
+            sizes.append(tf.size(tf_variable(variable).read_value()))
+    return tf.add_n(sizes) if sizes else tf.constant(0)
 
 
 @dataclass
@@ -173,7 +189,7 @@ class StepFunctions:
             def pull():
                 for local, remote in zip(replica.weights, self.model.weights):
                     local.assign(remote)
-                return tf.constant(0)
+                return _written(replica.weights)
 
             return pull
 
@@ -217,7 +233,7 @@ class StepFunctions:
                 self.optimizer.apply_gradients(zip(grads, variables))
                 for var, local in zip(self.model.non_trainable_variables, first.non_trainable_variables):
                     var.assign(local)
-                return tf.constant(len(contributors))
+                return _written(self.model.weights)
 
             self._apply_cache[contributors] = apply
         return self._apply_cache[contributors]()
