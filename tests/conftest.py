@@ -69,10 +69,10 @@ def no_leftover_processes():
     assert not leftover, f"processes left running: {[psutil.Process(p).cmdline() for p in leftover if _running(p)]}"
 
 
-def _running_cluster(workers: int, name: str):
+def _running_cluster(workers: int, name: str, ps: int = 1):
     import workbench as wb
 
-    c = wb.Cluster(ps=1, workers=workers, name=name, progress=False).start()
+    c = wb.Cluster(ps=ps, workers=workers, name=name, progress=False).start()
     try:
         yield c
     finally:
@@ -89,6 +89,12 @@ def cluster():
 def cluster3():
     """A 1 ps + 3 worker cluster for a module whose tests may scale it down."""
     yield from _running_cluster(3, "wb-test-three")
+
+
+@pytest.fixture(scope="module")
+def cluster_two_ps():
+    """A 2 ps + 2 worker cluster, for variables spread and partitioned over parameter servers."""
+    yield from _running_cluster(2, "wb-test-two-ps", ps=2)
 
 
 def run_tf_client(spec: dict, body: str, timeout: float = 120.0) -> dict:

@@ -47,6 +47,16 @@ def test_ps_placer_spreads_by_bytes_but_keeps_a_requested_ps():
     assert dict(placer.loads) == {PS0: 6000, PS1: 21}
 
 
+def test_only_variables_at_the_threshold_with_enough_rows_are_partitioned():
+    placer = PsPlacer([PS0, PS1, "/job:ps/replica:0/task:2/device:CPU:0"], partition_bytes=1000)
+    assert placer.shard_rows((10, 25), 1000) == [4, 3, 3]
+    assert placer.shard_rows((10, 25), 999) is None  # below the threshold
+    assert placer.shard_rows((2, 1000), 8000) == [1, 1]  # no more shards than rows
+    assert placer.shard_rows((), 8000) is None and placer.shard_rows((1, 5000), 20000) is None
+    assert PsPlacer([PS0], partition_bytes=1).shard_rows((10, 10), 400) is None  # one ps: nothing to split over
+    assert PsPlacer([PS0, PS1]).shard_rows((10, 10), 10**9) is None  # partition_bytes=0: never
+
+
 def test_tables_pad_columns_and_escape_html():
     text = text_table(("a", "long column"), [("x", "1"), ("yyyy", "<b>")], title="T")
     assert text.splitlines() == ["T", "a     long column", "----  -----------", "x     1", "yyyy  <b>"]

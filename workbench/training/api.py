@@ -28,6 +28,7 @@ def train(
     resume: bool = False,
     seed: int | None = None,
     step_timeout: float = 300.0,
+    partition_bytes: int = 16 * 2**20,
     wait: bool = False,
 ) -> Job:
     """Train a Keras model on ``cluster`` with the workbench's own distributed training loop.
@@ -60,6 +61,9 @@ def train(
     step_timeout: seconds a sync-ps step may wait for its gradients (then the job fails), or an
         async-ps or allreduce remote call may run (an async-ps worker that stalls longer is given
         up on and its steps re-run elsewhere; allreduce fails, as every worker waits for it).
+    partition_bytes: ps strategies: a variable this large or larger (e.g. a big embedding) is split
+        along its first axis over the ps tasks, each shard updated on its own ps; 0 never splits.
+        ``job.info["partitioned"]`` lists the split variables.
     wait: block until the job ends (else it trains in the background; see ``job.wait()``).
     """
     from .model_parallel import PlacedModel, _placed_job_class
@@ -77,7 +81,7 @@ def train(
     options = validate(TrainOptions(
         strategy=strategy, steps=steps, batch_size=batch_size, backup_workers=backup_workers,
         steps_per_call=steps_per_call, metrics=tuple(metrics), checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every, resume=resume, seed=seed, step_timeout=step_timeout,
+        checkpoint_every=checkpoint_every, resume=resume, seed=seed, step_timeout=step_timeout, partition_bytes=partition_bytes,
         num_workers=(len([t for t in cluster.tasks if t.job == "worker"])
                      if cluster.state == "running" and strategy != "model-parallel" else 1),
     ))

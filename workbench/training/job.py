@@ -17,7 +17,7 @@ from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
 from . import connection
 from .data import DataContext, evaluation_dataset, training_dataset
 from .options import TrainOptions
-from .placement import PsPlacer, variable_device
+from .placement import PsPlacer, optimizer_targets, shards_of, tf_variable, variable_device
 from .steps import StepFunctions, resolve_loss, resolve_metrics
 
 # Errors that mean "a task went away", as opposed to a bug in the model or data functions.
@@ -189,15 +189,16 @@ class Job:
         self._ps_addresses = [r.address for r in ps_tasks]
         self._worker_devices = [f"{r.task.device}/device:CPU:0" for r in self._workers]
         seed = self._probe_data(data, options)
-        self.placer = PsPlacer(self._ps_devices)
+        self.placer = PsPlacer(self._ps_devices, options.partition_bytes)
         with tf.variable_creator_scope(self.placer):
             self._model = _build_model(model, tf.zeros(self._example_shape, self._example_dtype))
+            targets, splits = optimizer_targets(self._model.trainable_variables)
             self._optimizer = _build_optimizer(optimizer)
             _update_where_the_variable_lives(self._optimizer)
-            self._optimizer.build(self._model.trainable_variables)
+            self._optimizer.build(targets)
             with tf.device(self._ps_devices[0]):
                 self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
-        self._fns = StepFunctions(self._model, self._optimizer, resolve_loss(loss), resolve_metrics(options.metrics))
+        self._fns = StepFunctions(self._model, self._optimizer, resolve_loss(loss), resolve_metrics(options.metrics), targets, splits)
         self._setup_checkpoints()
         self._iterators = self._make_iterators(seed)
 
@@ -217,7 +218,12 @@ class Job:
         options = self.options
         self._checkpoint = None
         if options.checkpoint_dir:
-            self._checkpoint = tf.train.Checkpoint(model=self._model, optimizer=self._optimizer, step=self._step)
+            if self.placer is not None and self.placer.partitioned:
+                # a Keras model cannot checkpoint a partitioned variable itself: save the shards
+                weights = [shard for w in self._model.weights for shard in shards_of(w)]
+                self._checkpoint = tf.train.Checkpoint(weights=weights, optimizer=self._optimizer, step=self._step)
+            else:
+                self._checkpoint = tf.train.Checkpoint(model=self._model, optimizer=self._optimizer, step=self._step)
             self._manager = tf.train.CheckpointManager(self._checkpoint, options.checkpoint_dir, max_to_keep=3)
             if options.resume:
                 self._checkpoint.restore(self._manager.latest_checkpoint).expect_partial()
@@ -256,6 +262,7 @@ class Job:
             "backup_workers": self.options.backup_workers,
             "gradients_per_step": self.options.required_gradients if self.options.strategy == "sync-ps" else None,
             "ps_bytes": dict(self.placer.loads) if self.placer else {},
+            "partitioned": dict(self.placer.partitioned) if self.placer else {},
             "checkpoint_dir": self.options.checkpoint_dir,
         }
 
@@ -305,7 +312,7 @@ class Job:
         connection.check_epoch(self._epoch, "this job")
         with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
             local = _build_model(self._model_source, tf.zeros(self._example_shape, self._example_dtype))
-        local.set_weights([w.numpy() for w in self._model.weights])
+        local.set_weights([tf.convert_to_tensor(tf_variable(w)).numpy() for w in self._model.weights])
         return local
 
     def __repr__(self) -> str:

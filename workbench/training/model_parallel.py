@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ..errors import ConfigurationError
 from ..tables import html_table, text_table
 from . import connection
-from .placement import variable_device
+from .placement import variable_devices
 
 
 def resolve_layout(layer_names: list[str], layout: dict[str, str]) -> dict[str, str]:
@@ -105,8 +105,9 @@ def _layer_rows(model) -> list[PlacementRow]:
         if not weights:
             continue
         for weight in weights:
-            device = variable_device(weight)
-            rows.append(PlacementRow(layer.name, weight.name, "x".join(map(str, weight.shape)) or "scalar", _task_of(device), device))
+            devices = variable_devices(weight)  # several for a partitioned variable
+            rows.append(PlacementRow(layer.name, weight.name, "x".join(map(str, weight.shape)) or "scalar",
+                                     ", ".join(_task_of(d) for d in devices), ", ".join(devices)))
     return rows
 
 

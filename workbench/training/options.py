@@ -25,6 +25,7 @@ class TrainOptions:
     resume: bool = False
     seed: int | None = None
     step_timeout: float = 300.0  # seconds a sync step may wait for its gradients
+    partition_bytes: int = 16 * 2**20  # ps strategies: split variables this large over the ps tasks
     num_workers: int = field(default=1)
 
     @property
@@ -52,6 +53,7 @@ def validate(options: TrainOptions) -> TrainOptions:
     _whole("batch_size", options.batch_size, 1)
     _whole("steps_per_call", options.steps_per_call, 1)
     _whole("checkpoint_every", options.checkpoint_every, 0)
+    _whole("partition_bytes", options.partition_bytes, 0)
     k = _whole("backup_workers", options.backup_workers, 0)
     if options.batch_size % n:
         raise ConfigurationError(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigurationError
-from .placement import tf_variable, variable_device
+from .placement import shards_of, tf_variable, variable_devices
 
 
 def resolve_loss(loss: Any) -> Callable:
@@ -98,9 +98,9 @@ def _written(variables):
     import tensorflow as tf
 
     sizes = []
-    for variable in variables:
-        with tf.device(variable_device(variable)):
-            sizes.append(tf.size(tf_variable(variable).read_value()))
+    for shard in (s for v in variables for s in shards_of(v)):
+        with tf.device(shard.device):
+            sizes.append(tf.size(shard.read_value()))
     return tf.add_n(sizes) if sizes else tf.constant(0)
 
 
@@ -112,6 +112,13 @@ class StepFunctions:
     optimizer: Any
     loss_fn: Callable
     metric_fns: dict[str, Callable]
+    targets: list | None = None  # what the optimizer updates: variables, or shards of partitioned ones
+    splits: list | None = None  # per trainable variable: rows of each shard, or None
+
+    def __post_init__(self):
+        if self.targets is None:
+            self.targets = list(self.model.trainable_variables)
+            self.splits = [None] * len(self.targets)
 
     def _forward(self, x, y, training: bool, model=None):
         import tensorflow as tf
@@ -128,7 +135,8 @@ class StepFunctions:
         with tf.GradientTape() as tape:
             loss, metrics = self._forward(x, y, training=True, model=model)
             scaled = loss + sum(model.losses) if model.losses else loss
-        grads = tape.gradient(scaled, model.trainable_variables)
+        # per shard for partitioned variables: in the order of ``targets``
+        grads = tape.gradient(scaled, [shard for v in model.trainable_variables for shard in shards_of(v)])
         return loss, metrics, grads
 
     def placed_gradients(self, x, y, output_device: str):
@@ -146,7 +154,7 @@ class StepFunctions:
             metrics = [tf.cast(fn(y, logits), tf.float32) for fn in self.metric_fns.values()]
             total = loss + sum(self.model.losses) if self.model.losses else loss
         variables = self.model.trainable_variables
-        grads = tf.compat.v1.gradients(total, [v.value for v in variables], colocate_gradients_with_ops=True)
+        grads = tf.compat.v1.gradients(total, [tf_variable(v) for v in variables], colocate_gradients_with_ops=True)
         return loss, metrics, grads
 
     def build_async(self, output_device: str | None = None):
@@ -171,7 +179,7 @@ class StepFunctions:
                 tf.autograph.experimental.set_loop_options(parallel_iterations=1)
                 x, y = next(iterator)
                 loss, metrics, grads = loss_and_grads(x, y)
-                updated = self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+                updated = self.optimizer.apply_gradients(zip(grads, self.targets))
                 losses = losses.write(i, loss)
                 metric_values = metric_values.write(i, tf.stack(metrics) if metrics else tf.zeros([0]))
                 with tf.control_dependencies([loss, *([updated] if updated is not None else [])]):
@@ -227,10 +235,14 @@ class StepFunctions:
             @tf.function(autograph=False)
             def apply():
                 grads = []
-                for i, var in enumerate(variables):
-                    with tf.device(variable_device(var)):  # averaged where the variable lives
-                        grads.append(tf.add_n([self._buffers[w][i].read_value() for w in contributors]) / len(contributors))
-                self.optimizer.apply_gradients(zip(grads, variables))
+                for i, (var, rows) in enumerate(zip(variables, self.splits)):
+                    parts = [[b] for b in (self._buffers[w][i].read_value() for w in contributors)]
+                    if rows:  # a partitioned variable: each shard's slice is averaged on the shard's ps
+                        parts = [tf.split(p[0], rows, axis=0) for p in parts]
+                    for j, device in enumerate(variable_devices(var)):
+                        with tf.device(device):  # averaged where the variable (shard) lives
+                            grads.append(tf.add_n([p[j] for p in parts]) / len(contributors))
+                self.optimizer.apply_gradients(zip(grads, self.targets))
                 for var, local in zip(self.model.non_trainable_variables, first.non_trainable_variables):
                     var.assign(local)
                 return _written(self.model.weights)

@@ -1,0 +1,60 @@
+"""Variables over several ps tasks: a large variable is partitioned, each shard updated on its own ps."""
+
+import keras
+import numpy as np
+import pytest
+
+import workbench as wb
+from training_helpers import LOSS
+
+pytestmark = pytest.mark.cluster
+
+PS0, PS1 = "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"
+
+
+def wide_model():
+    # hidden kernel: 64 x 512 float32 = 128 KiB, above the 64 KiB threshold below; the rest is small
+    return keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(512, activation="relu", name="hidden"),
+        keras.layers.Dense(10, name="logits"),
+    ])
+
+
+def _train(cluster, **kwargs):
+    options = dict(optimizer=keras.optimizers.Adam(0.005), metrics=["accuracy"], steps=300, batch_size=64, seed=3,
+                   partition_bytes=64 * 1024)
+    options.update(kwargs)
+    return wb.train(cluster, wide_model, wb.datasets.digits, LOSS, **options)
+
+
+@pytest.mark.parametrize("strategy", ["async-ps", "sync-ps"])
+def test_large_variable_is_split_over_the_ps_tasks_and_trains(cluster_two_ps, strategy):
+    job = _train(cluster_two_ps, strategy=strategy).wait(300)
+    assert list(job.info["partitioned"].values()) == [[PS0, PS1]] or list(job.info["partitioned"].values()) == [[PS1, PS0]]
+    kernel = job._model.get_layer("hidden").kernel
+    assert sorted(s.device for s in kernel.value.variables) == [PS0, PS1]
+    assert [int(s.shape[0]) for s in kernel.value.variables] == [32, 32]
+    # optimizer slots of each shard live on that shard's ps
+    for variable in job._optimizer.variables:
+        if "hidden_kernel_part" in variable.path:
+            part = int(variable.path.split("_part_")[1][0])
+            assert variable.value.device == kernel.value.variables[part].device
+    rows = [r for r in wb.placement(job).rows if r.layer == "hidden" and r.variable == "kernel"]
+    assert sorted(rows[0].task.split(", ")) == ["ps:0", "ps:1"]
+    assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.90
+    x, y = wb.datasets.digits_arrays("test")
+    assert float(np.mean(np.argmax(job.model.predict(x, verbose=0), axis=1) == y)) >= 0.90
+
+
+def test_partitioned_checkpoints_resume(cluster_two_ps, tmp_path):
+    first = _train(cluster_two_ps, strategy="sync-ps", steps=100, checkpoint_dir=str(tmp_path), checkpoint_every=50).wait(300)
+    second = _train(cluster_two_ps, strategy="sync-ps", steps=150, checkpoint_dir=str(tmp_path), resume=True).wait(300)
+    assert second.start_step == 100
+    assert np.mean([r["loss"] for r in second.history[:10]]) < np.mean([r["loss"] for r in first.history[:10]]) / 3
+
+
+def test_below_the_threshold_nothing_is_split(cluster_two_ps):
+    job = _train(cluster_two_ps, strategy="async-ps", steps=5, partition_bytes=0).wait(120)
+    assert job.info["partitioned"] == {}
+    assert set(job.info["ps_bytes"]) == {PS0, PS1}  # whole variables spread by size
