@@ -26,7 +26,17 @@ from ..errors import (
 from ..progress import ProgressSink, make_progress
 from . import engine_side, registry
 from .gpus import assign_gpus, discover_gpus, validate_gpus_per_worker
-from .pool import AttachedPool, Deadline, OwnedPool, attach_client, engine_launcher_class, split_launcher_options
+from .pool import (
+    AttachedPool,
+    Deadline,
+    OwnedPool,
+    RemoteCallFailed,
+    RemoteCallsTimedOut,
+    attach_client,
+    engine_launcher_class,
+    run_on_engines,
+    split_launcher_options,
+)
 from .spec import TaskId, cluster_spec_dict, role_layout, validate_counts
 from .status import ClusterStatus, TaskRecord
 from .versions import client_tensorflow_version, workbench_version
@@ -313,28 +323,15 @@ class Cluster:
 
     def _run_each(self, calls: dict[int, tuple], phase: str, deadline: Deadline, progress: ProgressSink) -> dict[int, Any]:
         """Run ``{engine_id: (function, *args)}`` on the engines in parallel; results by engine id."""
-        client = self._pool.client
-        pending = {eid: client[eid].apply_async(fn, *args) for eid, (fn, *args) in calls.items()}
-        results: dict[int, Any] = {}
-        while pending:
-            for eid in [e for e, ar in pending.items() if ar.ready()]:
-                try:
-                    results[eid] = pending.pop(eid).get(timeout=0)
-                except Exception as exc:  # noqa: BLE001 - a remote error becomes a message naming the engine
-                    raise ClusterStartError(
-                        f"engine {eid} failed while {phase}: {getattr(exc, 'ename', type(exc).__name__)}: "
-                        f"{getattr(exc, 'evalue', exc)}"
-                    ) from None
-            progress.update(phase, len(results), len(calls))
-            if not pending:
-                break
-            if deadline.expired:
-                raise ClusterStartError(
-                    f"timed out after {deadline.seconds:.0f} s while {phase}: engine(s) "
-                    f"{sorted(pending)} did not answer. Pass a larger start_timeout if they are merely slow."
-                )
-            time.sleep(0.05)
-        return results
+        try:
+            return run_on_engines(self._pool.client, calls, deadline, lambda done, total: progress.update(phase, done, total), 0.05)
+        except RemoteCallFailed as exc:
+            raise ClusterStartError(f"engine {exc.engine} failed while {phase}: {exc.reason}") from None
+        except RemoteCallsTimedOut as exc:
+            raise ClusterStartError(
+                f"timed out after {deadline.seconds:.0f} s while {phase}: engine(s) {exc.pending} did not answer. "
+                "Pass a larger start_timeout if they are merely slow."
+            ) from None
 
     def _assign_tasks(self, assignment: dict[TaskId, int], deadline: Deadline, progress: ProgressSink) -> None:
         by_engine = {eid: task for task, eid in assignment.items()}

@@ -9,12 +9,12 @@ engine to run the next ``steps_per_call`` steps together and records what they m
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 from ..cluster import engine_side
+from ..cluster.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
 from ..errors import ClusterStateError, ConfigurationError
 from . import allreduce_engine
 from .job import Job, TrainingError
@@ -107,24 +107,15 @@ class AllReduceJob(Job):
 
     def _call_all(self, calls: dict[int, tuple], what: str, timeout: float) -> dict[int, Any]:
         """Run ``{engine: (function, *args)}`` on the worker engines at once; results by engine."""
-        pending = {e: self._client[e].apply_async(fn, *args) for e, (fn, *args) in calls.items()}
-        results: dict[int, Any] = {}
-        deadline = time.monotonic() + timeout
-        while pending:
-            for engine in [e for e, ar in pending.items() if ar.ready()]:
-                try:
-                    results[engine] = pending.pop(engine).get(timeout=0)
-                except Exception as exc:  # noqa: BLE001 - a remote error becomes a message naming the task
-                    raise TrainingError(
-                        f"{self._name(engine)} failed while {what}: {getattr(exc, 'ename', type(exc).__name__)}: "
-                        f"{getattr(exc, 'evalue', exc)}") from None
-            if pending and time.monotonic() > deadline:
-                raise TrainingError(
-                    f"{', '.join(self._name(e) for e in pending)} did not finish {what} within {timeout:.0f} s (a worker is "
-                    "stalled or gone, and the others wait for it in the all-reduce). Check cluster.status(); restart the "
-                    "cluster and resume from the last checkpoint.")
-            time.sleep(0.005)
-        return results
+        try:
+            return run_on_engines(self._client, calls, Deadline(timeout), poll=0.005)
+        except RemoteCallFailed as exc:
+            raise TrainingError(f"{self._name(exc.engine)} failed while {what}: {exc.reason}") from None
+        except RemoteCallsTimedOut as exc:
+            raise TrainingError(
+                f"{', '.join(self._name(e) for e in exc.pending)} did not finish {what} within {timeout:.0f} s (a worker is "
+                "stalled or gone, and the others wait for it in the all-reduce). Check cluster.status(); restart the "
+                "cluster and resume from the last checkpoint.") from None
 
     @property
     def info(self) -> dict:

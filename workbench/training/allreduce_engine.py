@@ -52,7 +52,7 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
 
     from .data import DataContext, training_dataset
     from .job import _build_model, _build_optimizer, _seed_initializers
-    from .steps import StepFunctions, resolve_loss, resolve_metrics
+    from .steps import StepFunctions, resolve_loss, resolve_metrics, steps_in_one_call
 
     strategy = _GROUP["strategy"]
     model_source, data, loss, optimizer, metrics = unpack(payload)
@@ -98,23 +98,11 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
         return context.all_reduce("MEAN", loss_value), context.all_reduce(
             "MEAN", tf.stack(metric_values) if metric_values else tf.zeros([0]))
 
-    @tf.function
-    def train_steps(iterator, n):
-        losses = tf.TensorArray(tf.float32, size=n)
-        metric_values = tf.TensorArray(tf.float32, size=n, element_shape=[n_metrics])
-        stamps = tf.TensorArray(tf.float64, size=n + 1)
-        stamps = stamps.write(0, tf.timestamp())
-        for i in tf.range(n):
-            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
-            x, y = next(iterator)
-            loss_value, metric_value = strategy.run(replica_step, args=(x, y))
-            loss_value = strategy.experimental_local_results(loss_value)[0]
-            metric_value = strategy.experimental_local_results(metric_value)[0]
-            losses = losses.write(i, loss_value)
-            metric_values = metric_values.write(i, metric_value)
-            with tf.control_dependencies([loss_value]):
-                stamps = stamps.write(i + 1, tf.timestamp())
-        return losses.stack(), metric_values.stack(), stamps.stack()
+    def one_step(x, y):
+        loss_value, metric_value = strategy.run(replica_step, args=(x, y))
+        return strategy.experimental_local_results(loss_value)[0], strategy.experimental_local_results(metric_value)[0], []
+
+    train_steps = steps_in_one_call(one_step, n_metrics)
 
     _RUNS.clear()  # one job at a time per engine; a new job releases the last one's variables
     _RUNS[run_id] = {"fns": fns, "model": model, "step": step, "checkpoint": checkpoint,

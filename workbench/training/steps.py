@@ -104,6 +104,34 @@ def _written(variables):
     return tf.add_n(sizes) if sizes else tf.constant(0)
 
 
+def steps_in_one_call(one_step: Callable, n_metrics: int):
+    """A ``tf.function`` ``(iterator, n) -> (losses, metrics, stamps)`` running ``n`` steps in one call.
+
+    ``one_step(x, y) -> (loss, metrics vector, ops to wait for)``. ``stamps`` has n + 1 worker-side
+    times: step i ran from ``stamps[i]`` to ``stamps[i + 1]``.
+    """
+    import tensorflow as tf
+
+    @tf.function
+    def train_steps(iterator, n):
+        losses = tf.TensorArray(tf.float32, size=n)
+        metric_values = tf.TensorArray(tf.float32, size=n, element_shape=[n_metrics])
+        stamps = tf.TensorArray(tf.float64, size=n + 1)
+        stamps = stamps.write(0, tf.timestamp())
+        for i in tf.range(n):
+            # Steps are strictly sequential: without this, iterations overlap and timestamps lie.
+            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
+            x, y = next(iterator)
+            loss, metrics, done = one_step(x, y)
+            losses = losses.write(i, loss)
+            metric_values = metric_values.write(i, metrics)
+            with tf.control_dependencies([loss, *done]):
+                stamps = stamps.write(i + 1, tf.timestamp())
+        return losses.stack(), metric_values.stack(), stamps.stack()
+
+    return train_steps
+
+
 @dataclass
 class StepFunctions:
     """The compiled functions of one job; built once, traced on first use."""
@@ -168,24 +196,12 @@ class StepFunctions:
             def loss_and_grads(x, y):
                 return self.placed_gradients(x, y, output_device)
 
-        @tf.function
-        def train_steps(iterator, n):
-            losses = tf.TensorArray(tf.float32, size=n)
-            metric_values = tf.TensorArray(tf.float32, size=n, element_shape=[n_metrics])
-            stamps = tf.TensorArray(tf.float64, size=n + 1)
-            stamps = stamps.write(0, tf.timestamp())
-            for i in tf.range(n):
-                # Steps are strictly sequential: without this, iterations overlap and timestamps lie.
-                tf.autograph.experimental.set_loop_options(parallel_iterations=1)
-                x, y = next(iterator)
-                loss, metrics, grads = loss_and_grads(x, y)
-                updated = self.optimizer.apply_gradients(zip(grads, self.targets))
-                losses = losses.write(i, loss)
-                metric_values = metric_values.write(i, tf.stack(metrics) if metrics else tf.zeros([0]))
-                with tf.control_dependencies([loss, *([updated] if updated is not None else [])]):
-                    stamps = stamps.write(i + 1, tf.timestamp())
-            return losses.stack(), metric_values.stack(), stamps.stack()
+        def one_step(x, y):
+            loss, metrics, grads = loss_and_grads(x, y)
+            updated = self.optimizer.apply_gradients(zip(grads, self.targets))
+            return loss, tf.stack(metrics) if metrics else tf.zeros([0]), [] if updated is None else [updated]
 
+        train_steps = steps_in_one_call(one_step, n_metrics)
         self.train_steps = train_steps
 
     def build_sync(self, replicas: list, buffers: list[list]):
