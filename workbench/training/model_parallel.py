@@ -258,6 +258,8 @@ def _placed_job_class():
         """Training of a ``PlacedModel``: one input pipeline, the layers' tasks in turn, several steps per call."""
 
         def _setup(self, cluster, model: PlacedModel, data, loss, optimizer, options) -> None:
+            import tensorflow as tf
+
             self._epoch = connection.connect(cluster)
             connection.check_epoch(model._epoch, "this placed model")
             self._placed = model
@@ -271,8 +273,6 @@ def _placed_job_class():
             self._optimizer = _build_optimizer(optimizer)
             _update_where_the_variable_lives(self._optimizer)
             self._optimizer.build(self._model.trainable_variables)  # slots are created beside their variables
-            import tensorflow as tf
-
             with tf.device(model.input_device):
                 self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
             self._fns = StepFunctions(self._model, self._optimizer, resolve_loss(loss), resolve_metrics(options.metrics))
