@@ -52,3 +52,10 @@ __all__ = [
     "WorkbenchError",
     "list_clusters",
 ]
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext workbench``: the ``%wb`` / ``%%wb`` magics."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)

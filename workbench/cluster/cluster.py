@@ -45,6 +45,11 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _LIVE_CLUSTERS: weakref.WeakSet = weakref.WeakSet()
 
 
+def running_clusters() -> list[Cluster]:
+    """The clusters this process started (or borrowed) and has not stopped, oldest first."""
+    return sorted((c for c in _LIVE_CLUSTERS if c.state == "running"), key=lambda c: c._started_at)
+
+
 def _stop_live_clusters() -> None:
     for cluster in list(_LIVE_CLUSTERS):
         try:
@@ -119,6 +124,7 @@ class Cluster:
         self._env = {str(k): str(v) for k, v in (env or {}).items()}
         self._tasks: dict[TaskId, TaskRecord] = {}
         self._state = "new"
+        self._started_at = 0.0
         self._pool: OwnedPool | AttachedPool | None = None
         self._pool_factory: Callable[[], OwnedPool | AttachedPool]
         if engines is None:  # set by from_existing
@@ -233,6 +239,7 @@ class Cluster:
                 raise
             raise ClusterStartError(f"starting cluster {self.name!r} failed: {type(exc).__name__}: {exc}") from exc
         self._state = "running"
+        self._started_at = time.monotonic()
         _LIVE_CLUSTERS.add(self)
         self._write_registry()
         progress.close(

@@ -1,0 +1,103 @@
+"""%wb / %%wb through a real IPython shell against real clusters."""
+
+import shlex
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import workbench as wb
+
+pytestmark = pytest.mark.cluster
+
+W1 = "/job:worker/replica:0/task:1/device:CPU:0"
+
+
+@pytest.fixture(scope="module")
+def shell():
+    ip = InteractiveShell.instance()
+    ip.extension_manager.load_extension("workbench")
+    ip.run_cell("import tensorflow as tf", store_history=False)
+    return ip
+
+
+def test_help_lists_every_subcommand_with_an_example(shell, capsys):
+    shell.run_line_magic("wb", "help")
+    text = capsys.readouterr().out
+    for sub in ("start", "status", "scale", "stop", "list", "%%wb on", "train", "placement"):
+        assert sub in text
+
+
+def test_cell_on_a_task_runs_there_and_keeps_its_variables_there(shell, cluster):
+    shell.run_cell_magic("wb", f"on worker:1 --name {cluster.name}", "v = tf.Variable(tf.ones([3]))\nx = v * 3\n")
+    assert shell.user_ns["x"].device == W1 and shell.user_ns["v"].device == W1
+    assert shell.user_ns["x"].numpy().tolist() == [3.0, 3.0, 3.0]
+    assert "running" in str(shell.run_line_magic("wb", f"status --name {cluster.name}"))
+
+
+def test_a_failing_cell_says_which_task_it_ran_on(shell, cluster, capsys):
+    shell.run_cell_magic("wb", f"on worker:0 --name {cluster.name}", "tf.debugging.assert_equal(1, 2, message='not equal')\n")
+    out = capsys.readouterr()
+    assert "not equal" in out.out + out.err
+    assert "ran on worker:0" in out.out
+
+
+def test_train_and_placement_wrap_the_api(shell, cluster):
+    shell.run_cell("import keras, workbench as wb\n"
+                   "def make_model():\n"
+                   "    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, name='h'), keras.layers.Dense(10)])\n",
+                   store_history=False)
+    shell.user_ns["digits"] = wb.datasets.digits
+    job = shell.run_line_magic("wb", f"train make_model digits --loss sparse_categorical_crossentropy --strategy sync-ps "
+                                     f"--steps 20 --metrics accuracy --wait --name {cluster.name}")
+    assert job.state == "done" and len(job.history) == 20 and shell.user_ns["_wb_job"] is job
+    table = shell.run_line_magic("wb", "placement")
+    assert set(table.by_layer().values()) == {"ps:0"}
+
+
+@pytest.mark.parametrize("line, match", [
+    ("", "needs a subcommand"),
+    ("launch", "unknown subcommand 'launch'"),
+    ("scale", "the following arguments are required: --workers"),
+    ("start --ps x", "invalid int value"),
+    ("status --name nosuch", "no running cluster named 'nosuch'"),
+    ("train f", "the following arguments are required"),
+    ("train nosuch_fn nosuch_data --loss mse", "'nosuch_fn' is not defined"),
+    ("on worker:1", "is a cell magic"),
+    ("start --ps 0 --workers 0", "workers=0 is not allowed"),
+    ("placement nosuch", "'nosuch' is not defined"),
+    ("status 'unclosed", "check the quotes"),
+])
+def test_bad_lines_give_a_usage_error(shell, cluster, line, match):
+    with pytest.raises(UsageError, match=match):
+        shell.run_line_magic("wb", line)
+
+
+def test_bad_task_names_give_a_usage_error(shell, cluster):
+    with pytest.raises(UsageError, match="has no task worker:9"):
+        shell.run_cell_magic("wb", f"on worker:9 --name {cluster.name}", "1")
+    with pytest.raises(UsageError, match="worker-one"):
+        shell.run_cell_magic("wb", f"on worker-one --name {cluster.name}", "1")
+
+
+_SIDE_EFFECTS = {"start", "stop", "scale", "train"}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(
+    st.text(max_size=40),
+    st.lists(st.sampled_from(["status", "list", "placement", "on", "help", "--name", "--workers", "worker:1",
+                              "ps:0", "-3", "x", "'", "--", "=", "wb-test-shared"]), max_size=5).map(" ".join),
+))
+def test_random_arguments_never_raise_from_inside(shell, cluster, line):
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        words = []
+    assume(not (words and words[0] in _SIDE_EFFECTS))
+    try:
+        shell.run_line_magic("wb", line)
+    except UsageError:
+        pass

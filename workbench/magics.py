@@ -1,0 +1,212 @@
+"""``%wb`` and ``%%wb``: notebook magics, a thin layer over the Python API (no logic of their own).
+
+    %load_ext workbench
+    %wb start --ps 1 --workers 2        %wb status | scale --workers 4 | stop | list | help
+    %%wb on worker:1                    (the cell's ops run on that task; its variables live there)
+    %wb train make_model make_data --loss sparse_categorical_crossentropy --strategy sync-ps --steps 500
+    %wb placement [name]
+
+Arguments are parsed once, here; bad ones raise ``UsageError`` saying what to type instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from . import training
+from .cluster import Cluster, TaskId, running_clusters
+from .errors import WorkbenchError
+
+HELP = """\
+workbench magics (each one calls the Python API shown on the right)
+
+  %wb start [--ps 1] [--workers 2] [--engines local|slurm|mpi|ssh|pbs|...] [--gpus-per-worker 0] [--name NAME]
+                                          wb.Cluster(...).start()
+  %wb status [--name NAME]                cluster.status()
+  %wb scale --workers N [--name NAME]     cluster.scale(workers=N)
+  %wb stop [--name NAME]                  cluster.stop()
+  %wb list                                every cluster this kernel runs, the default first
+  %%wb on worker:1 [--name NAME]          with cluster.device("worker:1"): <the cell>
+  %wb train MODEL_FN DATA_FN --loss LOSS [--optimizer adam] [--strategy async-ps|sync-ps|allreduce]
+            [--backup-workers K] [--steps N] [--batch-size B] [--metrics accuracy ...] [--wait] [--name NAME]
+                                          wb.train(cluster, MODEL_FN, DATA_FN, ...) -> a Job (also in `_wb_job`)
+  %wb placement [NAME]                    wb.placement(NAME, or the last job)
+  %wb help                                this text
+
+--name picks a cluster; without it, the last one started. Examples:
+  %wb start --ps 1 --workers 2
+  %%wb on worker:1
+  x = tf.random.normal([2, 2])            # computed in the engine hosting worker:1
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ``UsageError`` (shown as a one-line message) instead of exiting."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: {message}. Type %wb help for every subcommand with an example.")
+
+    def exit(self, status: int = 0, message: str | None = None):
+        raise UsageError(message or f"{self.prog}: see %wb help")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="%wb", add_help=False)
+    commands = parser.add_subparsers(dest="command", parser_class=_Parser)
+    start = commands.add_parser("start", prog="%wb start", add_help=False)
+    start.add_argument("--ps", type=int, default=1)
+    start.add_argument("--workers", type=int, default=2)
+    start.add_argument("--engines", default="local")
+    start.add_argument("--gpus-per-worker", type=int, default=0)
+    start.add_argument("--name")
+    for name in ("status", "stop"):
+        commands.add_parser(name, prog=f"%wb {name}", add_help=False).add_argument("--name")
+    scale = commands.add_parser("scale", prog="%wb scale", add_help=False)
+    scale.add_argument("--workers", type=int, required=True)
+    scale.add_argument("--name")
+    commands.add_parser("list", prog="%wb list", add_help=False)
+    commands.add_parser("help", prog="%wb help", add_help=False)
+    on = commands.add_parser("on", prog="%%wb on", add_help=False)
+    on.add_argument("task")
+    on.add_argument("--name")
+    train = commands.add_parser("train", prog="%wb train", add_help=False)
+    train.add_argument("model")
+    train.add_argument("data")
+    train.add_argument("--loss", required=True)
+    train.add_argument("--optimizer", default="adam")
+    train.add_argument("--strategy", default="async-ps")
+    train.add_argument("--backup-workers", type=int, default=0)
+    train.add_argument("--steps", type=int, default=1000)
+    train.add_argument("--batch-size", type=int, default=64)
+    train.add_argument("--metrics", nargs="*", default=[])
+    train.add_argument("--seed", type=int)
+    train.add_argument("--wait", action="store_true")
+    train.add_argument("--name")
+    placement = commands.add_parser("placement", prog="%wb placement", add_help=False)
+    placement.add_argument("target", nargs="?")
+    return parser
+
+
+SUBCOMMANDS = ("start", "status", "scale", "stop", "list", "on", "train", "placement", "help")
+
+
+@magics_class
+class WorkbenchMagics(Magics):
+    """The ``%wb`` line magic and ``%%wb`` cell magic."""
+
+    def __init__(self, shell=None):
+        super().__init__(shell)
+        self._parser = _parser()
+        self._last_job = None
+
+    # -- parsing and lookup ------------------------------------------------------------------
+
+    def _parse(self, line: str) -> argparse.Namespace:
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"%wb: cannot read the arguments ({exc}); check the quotes.") from None
+        if not words:
+            raise UsageError("%wb needs a subcommand: one of " + ", ".join(SUBCOMMANDS) + ". Type %wb help for examples.")
+        if words[0] not in SUBCOMMANDS:
+            raise UsageError(f"%wb: unknown subcommand {words[0]!r}: use one of {', '.join(SUBCOMMANDS)} (%wb help).")
+        return self._parser.parse_args(words)
+
+    @staticmethod
+    def _cluster(name: str | None) -> Cluster:
+        clusters = running_clusters()
+        if not clusters:
+            raise UsageError("no cluster is running in this kernel: start one with %wb start --ps 1 --workers 2.")
+        if name is None:
+            return clusters[-1]
+        for cluster in clusters:
+            if cluster.name == name:
+                return cluster
+        raise UsageError(f"no running cluster named {name!r}: this kernel runs {', '.join(c.name for c in clusters)}.")
+
+    def _user_object(self, name: str, what: str) -> Any:
+        if name not in self.shell.user_ns:
+            raise UsageError(f"%wb train: {what} {name!r} is not defined in this notebook: define it first (def {name}(...): ...).")
+        return self.shell.user_ns[name]
+
+    # -- the magic -----------------------------------------------------------------------------
+
+    @line_cell_magic
+    def wb(self, line: str, cell: str | None = None):
+        """Workbench clusters, placement and training; ``%wb help`` lists every subcommand."""
+        args = self._parse(line)
+        if (args.command == "on") != (cell is not None):
+            raise UsageError("%%wb on TASK is a cell magic (put it on the first line of a cell); "
+                             "the other subcommands are line magics (%wb ...).")
+        try:
+            return getattr(self, f"_do_{args.command}")(args, cell)
+        except WorkbenchError as exc:  # the API's own messages already say what to do
+            raise UsageError(str(exc)) from None
+
+    def _do_help(self, args, cell):
+        print(HELP)
+
+    def _do_start(self, args, cell):
+        cluster = Cluster(ps=args.ps, workers=args.workers, engines=args.engines,
+                          gpus_per_worker=args.gpus_per_worker, name=args.name).start()
+        return cluster.status()
+
+    def _do_status(self, args, cell):
+        return self._cluster(args.name).status()
+
+    def _do_scale(self, args, cell):
+        return self._cluster(args.name).scale(workers=args.workers).status()
+
+    def _do_stop(self, args, cell):
+        cluster = self._cluster(args.name)
+        cluster.stop()
+        return cluster.status()
+
+    def _do_list(self, args, cell):
+        clusters = running_clusters()
+        if not clusters:
+            print("no cluster is running in this kernel (%wb start --ps 1 --workers 2)")
+        for n, cluster in enumerate(reversed(clusters)):
+            print(("* " if n == 0 else "  ") + repr(cluster))
+
+    def _do_on(self, args, cell):
+        cluster = self._cluster(args.name)
+        try:
+            TaskId.parse(args.task)
+        except WorkbenchError as exc:
+            raise UsageError(f"%%wb on: {exc}") from None
+        with cluster.device(args.task):
+            result = self.shell.run_cell(cell, store_history=False)
+        if not result.success:
+            # the cell's own traceback was shown above; say where it ran
+            print(f"(the cell ran on {args.task} of cluster {cluster.name!r})")
+
+    def _do_train(self, args, cell):
+        cluster = self._cluster(args.name)
+        model = self._user_object(args.model, "the model function")
+        data = self._user_object(args.data, "the data function")
+        job = training.train(cluster, model, data, args.loss, args.optimizer, metrics=args.metrics,
+                             strategy=args.strategy, backup_workers=args.backup_workers, steps=args.steps,
+                             batch_size=args.batch_size, seed=args.seed)
+        self._last_job = job
+        self.shell.user_ns["_wb_job"] = job
+        if args.wait:
+            job.wait()
+        return job
+
+    def _do_placement(self, args, cell):
+        if args.target is None:
+            if self._last_job is None:
+                raise UsageError("%wb placement: no job yet; name a placed model, job or Keras model (%wb placement job).")
+            return training.placement(self._last_job)
+        return training.placement(self._user_object(args.target, "the object"))
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext workbench``."""
+    ipython.register_magics(WorkbenchMagics)
