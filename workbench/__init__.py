@@ -13,6 +13,7 @@ from .training import (  # noqa: E402
     TrainingError,
     place,
     placement,
+    run_spmd,
     train,
 )
 from .errors import (  # noqa: E402
@@ -36,6 +37,7 @@ __all__ = [
     "TrainingError",
     "place",
     "placement",
+    "run_spmd",
     "train",
     "Cluster",
     "ClusterStartError",

@@ -32,6 +32,8 @@ workbench magics (each one calls the Python API shown on the right)
   %wb stop [--name NAME]                  cluster.stop()
   %wb list                                every cluster this kernel runs, the default first
   %%wb on worker:1 [--name NAME]          with cluster.device("worker:1"): <the cell>
+  %%wb spmd [--name NAME] [--timeout S]   wb.run_spmd(cluster, <the cell>): on every worker at once, with
+                                          `strategy` (MultiWorkerMirroredStrategy), `worker_index`, TF_CONFIG
   %wb train MODEL_FN DATA_FN --loss LOSS [--optimizer adam] [--strategy async-ps|sync-ps|allreduce]
             [--backup-workers K] [--steps N] [--batch-size B] [--metrics accuracy ...] [--wait] [--name NAME]
                                           wb.train(cluster, MODEL_FN, DATA_FN, ...) -> a Job (also in `_wb_job`)
@@ -71,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     scale.add_argument("--name")
     commands.add_parser("list", prog="%wb list", add_help=False)
     commands.add_parser("help", prog="%wb help", add_help=False)
+    spmd = commands.add_parser("spmd", prog="%%wb spmd", add_help=False)
+    spmd.add_argument("--name")
+    spmd.add_argument("--timeout", type=float, default=600.0)
     on = commands.add_parser("on", prog="%%wb on", add_help=False)
     on.add_argument("task")
     on.add_argument("--name")
@@ -92,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-SUBCOMMANDS = ("start", "status", "scale", "stop", "list", "on", "train", "placement", "help")
+SUBCOMMANDS = ("start", "status", "scale", "stop", "list", "on", "spmd", "train", "placement", "help")
+CELL_SUBCOMMANDS = ("on", "spmd")
 
 
 @magics_class
@@ -140,8 +146,8 @@ class WorkbenchMagics(Magics):
     def wb(self, line: str, cell: str | None = None):
         """Workbench clusters, placement and training; ``%wb help`` lists every subcommand."""
         args = self._parse(line)
-        if (args.command == "on") != (cell is not None):
-            raise UsageError("%%wb on TASK is a cell magic (put it on the first line of a cell); "
+        if (args.command in CELL_SUBCOMMANDS) != (cell is not None):
+            raise UsageError("%%wb on TASK and %%wb spmd are cell magics (put them on the first line of a cell); "
                              "the other subcommands are line magics (%wb ...).")
         try:
             return getattr(self, f"_do_{args.command}")(args, cell)
@@ -185,6 +191,20 @@ class WorkbenchMagics(Magics):
         if not result.success:
             # the cell's own traceback was shown above; say where it ran
             print(f"(the cell ran on {args.task} of cluster {cluster.name!r})")
+
+    def _do_spmd(self, args, cell):
+        outputs = training.run_spmd(self._cluster(args.name), cell, timeout=args.timeout)
+        failed = []
+        for output in outputs:
+            print(f"[{output.task}]")
+            text = (output.stdout + output.stderr).rstrip()
+            if text:
+                print(text)
+            if output.error:
+                print(output.error)
+                failed.append(output.task)
+        if failed:
+            raise UsageError(f"the cell raised on {', '.join(failed)} (remote traceback above).")
 
     def _do_train(self, args, cell):
         cluster = self._cluster(args.name)

@@ -44,6 +44,21 @@ def test_a_failing_cell_says_which_task_it_ran_on(shell, cluster, capsys):
     assert "ran on worker:0" in out.out
 
 
+def test_spmd_cell_runs_on_every_worker_with_the_all_reduce_group(shell, cluster, capsys):
+    cell = ("import json, os\n"
+            "import tensorflow as tf\n"
+            "total = strategy.reduce('SUM', strategy.run(lambda: tf.constant(float(worker_index + 1))), axis=None)\n"
+            "print('sum', float(total), 'worker', worker_index, 'of', num_workers, json.loads(os.environ['TF_CONFIG'])['task'])\n")
+    shell.run_cell_magic("wb", f"spmd --name {cluster.name}", cell)
+    out = capsys.readouterr().out
+    assert "[worker:0]\nsum 3.0 worker 0 of 2 {'type': 'worker', 'index': 0}" in out
+    assert "[worker:1]\nsum 3.0 worker 1 of 2 {'type': 'worker', 'index': 1}" in out
+    with pytest.raises(UsageError, match="the cell raised on worker:0, worker:1"):
+        shell.run_cell_magic("wb", f"spmd --name {cluster.name}", "raise ValueError('bad on purpose')\n")
+    out = capsys.readouterr().out
+    assert out.count("bad on purpose") >= 2 and "workbench/" not in out
+
+
 def test_train_and_placement_wrap_the_api(shell, cluster):
     shell.run_cell("import keras, workbench as wb\n"
                    "def make_model():\n"
@@ -65,7 +80,8 @@ def test_train_and_placement_wrap_the_api(shell, cluster):
     ("status --name nosuch", "no running cluster named 'nosuch'"),
     ("train f", "the following arguments are required"),
     ("train nosuch_fn nosuch_data --loss mse", "'nosuch_fn' is not defined"),
-    ("on worker:1", "is a cell magic"),
+    ("on worker:1", "are cell magics"),
+    ("spmd", "are cell magics"),
     ("start --ps 0 --workers 0", "workers=0 is not allowed"),
     ("placement nosuch", "'nosuch' is not defined"),
     ("status 'unclosed", "check the quotes"),

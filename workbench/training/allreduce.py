@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -64,27 +65,55 @@ def portable(value: Any) -> bytes:
             cloudpickle.unregister_pickle_by_value(module)
 
 
+class WorkerGroup:
+    """A cluster's worker engines, called together, with the all-reduce group formed on them."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.client = cluster.client
+        self.workers = [r for r in cluster.tasks if r.job == "worker"]
+        self.engines = [r.engine_id for r in self.workers]
+
+    def name(self, engine_id: int) -> str:
+        return next(r.name for r in self.workers if r.engine_id == engine_id)
+
+    def call_all(self, calls: dict[int, tuple], what: str, timeout: float) -> dict[int, Any]:
+        """Run ``{engine: (function, *args)}`` on the worker engines at once; results by engine."""
+        try:
+            return run_on_engines(self.client, calls, Deadline(timeout), poll=0.005)
+        except RemoteCallFailed as exc:
+            raise TrainingError(f"{self.name(exc.engine)} failed while {what}: {exc.reason}") from None
+        except RemoteCallsTimedOut as exc:
+            raise TrainingError(
+                f"{', '.join(self.name(e) for e in exc.pending)} did not finish {what} within {timeout:.0f} s (a worker is "
+                "stalled or gone, and the others wait for it in the all-reduce). Check cluster.status(); restart the "
+                "cluster and resume from the last checkpoint.") from None
+
+    def form(self) -> None:
+        """Join every worker engine to one MultiWorkerMirroredStrategy (reused if already formed)."""
+        ports = self.call_all({e: (engine_side.reserve_port,) for e in self.engines}, "reserving all-reduce ports", 30)
+        addresses = [f"{r.address.rpartition(':')[0]}:{ports[r.engine_id]}" for r in self.workers]
+        key = [r.address for r in self.workers]  # the group is these TF tasks, whatever ports it uses
+        joined = self.call_all({e: (allreduce_engine.join_group, addresses, i, key) for i, e in enumerate(self.engines)},
+                               "forming the all-reduce group", GROUP_TIMEOUT)
+        refused = [(self.name(e), r["error"]) for e, r in joined.items() if not r["ok"]]
+        if refused:
+            raise ClusterStateError(
+                f"{', '.join(n for n, _ in refused)} cannot join an all-reduce group over "
+                f"{', '.join(r.name for r in self.workers)}: {refused[0][1]}. The worker set changed since the cluster's "
+                "first all-reduce; restart the cluster (cluster.stop(); cluster.start()) to all-reduce over the current workers.")
+
+
 class AllReduceJob(Job):
     """A ``wb.train(..., strategy="allreduce")`` job; same interface as the ps jobs."""
 
     def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options) -> None:
         self._epoch = None
-        self._client = cluster.client
-        self._engines = [r.engine_id for r in self._workers]
+        self._group = WorkerGroup(cluster)
+        self._engines = self._group.engines
         self._run_id = uuid.uuid4().hex
         self._payload = portable((model, data, loss, optimizer, tuple(options.metrics)))
-        ports = self._call_all({e: (engine_side.reserve_port,) for e in self._engines}, "reserving all-reduce ports", 30)
-        addresses = [f"{r.address.rpartition(':')[0]}:{ports[r.engine_id]}" for r in self._workers]
-        key = [r.address for r in self._workers]  # the group is these TF tasks, whatever ports it uses
-        joined = self._call_all({e: (allreduce_engine.join_group, addresses, i, key) for i, e in enumerate(self._engines)},
-                                "forming the all-reduce group", GROUP_TIMEOUT)
-        refused = [self._name(e) for e, r in joined.items() if not r["ok"]]
-        if refused:
-            raise ClusterStateError(
-                f"{', '.join(refused)} cannot join an all-reduce group over {', '.join(r.name for r in self._workers)}: "
-                f"{joined[self._engines[0]].get('error') or next(r['error'] for r in joined.values() if not r['ok'])}. The "
-                "worker set changed since the cluster's first allreduce job; restart the cluster (cluster.stop(); "
-                "cluster.start()) to all-reduce over the current workers.")
+        self._group.form()
         seed = 0 if options.seed is None else options.seed
         settings = dict(seed=seed, seeded=options.seed is not None, num_workers=len(self._engines),
                         per_worker_batch=options.per_worker_batch, resume=options.resume, checkpoint_dir=options.checkpoint_dir)
@@ -102,20 +131,8 @@ class AllReduceJob(Job):
 
         return tf.train.latest_checkpoint(self.options.checkpoint_dir)
 
-    def _name(self, engine_id: int) -> str:
-        return next(r.name for r in self._workers if r.engine_id == engine_id)
-
     def _call_all(self, calls: dict[int, tuple], what: str, timeout: float) -> dict[int, Any]:
-        """Run ``{engine: (function, *args)}`` on the worker engines at once; results by engine."""
-        try:
-            return run_on_engines(self._client, calls, Deadline(timeout), poll=0.005)
-        except RemoteCallFailed as exc:
-            raise TrainingError(f"{self._name(exc.engine)} failed while {what}: {exc.reason}") from None
-        except RemoteCallsTimedOut as exc:
-            raise TrainingError(
-                f"{', '.join(self._name(e) for e in exc.pending)} did not finish {what} within {timeout:.0f} s (a worker is "
-                "stalled or gone, and the others wait for it in the all-reduce). Check cluster.status(); restart the "
-                "cluster and resume from the last checkpoint.") from None
+        return self._group.call_all(calls, what, timeout)
 
     @property
     def info(self) -> dict:
@@ -179,3 +196,44 @@ class AllReduceJob(Job):
         seed = 0 if self.options.seed is None else self.options.seed
         spec = training_dataset(self._data, DataContext(0, 1, 1, seed)).element_spec[0]
         return tf.zeros([1, *spec.shape[1:]], spec.dtype)
+
+
+@dataclass
+class WorkerOutput:
+    """What one worker printed while running an SPMD cell, and its error (the remote traceback), if any."""
+
+    task: str
+    stdout: str
+    stderr: str
+    error: str | None = None
+
+
+def run_spmd(cluster, source: str, timeout: float = 600.0) -> list[WorkerOutput]:
+    """Run ``source`` on every worker engine at once (SPMD), with the all-reduce group formed.
+
+    The code sees ``strategy`` (a MultiWorkerMirroredStrategy over all workers), ``worker_index``
+    and ``num_workers``; ``TF_CONFIG`` is set. Each engine keeps its own namespace between calls.
+    Returns each worker's output, in worker order.
+    """
+    import ipyparallel
+
+    group = WorkerGroup(cluster)
+    group.form()
+    setup = ("from workbench.training.allreduce_engine import spmd_names as _wb_spmd_names\n"
+             "globals().update(_wb_spmd_names())\ndel _wb_spmd_names")
+    group.client[group.engines].execute(setup, block=True)
+    running = {e: group.client[e].execute(source, block=False) for e in group.engines}
+    deadline = Deadline(timeout)
+    outputs = []
+    for engine, result in running.items():
+        error = None
+        try:
+            result.get(timeout=deadline.remaining(floor=0.1))
+        except ipyparallel.error.RemoteError as exc:  # the user's exception, with the remote traceback
+            error = exc.traceback or f"{exc.ename}: {exc.evalue}"
+        except ipyparallel.error.TimeoutError:
+            raise TrainingError(
+                f"the SPMD cell did not finish on {group.name(engine)} within {timeout:.0f} s; it may still run there (an "
+                "all-reduce waits for every worker). Restart the cluster if it does not end.") from None
+        outputs.append(WorkerOutput(group.name(engine), result.stdout or "", result.stderr or "", error))
+    return outputs

@@ -10,11 +10,13 @@ running process (that hangs), so an engine joins one all-reduce group for its li
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import tempfile
 from typing import Any
 
-_GROUP: dict[str, Any] = {"strategy": None, "key": None, "workers": None}
+_GROUP: dict[str, Any] = {"strategy": None, "key": None, "workers": None, "index": None}
 _RUNS: dict[str, dict] = {}
 
 
@@ -41,8 +43,15 @@ def join_group(workers: list[str], index: int, key: list[str]) -> dict:
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({"worker": workers}), task_type="worker", task_id=index, rpc_layer="grpc")
     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
-    _GROUP.update(strategy=strategy, key=list(key), workers=list(workers))
+    _GROUP.update(strategy=strategy, key=list(key), workers=list(workers), index=index)
+    # for code run on the workers directly (``%%wb spmd``): what TF's own multi-worker code reads
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}})
     return {"ok": True, "reused": False, "replicas": strategy.num_replicas_in_sync}
+
+
+def spmd_names() -> dict:
+    """The names an SPMD cell sees on a worker engine."""
+    return {"strategy": _GROUP["strategy"], "worker_index": _GROUP["index"], "num_workers": len(_GROUP["workers"] or [])}
 
 
 def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
