@@ -34,7 +34,7 @@ workbench magics (each one calls the Python API shown on the right)
   %%wb on worker:1 [--name NAME]          with cluster.device("worker:1"): <the cell>
   %%wb spmd [--name NAME] [--timeout S]   wb.run_spmd(cluster, <the cell>): on every worker at once, with
                                           `strategy` (MultiWorkerMirroredStrategy), `worker_index`, TF_CONFIG
-  %wb train MODEL_FN DATA_FN --loss LOSS [--optimizer adam] [--strategy async-ps|sync-ps|allreduce]
+  %wb train MODEL_FN DATA_FN --loss LOSS [--optimizer adam] [--learning-rate LR] [--strategy async-ps|sync-ps|allreduce]
             [--backup-workers K] [--steps N] [--batch-size B] [--metrics accuracy ...] [--wait] [--name NAME]
                                           wb.train(cluster, MODEL_FN, DATA_FN, ...) -> a Job (also in `_wb_job`)
   %wb placement [NAME]                    wb.placement(NAME, or the last job)
@@ -84,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("data")
     train.add_argument("--loss", required=True)
     train.add_argument("--optimizer", default="adam")
+    train.add_argument("--learning-rate", type=float)
     train.add_argument("--strategy", default="async-ps")
     train.add_argument("--backup-workers", type=int, default=0)
     train.add_argument("--steps", type=int, default=1000)
@@ -210,7 +211,10 @@ class WorkbenchMagics(Magics):
         cluster = self._cluster(args.name)
         model = self._user_object(args.model, "the model function")
         data = self._user_object(args.data, "the data function")
-        job = training.train(cluster, model, data, args.loss, args.optimizer, metrics=args.metrics,
+        optimizer = args.optimizer
+        if args.learning_rate is not None:  # a Keras optimizer config, built (and checked) by wb.train
+            optimizer = {"class_name": args.optimizer, "config": {"learning_rate": args.learning_rate}}
+        job = training.train(cluster, model, data, args.loss, optimizer, metrics=args.metrics,
                              strategy=args.strategy, backup_workers=args.backup_workers, steps=args.steps,
                              batch_size=args.batch_size, seed=args.seed)
         self._last_job = job

@@ -91,10 +91,10 @@ def _build_optimizer(optimizer: Any) -> Any:
     if isinstance(optimizer, keras.optimizers.Optimizer):
         # Re-create it here so that its variables (iterations, slots) live on the ps tasks too.
         return type(optimizer).from_config(optimizer.get_config())
-    if isinstance(optimizer, str):
+    if isinstance(optimizer, (str, dict)):  # a name, or a config {"class_name": ..., "config": {...}}
         try:
             return keras.optimizers.get(optimizer)
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"optimizer={optimizer!r} is not a Keras optimizer: {exc}") from None
     if callable(optimizer):
         return _build_optimizer(optimizer())
