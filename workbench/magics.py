@@ -231,6 +231,27 @@ class WorkbenchMagics(Magics):
         return training.placement(self._user_object(args.target, "the object"))
 
 
+def complete(line: str) -> list[str]:
+    """Completions for the word being typed at the end of a ``%wb`` / ``%%wb`` line."""
+    words = line.split()
+    if line.endswith(" "):
+        words.append("")
+    words = words[1:]  # drop "%wb"
+    if len(words) <= 1:
+        return [c for c in SUBCOMMANDS if c.startswith(words[0] if words else "")]
+    typed, previous = words[-1], words[-2]
+    clusters = running_clusters()
+    if previous == "--name":
+        return [c.name for c in clusters if c.name.startswith(typed)]
+    if words[0] == "on" and len(words) == 2 and clusters:
+        names = words[words.index("--name") + 1] if "--name" in words[:-1] else None
+        cluster = next((c for c in clusters if c.name == names), clusters[-1])
+        return [r.name for r in cluster.tasks if r.name.startswith(typed)]
+    return []
+
+
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext workbench``."""
+    """``%load_ext workbench``: registers the magics and their tab completion."""
     ipython.register_magics(WorkbenchMagics)
+    for prefix in ("%wb", "%%wb"):
+        ipython.set_hook("complete_command", lambda _shell, event: complete(event.line), str_key=prefix)

@@ -72,6 +72,20 @@ def test_train_and_placement_wrap_the_api(shell, cluster):
     assert set(table.by_layer().values()) == {"ps:0"}
 
 
+def test_tab_completion_of_subcommands_task_and_cluster_names(shell, cluster):
+    from workbench.magics import complete
+
+    assert complete("%wb st") == ["start", "status", "stop"]
+    assert complete("%wb ") == list(__import__("workbench.magics").magics.SUBCOMMANDS)
+    assert complete(f"%wb status --name {cluster.name[:6]}") == [cluster.name]
+    assert "worker:1" in complete("%%wb on w")
+    from IPython.core.completer import provisionalcompleter
+
+    with provisionalcompleter():  # what Jupyter asks for on Tab
+        offered = {c.text for c in shell.Completer.completions("%wb sta", 7)}
+    assert {"start", "status"} <= offered
+
+
 @pytest.mark.parametrize("line, match", [
     ("", "needs a subcommand"),
     ("launch", "unknown subcommand 'launch'"),
