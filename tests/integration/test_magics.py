@@ -59,6 +59,24 @@ def test_spmd_cell_runs_on_every_worker_with_the_all_reduce_group(shell, cluster
     assert out.count("bad on purpose") >= 2 and "workbench/" not in out
 
 
+def test_ctrl_c_interrupts_an_spmd_cell_on_the_workers_and_leaves_them_usable(shell, cluster, capsys):
+    import _thread
+    import threading
+    import time
+
+    timer = threading.Timer(3.0, _thread.interrupt_main)  # what Jupyter's interrupt button does to the kernel
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(UsageError, match="interrupted on every worker; the cluster is ready"):
+            shell.run_cell_magic("wb", f"spmd --name {cluster.name}", "import time\nfor _ in range(600):\n    time.sleep(0.1)\n")
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 30
+    shell.run_cell_magic("wb", f"spmd --name {cluster.name}", "print('still here', worker_index)\n")
+    assert "still here 1" in capsys.readouterr().out
+
+
 def test_train_and_placement_wrap_the_api(shell, cluster):
     shell.run_cell("import keras, workbench as wb\n"
                    "def make_model():\n"

@@ -9,6 +9,7 @@ engine to run the next ``steps_per_call`` steps together and records what they m
 from __future__ import annotations
 
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,6 +199,18 @@ class AllReduceJob(Job):
         return tf.zeros([1, *spec.shape[1:]], spec.dtype)
 
 
+INTERRUPT_GRACE = 30.0  # seconds the workers get to stop an interrupted SPMD cell
+
+
+def _wait_for(results: dict, deadline: Deadline) -> bool:
+    """Wait until every result is in, or the deadline; in short naps, so that Ctrl-C lands promptly."""
+    while not all(r.ready() for r in results.values()):
+        if deadline.expired:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 @dataclass
 class WorkerOutput:
     """What one worker printed while running an SPMD cell, and its error (the remote traceback), if any."""
@@ -223,17 +236,29 @@ def run_spmd(cluster, source: str, timeout: float = 600.0) -> list[WorkerOutput]
              "globals().update(_wb_spmd_names())\ndel _wb_spmd_names")
     group.client[group.engines].execute(setup, block=True)
     running = {e: group.client[e].execute(source, block=False) for e in group.engines}
-    deadline = Deadline(timeout)
+    try:
+        finished = _wait_for(running, Deadline(timeout))
+    except KeyboardInterrupt:
+        # Ctrl-C in the notebook: interrupt the cell on every worker too, and leave the engines usable.
+        group.client.send_signal("SIGINT", targets=group.engines, block=True)
+        _wait_for(running, Deadline(INTERRUPT_GRACE))
+        unfinished = [group.name(e) for e, r in running.items() if not r.ready()]
+        raise TrainingError(
+            "the SPMD cell was interrupted on every worker"
+            + (f"; {', '.join(unfinished)} did not stop within {INTERRUPT_GRACE:.0f} s (a C++ op, e.g. a collective, "
+               "cannot be interrupted: restart the cluster if it stays busy)" if unfinished else "; the cluster is ready for the next cell")
+            + ".") from None
+    if not finished:
+        late = [group.name(e) for e, r in running.items() if not r.ready()]
+        raise TrainingError(
+            f"the SPMD cell did not finish on {', '.join(late)} within {timeout:.0f} s; it may still run there (an "
+            "all-reduce waits for every worker). Interrupt the kernel to stop it, or restart the cluster.")
     outputs = []
     for engine, result in running.items():
         error = None
         try:
-            result.get(timeout=deadline.remaining(floor=0.1))
+            result.get(timeout=0)
         except ipyparallel.error.RemoteError as exc:  # the user's exception, with the remote traceback
             error = exc.traceback or f"{exc.ename}: {exc.evalue}"
-        except ipyparallel.error.TimeoutError:
-            raise TrainingError(
-                f"the SPMD cell did not finish on {group.name(engine)} within {timeout:.0f} s; it may still run there (an "
-                "all-reduce waits for every worker). Restart the cluster if it does not end.") from None
         outputs.append(WorkerOutput(group.name(engine), result.stdout or "", result.stderr or "", error))
     return outputs
