@@ -189,7 +189,10 @@ class WorkbenchMagics(Magics):
             raise UsageError(f"%%wb on: {exc}") from None
         with cluster.device(args.task):
             result = self.shell.run_cell(cell, store_history=False)
-        if not result.success:
+        if isinstance(result.error_in_exec, KeyboardInterrupt):
+            # TensorFlow cannot cancel a remote op: the interrupt lands once the op in flight returns
+            print(f"(interrupted on {args.task} of cluster {cluster.name!r} after its current op finished; the task is ready)")
+        elif not result.success:
             # the cell's own traceback was shown above; say where it ran
             print(f"(the cell ran on {args.task} of cluster {cluster.name!r})")
 

@@ -77,6 +77,25 @@ def test_ctrl_c_interrupts_an_spmd_cell_on_the_workers_and_leaves_them_usable(sh
     assert "still here 1" in capsys.readouterr().out
 
 
+def test_ctrl_c_during_a_cell_on_a_task_stops_it_and_the_task_stays_usable(shell, cluster, capsys):
+    import _thread
+    import threading
+
+    timer = threading.Timer(2.0, _thread.interrupt_main)
+    timer.start()
+    try:
+        shell.run_cell_magic("wb", f"on worker:1 --name {cluster.name}",
+                             "n = 0\nfor _ in range(100_000):\n    n += int(tf.reduce_sum(tf.ones([4])))\n")
+    finally:
+        timer.cancel()
+    out = capsys.readouterr()
+    assert "KeyboardInterrupt" in out.out + out.err
+    assert "interrupted on worker:1" in out.out
+    assert 0 < shell.user_ns["n"] < 400_000  # it stopped part way
+    shell.run_cell_magic("wb", f"on worker:1 --name {cluster.name}", "after = tf.ones([2]) * 2\n")
+    assert shell.user_ns["after"].numpy().tolist() == [2.0, 2.0]
+
+
 def test_train_and_placement_wrap_the_api(shell, cluster):
     shell.run_cell("import keras, workbench as wb\n"
                    "def make_model():\n"
@@ -149,3 +168,13 @@ def test_random_arguments_never_raise_from_inside(shell, cluster, line):
         shell.run_line_magic("wb", line)
     except UsageError:
         pass
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(st.text(max_size=30), st.sampled_from(["worker:1", "ps:0", "worker:2", "ps:-1", "worker:", ":1"])))
+def test_random_cell_magic_arguments_never_raise_from_inside(shell, cluster, words):
+    for sub in ("on", "spmd"):
+        try:
+            shell.run_cell_magic("wb", f"{sub} {words} --name nosuch-cluster", "1\n")
+        except UsageError:
+            pass

@@ -83,3 +83,24 @@ def test_payloads_for_engines_rebuild_keras_objects_and_carry_local_functions_by
     script = "import sys; from workbench.training.allreduce_engine import unpack; print(unpack(sys.stdin.buffer.read())[0](41))"
     result = subprocess.run([sys.executable, "-c", script], input=portable(local_function), capture_output=True, cwd="/", timeout=60)
     assert result.stdout.strip() == b"42", result.stderr[-2000:]
+
+
+def test_placement_diagram_puts_layers_in_task_columns_and_marks_crossings():
+    from workbench.training.model_parallel import Placement, PlacementRow, diagram_layout, diagram_svg
+
+    layers = [("embed", ["ps:0", "ps:1"]), ("hidden", ["worker:0"]), ("out", ["worker:0"]), ("logits", ["worker:1"])]
+    layout = diagram_layout(layers)
+    assert [t for t, _x in layout["columns"]] == ["ps:0", "ps:1", "worker:0", "worker:1"]
+    assert [(b["layer"], b["task"]) for b in layout["boxes"]] == [
+        ("embed", "ps:0"), ("embed", "ps:1"), ("hidden", "worker:0"), ("out", "worker:0"), ("logits", "worker:1")]
+    assert [e["crosses"] for e in layout["edges"]] == [True, True, False, True]
+    svg = diagram_svg(layers)
+    assert svg.startswith("<svg") and svg.count("<rect") == 5 and "stroke-dasharray" in svg and "<script" not in svg
+    rows = [PlacementRow("hidden", "kernel", "64x32", "worker:0", "/job:worker/task:0"),
+            PlacementRow("hidden", "bias", "32", "worker:0", "/job:worker/task:0"),
+            PlacementRow("logits", "kernel", "32x10", "worker:1", "/job:worker/task:1")]
+    placement = Placement(rows)
+    assert placement.layer_tasks() == [("hidden", ["worker:0"]), ("logits", ["worker:1"])]
+    assert placement.flow() == "hidden [worker:0] => logits [worker:1]"
+    assert str(placement).endswith("hidden [worker:0] => logits [worker:1]")
+    assert "<svg" in placement._repr_html_()

@@ -11,6 +11,7 @@ backward ops run.
 from __future__ import annotations
 
 import functools
+import html
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -84,13 +85,75 @@ class Placement:
         """``{layer: task}`` for every layer with variables."""
         return {r.layer: r.task for r in self.rows if r.variable != "-"}
 
+    def layer_tasks(self) -> list[tuple[str, list[str]]]:
+        """Layers in model order, each with the task(s) holding its variables."""
+        found: dict[str, list[str]] = {}
+        for row in self.rows:
+            tasks = found.setdefault(row.layer, [])
+            tasks.extend(t for t in row.task.split(", ") if t not in tasks)
+        return list(found.items())
+
+    def flow(self) -> str:
+        """One line: the layers in order with their tasks; ``=>`` where activations cross tasks."""
+        parts, previous = [], None
+        for layer, tasks in self.layer_tasks():
+            arrow = "" if previous is None else (" -> " if tasks == previous else " => ")
+            parts.append(f"{arrow}{layer} [{', '.join(tasks)}]")
+            previous = tasks
+        return "".join(parts)
+
     def __str__(self) -> str:
-        return text_table(self.COLUMNS, self._cells())
+        return text_table(self.COLUMNS, self._cells()) + "\n" + self.flow()
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        return html_table(self.COLUMNS, self._cells(), css_class="workbench-placement")
+        return html_table(self.COLUMNS, self._cells(), css_class="workbench-placement") + diagram_svg(self.layer_tasks())
+
+
+def diagram_layout(layers: list[tuple[str, list[str]]], box=(120, 26), gap=(40, 14)) -> dict:
+    """Pure geometry of the placement diagram: one column per task, one row per layer.
+
+    Returns ``columns`` (task, x), ``boxes`` (layer, task, x, y, w, h) and ``edges`` between
+    consecutive layers' boxes, with ``crosses`` set where the activations move between tasks.
+    """
+    tasks: list[str] = []
+    for _layer, layer_tasks in layers:
+        tasks.extend(t for t in layer_tasks if t not in tasks)
+    width, height = box
+    column_x = {task: 10 + i * (width + gap[0]) for i, task in enumerate(tasks)}
+    boxes, edges, previous = [], [], []
+    for row, (layer, layer_tasks) in enumerate(layers):
+        y = 30 + row * (height + gap[1])
+        current = [dict(layer=layer, task=t, x=column_x[t], y=y, w=width, h=height) for t in layer_tasks]
+        for a in previous:
+            for b in current:
+                edges.append(dict(x1=a["x"] + width / 2, y1=a["y"] + height, x2=b["x"] + width / 2, y2=b["y"],
+                                  crosses=a["task"] != b["task"]))
+        boxes.extend(current)
+        previous = current
+    size = (10 + len(tasks) * (width + gap[0]), 30 + len(layers) * (height + gap[1]))
+    return {"columns": [(t, column_x[t]) for t in tasks], "boxes": boxes, "edges": edges, "size": size}
+
+
+def diagram_svg(layers: list[tuple[str, list[str]]]) -> str:
+    """The placement diagram as inline SVG (no scripts, no external resources)."""
+    if not layers:
+        return ""
+    layout = diagram_layout(layers)
+    width, height = layout["size"]
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' class='workbench-placement-diagram' width='{width}' height='{height}' "
+             "font-family='sans-serif' font-size='11'>"]
+    for task, x in layout["columns"]:
+        parts.append(f"<text x='{x + 60}' y='16' text-anchor='middle' font-weight='bold'>{html.escape(task)}</text>")
+    for e in layout["edges"]:
+        style = "stroke='#c62828' stroke-dasharray='4 2'" if e["crosses"] else "stroke='#555'"
+        parts.append(f"<line x1='{e['x1']}' y1='{e['y1']}' x2='{e['x2']}' y2='{e['y2']}' {style}/>")
+    for b in layout["boxes"]:
+        parts.append(f"<rect x='{b['x']}' y='{b['y']}' width='{b['w']}' height='{b['h']}' rx='4' fill='#e3f2fd' stroke='#1565c0'/>"
+                     f"<text x='{b['x'] + b['w'] / 2}' y='{b['y'] + 17}' text-anchor='middle'>{html.escape(b['layer'])}</text>")
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 def _task_of(device: str) -> str:
