@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 from . import datasets  # noqa: E402
-from .cluster import Cluster, ClusterStatus, TaskId, TaskRecord, list_clusters  # noqa: E402
+from .cluster import Cluster, ClusterStatus, TaskId, TaskRecord, list_clusters, running_clusters  # noqa: E402
 from .training import (  # noqa: E402
     DataContext,
     Job,
@@ -53,6 +53,7 @@ __all__ = [
     "VersionMismatchError",
     "WorkbenchError",
     "list_clusters",
+    "running_clusters",
 ]
 
 

@@ -178,3 +178,36 @@ def test_random_cell_magic_arguments_never_raise_from_inside(shell, cluster, wor
             shell.run_cell_magic("wb", f"{sub} {words} --name nosuch-cluster", "1\n")
         except UsageError:
             pass
+
+
+def test_several_clusters_by_name_the_last_started_is_the_default(shell, no_leftover_processes, capsys):
+    try:
+        first = shell.run_line_magic("wb", "start --ps 0 --workers 1 --name wb-test-magic-a")
+        second = shell.run_line_magic("wb", "start --ps 0 --workers 1 --name wb-test-magic-b")
+        assert "wb-test-magic-a" in str(first) and "wb-test-magic-b" in str(second)
+        assert "wb-test-magic-b" in str(shell.run_line_magic("wb", "status"))  # the default: last started
+        shell.run_line_magic("wb", "list")
+        listing = capsys.readouterr().out
+        assert "* <workbench.Cluster 'wb-test-magic-b'" in listing and "  <workbench.Cluster 'wb-test-magic-a'" in listing
+        scaled = shell.run_line_magic("wb", "scale --workers 2 --name wb-test-magic-a")
+        assert "worker:1" in str(scaled)
+        assert "stopped" in str(shell.run_line_magic("wb", "stop --name wb-test-magic-a"))
+        assert "wb-test-magic-b" in str(shell.run_line_magic("wb", "status"))
+    finally:
+        for cluster in wb.running_clusters():
+            if cluster.name.startswith("wb-test-magic-"):
+                cluster.stop()
+
+
+def test_terminal_ipython_gets_text_and_usage_errors_without_a_cluster(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "session.ipy"
+    script.write_text("%load_ext workbench\n%wb help\n%wb status\n")
+    result = subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "--colors=NoColor", str(script)],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert "workbench magics" in output
+    assert "UsageError: no cluster is running in this kernel: start one with %wb start" in output
+    assert "Traceback" not in output
