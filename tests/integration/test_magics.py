@@ -185,6 +185,9 @@ def test_several_clusters_by_name_the_last_started_is_the_default(shell, no_left
         first = shell.run_line_magic("wb", "start --ps 0 --workers 1 --name wb-test-magic-a")
         second = shell.run_line_magic("wb", "start --ps 0 --workers 1 --name wb-test-magic-b")
         assert "wb-test-magic-a" in str(first) and "wb-test-magic-b" in str(second)
+        import gc
+
+        gc.collect()  # nothing but the workbench holds these clusters: they must stay reachable
         assert "wb-test-magic-b" in str(shell.run_line_magic("wb", "status"))  # the default: last started
         shell.run_line_magic("wb", "list")
         listing = capsys.readouterr().out

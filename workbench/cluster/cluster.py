@@ -7,7 +7,6 @@ import os
 import re
 import secrets
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,7 +41,9 @@ from .status import ClusterStatus, TaskRecord
 from .versions import client_tensorflow_version, workbench_version
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_LIVE_CLUSTERS: weakref.WeakSet = weakref.WeakSet()
+# Strong references: a running cluster stays reachable (for running_clusters(), the magics and the
+# stop at exit) until it is stopped, even if the code that started it dropped its variable.
+_LIVE_CLUSTERS: set = set()
 
 
 def running_clusters() -> list[Cluster]:
