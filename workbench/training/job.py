@@ -119,6 +119,10 @@ def _update_where_the_variable_lives(optimizer) -> None:
     optimizer.update_step = colocated
 
 
+_DEFAULT_EXECUTOR: list = []  # one wrapper of TF's default executor, kept for the life of the process
+_DEFAULT_EXECUTOR_LOCK = threading.Lock()
+
+
 def _own_executor(work: Callable) -> Callable:
     """Run a worker's thread on its own TF executor.
 
@@ -126,6 +130,9 @@ def _own_executor(work: Callable) -> Callable:
     after the other: a worker that is slow to produce its batch then holds up every other
     worker's calls (measured: the fast workers' parameter pulls took 93 ms instead of 7 behind a
     straggler's 110 ms step). ClusterCoordinator does the same for the same reason.
+
+    Not ``context.executor_scope``: leaving it drops a wrapper of the default executor, whose
+    ``__del__`` waits for *every* thread's pending work, and so hangs behind a stalled task.
     """
     import functools
 
@@ -133,11 +140,16 @@ def _own_executor(work: Callable) -> Callable:
     def run(*args, **kwargs):
         from tensorflow.python.eager import context, executor
 
+        ctx = context.context()
+        with _DEFAULT_EXECUTOR_LOCK:
+            if not _DEFAULT_EXECUTOR:
+                _DEFAULT_EXECUTOR.append(ctx.executor)  # a new thread starts on the default executor
         own = executor.new_executor(enable_async=False)
+        ctx.executor = own
         try:
-            with context.executor_scope(own):
-                return work(*args, **kwargs)
+            return work(*args, **kwargs)
         finally:
+            ctx.executor = _DEFAULT_EXECUTOR[0]
             try:  # a lost task leaves its error on the executor; clear it here, not in a noisy __del__
                 own.wait()
             except Exception:  # noqa: BLE001 - already classified by the work function
