@@ -119,7 +119,7 @@ def _update_where_the_variable_lives(optimizer) -> None:
     optimizer.update_step = colocated
 
 
-_DEFAULT_EXECUTOR: list = []  # one wrapper of TF's default executor, kept for the life of the process
+_DEFAULT_EXECUTOR: list = []  # the raw handle of TF's default executor (no Python wrapper: see below)
 _DEFAULT_EXECUTOR_LOCK = threading.Lock()
 
 
@@ -132,24 +132,27 @@ def _own_executor(work: Callable) -> Callable:
     straggler's 110 ms step). ClusterCoordinator does the same for the same reason.
 
     Not ``context.executor_scope``: leaving it drops a wrapper of the default executor, whose
-    ``__del__`` waits for *every* thread's pending work, and so hangs behind a stalled task.
+    ``__del__`` waits for *every* thread's pending work, and so hangs behind a stalled task. So
+    the thread switches with the raw handles that ``context.executor`` itself uses.
     """
     import functools
 
     @functools.wraps(work)
     def run(*args, **kwargs):
+        from tensorflow.python import pywrap_tfe
         from tensorflow.python.eager import context, executor
 
         ctx = context.context()
+        ctx.ensure_initialized()
         with _DEFAULT_EXECUTOR_LOCK:
-            if not _DEFAULT_EXECUTOR:
-                _DEFAULT_EXECUTOR.append(ctx.executor)  # a new thread starts on the default executor
+            if not _DEFAULT_EXECUTOR:  # a new thread starts on the default executor
+                _DEFAULT_EXECUTOR.append(pywrap_tfe.TFE_ContextGetExecutorForThread(ctx._context_handle))
         own = executor.new_executor(enable_async=False)
         ctx.executor = own
         try:
             return work(*args, **kwargs)
         finally:
-            ctx.executor = _DEFAULT_EXECUTOR[0]
+            pywrap_tfe.TFE_ContextSetExecutorForThread(ctx._context_handle, _DEFAULT_EXECUTOR[0])
             try:  # a lost task leaves its error on the executor; clear it here, not in a noisy __del__
                 own.wait()
             except Exception:  # noqa: BLE001 - already classified by the work function
