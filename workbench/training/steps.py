@@ -5,13 +5,12 @@
 * ``pull[w]()`` then ``compute_gradient[w](iterator)`` (sync-ps): copy the parameters into worker
   ``w``'s replica of the model, then compute one gradient there and keep it there, in that
   worker's gradient buffer. Only the pull touches the ps, and it is short: a call that spans the
-  ps holds up this client's other calls to it until it ends, so a slow input pipeline or a slow
-  worker must not run inside one.
+  ps and a slow worker keeps the ps side open until the worker is done, so a slow input
+  pipeline or a slow worker must not run inside one.
 * ``apply_gradients(contributors)`` (sync-ps) runs once the kernel saw the first N - k workers
   finish a step: the ps tasks read those workers' buffers, average and apply them. Late workers
   are not read at all, so a stalled one holds up nothing; the kernel drops and counts their
-  gradients. (Pushing gradients into accumulators on the ps instead made every ps wait on the
-  receive from the slowest worker: the ps side of a push starts when it is issued.)
+  gradients. (Each worker's calls also run on their own TF executor: see ``job._own_executor``.)
 * ``evaluate()`` makes one pass over the evaluation data on a worker.
 
 Every function returns the worker-side ``tf.timestamp()`` of its steps: step timing is measured
