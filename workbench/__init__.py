@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from . import datasets  # noqa: E402
 from .cluster import Cluster, ClusterStatus, TaskId, TaskRecord, list_clusters, running_clusters  # noqa: E402
+from .dashboard import Dashboard, DashboardServer, dashboard, serve_dashboard  # noqa: E402
 from .training import (  # noqa: E402
     DataContext,
     Job,
@@ -29,6 +30,10 @@ from .errors import (  # noqa: E402
 )
 
 __all__ = [
+    "Dashboard",
+    "DashboardServer",
+    "dashboard",
+    "serve_dashboard",
     "DataContext",
     "Job",
     "ParameterServerLost",

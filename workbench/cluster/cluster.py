@@ -39,6 +39,8 @@ from .pool import (
 from .spec import TaskId, cluster_spec_dict, role_layout, validate_counts
 from .status import ClusterStatus, TaskRecord
 from .versions import client_tensorflow_version, workbench_version
+from ..telemetry.clocks import measure_offsets
+from ..telemetry.log import EventLog
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Strong references: a running cluster stays reachable (for running_clusters(), the magics and the
@@ -128,6 +130,9 @@ class Cluster:
         self._started_at = 0.0
         self._pool: OwnedPool | AttachedPool | None = None
         self._pool_factory: Callable[[], OwnedPool | AttachedPool]
+        self.telemetry = EventLog()  # step spans and progress of every job on this cluster (wb.dashboard)
+        self._dashboard_server = None
+        self._clock_offsets: tuple[float, dict[str, float]] | None = None
         if engines is None:  # set by from_existing
             return
         launcher_cls = engine_launcher_class(engines)
@@ -260,6 +265,9 @@ class Cluster:
         self._state = "stopped"
 
     def _teardown(self, timeout: float = 60.0) -> None:
+        server, self._dashboard_server = self._dashboard_server, None
+        if server is not None:
+            server.stop()
         pool, self._pool = self._pool, None
         if pool is not None:
             if not pool.owned and self._tasks:
@@ -311,6 +319,7 @@ class Cluster:
         elif workers < self._workers:
             self._drop_tasks([TaskId("worker", i) for i in range(workers, self._workers)], deadline)
         self._workers = workers
+        self._clock_offsets = None  # new tasks: measure again
         self._write_registry()
         return self
 
@@ -489,6 +498,15 @@ class Cluster:
         self.connect()
         return tf.device(name)
 
+    def clock_offsets(self, max_age: float = 300.0) -> dict[str, float]:
+        """Seconds each task's host clock is ahead of this kernel's (measured, kept ``max_age`` s)."""
+        self._require_running("measure the tasks' clocks")
+        now = time.monotonic()
+        if self._clock_offsets is None or now - self._clock_offsets[0] > max_age:
+            by_engine = measure_offsets(self._pool.client, [r.engine_id for r in self.tasks])
+            self._clock_offsets = (now, {r.name: by_engine.get(r.engine_id, 0.0) for r in self.tasks})
+        return dict(self._clock_offsets[1])
+
     @property
     def client(self):
         """The ipyparallel ``Client`` of the engine pool."""
@@ -518,6 +536,8 @@ class Cluster:
             "spec": self.spec_dict,
             "tasks": [r.to_dict() for r in self.tasks],
             "gpus_per_worker": self._gpus_per_worker,
+            "dashboard": ({"url": self._dashboard_server.url, "plots": f"{self._dashboard_server.url}/plots.json"}
+                          if self._dashboard_server is not None else None),
             "updated": time.time(),
             "workbench_version": workbench_version(),
         })

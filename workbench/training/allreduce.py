@@ -18,6 +18,7 @@ from typing import Any, Callable
 from ..cluster import engine_side
 from ..cluster.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
 from ..errors import ClusterStateError, ConfigurationError
+from ..telemetry.events import ALLREDUCE_APPLY
 from . import allreduce_engine
 from .job import Job, TrainingError
 
@@ -141,6 +142,12 @@ class AllReduceJob(Job):
         info.update(replicas=self.replicas, per_replica_batch_size=self.per_replica_batch, gradients_per_step=self.replicas)
         return info
 
+    @staticmethod
+    def _device(record) -> str:
+        """Where the worker's steps run: its first GPU if it has one (MWMS uses them all), else its CPU."""
+        gpus = [d for d in record.devices if "/device:GPU:" in d]
+        return gpus[0] if gpus else f"{record.task.device}/device:CPU:0"
+
     def _run(self) -> None:
         total = self.options.steps - self.start_step
         chunk = self.options.steps_per_call
@@ -149,9 +156,18 @@ class AllReduceJob(Job):
         done = 0
         while done < total and not self._stop.is_set():
             n = min(chunk, total - done)
-            results = self._call_all({e: (allreduce_engine.run_steps, self._run_id, n) for e in self._engines},
-                                     f"steps {self.start_step + done}-{self.start_step + done + n - 1}",
-                                     self.options.step_timeout * n)
+            first = self.start_step + done
+            keys = {r.engine_id: self._recorder.call_started(r.name, self._device(r), first, n) for r in self._workers}
+            try:
+                results = self._call_all({e: (allreduce_engine.run_steps, self._run_id, n) for e in self._engines},
+                                         f"steps {first}-{first + n - 1}", self.options.step_timeout * n)
+            finally:
+                for key in keys.values():
+                    self._recorder.call_ended(key)  # a no-op for the spans the results complete below
+            for r in self._workers:
+                mine = results[r.engine_id]
+                self._recorder.steps(r.name, self._device(r), first, mine["stamps"], mine["marks"],
+                                     self.options.per_worker_batch, ALLREDUCE_APPLY)
             ours = results[self._engines[0]]  # loss and metrics are already averaged over the workers
             starts = [min(r["stamps"][i] for r in results.values()) for i in range(n)]
             ends = [max(r["stamps"][i + 1] for r in results.values()) for i in range(n)]

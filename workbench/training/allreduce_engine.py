@@ -61,7 +61,7 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
 
     from .data import DataContext, training_dataset
     from .job import _build_model, _build_optimizer, _seed_initializers
-    from .steps import StepFunctions, resolve_loss, resolve_metrics, steps_in_one_call
+    from .steps import StepFunctions, resolve_loss, resolve_metrics, stamp_after, steps_in_one_call
 
     strategy = _GROUP["strategy"]
     model_source, data, loss, optimizer, metrics = unpack(payload)
@@ -102,14 +102,17 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
             total = loss_value + sum(model.losses) if model.losses else loss_value
             scaled = total / replicas  # Keras sums the gradients over the replicas
         grads = tape.gradient(scaled, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
+        mark = stamp_after([loss_value, *grads])  # gradients ready here; all-reduce and apply follow
+        with tf.control_dependencies([mark]):
+            opt.apply_gradients(zip(grads, model.trainable_variables))
         context = tf.distribute.get_replica_context()  # report the global mean, the same on every worker
         return context.all_reduce("MEAN", loss_value), context.all_reduce(
-            "MEAN", tf.stack(metric_values) if metric_values else tf.zeros([0]))
+            "MEAN", tf.stack(metric_values) if metric_values else tf.zeros([0])), mark
 
     def one_step(x, y):
-        loss_value, metric_value = strategy.run(replica_step, args=(x, y))
-        return strategy.experimental_local_results(loss_value)[0], strategy.experimental_local_results(metric_value)[0], []
+        loss_value, metric_value, mark = strategy.run(replica_step, args=(x, y))
+        first = strategy.experimental_local_results
+        return first(loss_value)[0], first(metric_value)[0], [], first(mark)[0]
 
     train_steps = steps_in_one_call(one_step, n_metrics)
 
@@ -125,8 +128,9 @@ def run_steps(run_id: str, n: int) -> dict:
     import tensorflow as tf
 
     run = _RUNS[run_id]
-    losses, metrics, stamps = run["train_steps"](run["iterator"], tf.constant(n, tf.int32))
-    return {"losses": losses.numpy().tolist(), "metrics": metrics.numpy().tolist(), "stamps": stamps.numpy().tolist()}
+    losses, metrics, stamps, marks = run["train_steps"](run["iterator"], tf.constant(n, tf.int32))
+    return {"losses": losses.numpy().tolist(), "metrics": metrics.numpy().tolist(), "stamps": stamps.numpy().tolist(),
+            "marks": marks.numpy().tolist()}
 
 
 def save(run_id: str, checkpoint_dir: str, step: int) -> str | None:

@@ -29,6 +29,7 @@ def train(
     seed: int | None = None,
     step_timeout: float = 300.0,
     partition_bytes: int = 16 * 2**20,
+    telemetry: bool = True,
     wait: bool = False,
 ) -> Job:
     """Train a Keras model on ``cluster`` with the workbench's own distributed training loop.
@@ -64,6 +65,8 @@ def train(
     partition_bytes: ps strategies: a variable this large or larger (e.g. a big embedding) is split
         along its first axis over the ps tasks, each shard updated on its own ps; 0 never splits.
         ``job.info["partitioned"]`` lists the split variables.
+    telemetry: record step spans and completed steps into ``cluster.telemetry`` for the dashboards
+        (``wb.dashboard``). The timings come back with the results of calls the job makes anyway.
     wait: block until the job ends (else it trains in the background; see ``job.wait()``).
     """
     from .model_parallel import PlacedModel, _placed_job_class
@@ -82,6 +85,7 @@ def train(
         strategy=strategy, steps=steps, batch_size=batch_size, backup_workers=backup_workers,
         steps_per_call=steps_per_call, metrics=tuple(metrics), checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, resume=resume, seed=seed, step_timeout=step_timeout, partition_bytes=partition_bytes,
+        telemetry=bool(telemetry),
         num_workers=(len([t for t in cluster.tasks if t.job == "worker"])
                      if cluster.state == "running" and strategy != "model-parallel" else 1),
     ))

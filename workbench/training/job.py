@@ -7,6 +7,7 @@ its own shard of the data, and can treat the workers differently (backup workers
 
 from __future__ import annotations
 
+import itertools
 import socket
 import threading
 import time
@@ -14,6 +15,8 @@ from collections import defaultdict
 from typing import Any, Callable
 
 from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
+from ..telemetry.events import APPLY, COMPUTE, PULL, PUSH_APPLY
+from ..telemetry.recorder import StepRecorder
 from . import connection
 from .data import DataContext, evaluation_dataset, training_dataset
 from .options import TrainOptions
@@ -23,6 +26,7 @@ from .steps import StepFunctions, resolve_loss, resolve_metrics
 # Errors that mean "a task went away", as opposed to a bug in the model or data functions.
 _INFRASTRUCTURE_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError", "InternalError")
 THREAD_JOIN_SECONDS = 30.0
+_JOB_NUMBERS = itertools.count(1)
 
 
 class TrainingError(WorkbenchError):
@@ -185,7 +189,10 @@ class Job:
         self.placer: PsPlacer | None = None  # ps strategies: where each variable went
         self._workers = [r for r in cluster.tasks if r.job == "worker"]
         self.metric_names = list(resolve_metrics(options.metrics))
+        self.name = f"{options.strategy}-{next(_JOB_NUMBERS)}"
         self._setup(cluster, model, data, loss, optimizer, options)
+        self._recorder = StepRecorder(cluster.telemetry if options.telemetry else None, self.name,
+                                      cluster.clock_offsets() if options.telemetry else None)
         self._started = time.time()
         self._thread = threading.Thread(target=self._drive, name="workbench-job", daemon=True)
 
@@ -201,6 +208,7 @@ class Job:
                 "start it with ps=1 or more."
             )
         self._ps_devices = [f"{r.task.device}/device:CPU:0" for r in ps_tasks]
+        self._ps_names = [r.name for r in ps_tasks]
         self._ps_addresses = [r.address for r in ps_tasks]
         self._worker_devices = [f"{r.task.device}/device:CPU:0" for r in self._workers]
         seed = self._probe_data(data, options)
@@ -261,8 +269,13 @@ class Job:
 
     def start(self) -> Job:
         self.state = "running"
+        self._report_progress()
         self._thread.start()
         return self
+
+    def _report_progress(self) -> None:
+        self._recorder.progress(self.steps_done, self.options.steps - self.start_step, self.state, self._started,
+                                self.options.strategy, [r.name for r in self._workers])
 
     @property
     def info(self) -> dict:
@@ -358,6 +371,7 @@ class Job:
             else:
                 self.error = TrainingError(f"training failed: {type(exc).__name__}: {exc}")
             self.state = "failed"
+        self._report_progress()
 
     def _save(self) -> None:
         self._step.assign(self.start_step + self.steps_done)
@@ -391,6 +405,7 @@ class Job:
         }
         with self._lock:
             self._history.append(record)
+        self._recorder.step_done(record)
 
     def _checkpoint_due(self, next_at: int) -> int:
         if self.options.checkpoint_dir and self.options.checkpoint_every and self.steps_done >= next_at:
@@ -421,7 +436,7 @@ class Job:
             with self._lock:
                 return pending.pop() if pending and not self._stop.is_set() and not failures else None
 
-        in_flight: dict[int, tuple] = {}  # worker index -> (chunk, monotonic start)
+        in_flight: dict[int, tuple] = {}  # worker index -> (chunk, monotonic start, telemetry key)
         gone: set[int] = set()  # workers lost (dead) or given up on (stalled)
 
         @_own_executor
@@ -429,13 +444,15 @@ class Job:
             name, device, iterator = self._workers[index].name, self._worker_devices[index], self._iterators[index]
             while (item := claim()) is not None:
                 first, n = item
+                key = self._recorder.call_started(name, device, first, n)
                 with self._lock:
-                    in_flight[index] = (item, time.monotonic())
+                    in_flight[index] = (item, time.monotonic(), key)
                 try:
                     with tf.device(device):
-                        losses, metrics, stamps = self._fns.train_steps(iterator, tf.constant(n, tf.int32))
-                    losses, metrics, stamps = losses.numpy(), metrics.numpy(), stamps.numpy()
+                        losses, metrics, stamps, marks = self._fns.train_steps(iterator, tf.constant(n, tf.int32))
+                    losses, metrics, stamps, marks = losses.numpy(), metrics.numpy(), stamps.numpy(), marks.numpy()
                 except Exception as exc:  # noqa: BLE001 - classified below
+                    self._recorder.call_ended(key)
                     with self._lock:
                         if in_flight.pop(index, None) is None:
                             return  # given up on already; its chunk was re-queued then
@@ -450,6 +467,7 @@ class Job:
                 with self._lock:
                     if in_flight.pop(index, None) is None:
                         return  # it came back after being given up on: its steps ran elsewhere
+                self._recorder.steps(name, device, first, stamps, marks, self.options.per_worker_batch, PUSH_APPLY, key)
                 for i in range(n):
                     self._record(first + i, losses[i], metrics[i], name, stamps[i], stamps[i + 1], self.options.per_worker_batch)
                 try:
@@ -469,9 +487,10 @@ class Job:
             with self._lock:
                 # A call that neither returns nor fails (a stalled task) is given up on after step_timeout:
                 # TensorFlow cannot cancel it, so its chunk is re-queued and its late result dropped.
-                for index, (item, started) in list(in_flight.items()):
+                for index, (item, started, key) in list(in_flight.items()):
                     if time.monotonic() - started > self.options.step_timeout:
                         del in_flight[index]
+                        self._recorder.call_ended(key)
                         gone.add(index)
                         pending.append(item)
                         lost.append(self._workers[index].name)
@@ -518,12 +537,14 @@ class Job:
                     if halt.is_set() or self._stop.is_set() or failures:
                         return
                     step = current["step"]
+                key = self._recorder.call_started(name, device, step, 1)
                 try:
                     with tf.device(device):
-                        pull().numpy()  # the replica holds this step's parameters before computing on it
+                        pulled = pull().numpy()  # the replica holds this step's parameters before computing on it
                         loss, metrics, stamps = compute(iterator)
                     loss, metrics, stamps = float(loss.numpy()), metrics.numpy(), stamps.numpy()
                 except Exception as exc:  # noqa: BLE001 - classified below
+                    self._recorder.call_ended(key)
                     error = self._classify(exc, name)
                     with cond:
                         alive.discard(index)
@@ -535,6 +556,8 @@ class Job:
                                 "each sync-ps step needs: scale the cluster back up, or use more backup_workers."))
                         cond.notify_all()
                     return
+                self._recorder.span(name, device, PULL, step, pulled[0], pulled[1])
+                self._recorder.span(name, device, COMPUTE, step, stamps[0], stamps[1], self.options.per_worker_batch, key)
                 with cond:
                     results[step].append((index, name, loss, metrics, stamps))
                     cond.notify_all()
@@ -563,9 +586,11 @@ class Job:
                     arrived = results[step][:required]  # the first N - k; later ones are dropped
                 try:
                     with tf.device(self._ps_devices[0]):  # wait until every update landed: the next pulls read them
-                        self._fns.apply_gradients(tuple(sorted(a[0] for a in arrived))).numpy()
+                        applied = self._fns.apply_gradients(tuple(sorted(a[0] for a in arrived))).numpy()
                 except Exception as exc:  # noqa: BLE001 - classified
                     raise self._classify(exc, "the ps tasks") from None
+                self._recorder.span(self._ps_names[0], self._ps_devices[0], APPLY, step, applied[0], applied[1],
+                                    required * self.options.per_worker_batch)
                 loss = sum(a[2] for a in arrived) / required
                 metrics = [sum(a[3][i] for a in arrived) / required for i in range(len(self.metric_names))]
                 self._record(step, loss, metrics, ",".join(a[1] for a in arrived), min(a[4][0] for a in arrived),

@@ -328,7 +328,7 @@ def _placed_job_class():
             self._placed = model
             self._model_source = model._source
             self._model = model.model
-            self._ps_devices, self._ps_addresses = [], []
+            self._ps_devices, self._ps_addresses, self._ps_names = [], [], []
             first_task = _task_of(model.input_device)
             self._workers = [r for r in cluster.tasks if r.name == first_task] or self._workers[:1]
             self._worker_devices = [model.input_device]

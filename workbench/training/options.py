@@ -26,6 +26,7 @@ class TrainOptions:
     seed: int | None = None
     step_timeout: float = 300.0  # seconds a sync step may wait for its gradients
     partition_bytes: int = 16 * 2**20  # ps strategies: split variables this large over the ps tasks
+    telemetry: bool = True  # step spans and throughput for the dashboards (cluster.telemetry)
     num_workers: int = field(default=1)
 
     @property

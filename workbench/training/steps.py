@@ -13,8 +13,9 @@
   gradients. (Each worker's calls also run on their own TF executor: see ``job._own_executor``.)
 * ``evaluate()`` makes one pass over the evaluation data on a worker.
 
-Every function returns the worker-side ``tf.timestamp()`` of its steps: step timing is measured
-where the step runs.
+Every function returns ``tf.timestamp()`` readings of its steps, taken where the step runs
+(worker, or the first ps for ``apply_gradients``): the job's history and the dashboards' step
+spans come from them.
 """
 
 from __future__ import annotations
@@ -103,11 +104,20 @@ def _written(variables):
     return tf.add_n(sizes) if sizes else tf.constant(0)
 
 
-def steps_in_one_call(one_step: Callable, n_metrics: int):
-    """A ``tf.function`` ``(iterator, n) -> (losses, metrics, stamps)`` running ``n`` steps in one call.
+def stamp_after(tensors) -> Any:
+    """``tf.timestamp()`` taken once every tensor in ``tensors`` exists: when that work was done."""
+    import tensorflow as tf
 
-    ``one_step(x, y) -> (loss, metrics vector, ops to wait for)``. ``stamps`` has n + 1 worker-side
-    times: step i ran from ``stamps[i]`` to ``stamps[i + 1]``.
+    with tf.control_dependencies([t for t in tensors if t is not None]):
+        return tf.timestamp()
+
+
+def steps_in_one_call(one_step: Callable, n_metrics: int):
+    """A ``tf.function`` ``(iterator, n) -> (losses, metrics, stamps, marks)`` running ``n`` steps in one call.
+
+    ``one_step(x, y) -> (loss, metrics vector, ops to wait for, mark)``, where ``mark`` is the
+    ``stamp_after`` of the step's gradients. ``stamps`` has n + 1 worker-side times: step i ran
+    from ``stamps[i]`` to ``stamps[i + 1]`` and had its gradients at ``marks[i]``.
     """
     import tensorflow as tf
 
@@ -116,17 +126,19 @@ def steps_in_one_call(one_step: Callable, n_metrics: int):
         losses = tf.TensorArray(tf.float32, size=n)
         metric_values = tf.TensorArray(tf.float32, size=n, element_shape=[n_metrics])
         stamps = tf.TensorArray(tf.float64, size=n + 1)
+        marks = tf.TensorArray(tf.float64, size=n)
         stamps = stamps.write(0, tf.timestamp())
         for i in tf.range(n):
             # Steps are strictly sequential: without this, iterations overlap and timestamps lie.
             tf.autograph.experimental.set_loop_options(parallel_iterations=1)
             x, y = next(iterator)
-            loss, metrics, done = one_step(x, y)
+            loss, metrics, done, mark = one_step(x, y)
             losses = losses.write(i, loss)
             metric_values = metric_values.write(i, metrics)
+            marks = marks.write(i, mark)
             with tf.control_dependencies([loss, *done]):
                 stamps = stamps.write(i + 1, tf.timestamp())
-        return losses.stack(), metric_values.stack(), stamps.stack()
+        return losses.stack(), metric_values.stack(), stamps.stack(), marks.stack()
 
     return train_steps
 
@@ -197,8 +209,10 @@ class StepFunctions:
 
         def one_step(x, y):
             loss, metrics, grads = loss_and_grads(x, y)
-            updated = self.optimizer.apply_gradients(zip(grads, self.targets))
-            return loss, tf.stack(metrics) if metrics else tf.zeros([0]), [] if updated is None else [updated]
+            mark = stamp_after([loss, *grads])
+            with tf.control_dependencies([mark]):  # the push starts after the mark: phases do not overlap
+                updated = self.optimizer.apply_gradients(zip(grads, self.targets))
+            return loss, tf.stack(metrics) if metrics else tf.zeros([0]), [] if updated is None else [updated], mark
 
         train_steps = steps_in_one_call(one_step, n_metrics)
         self.train_steps = train_steps
@@ -210,9 +224,11 @@ class StepFunctions:
         def make_pull(replica):
             @tf.function
             def pull():
-                for local, remote in zip(replica.weights, self.model.weights):
-                    local.assign(remote)
-                return _written(replica.weights)
+                start = tf.timestamp()
+                with tf.control_dependencies([start]):
+                    for local, remote in zip(replica.weights, self.model.weights):
+                        local.assign(remote)
+                return tf.stack([start, stamp_after([_written(replica.weights)])])
 
             return pull
 
@@ -249,6 +265,7 @@ class StepFunctions:
 
             @tf.function(autograph=False)
             def apply():
+                start = tf.timestamp()  # on the caller's device scope: the first ps
                 grads = []
                 for i, (var, rows) in enumerate(zip(variables, self.splits)):
                     parts = [[b] for b in (self._buffers[w][i].read_value() for w in contributors)]
@@ -260,7 +277,7 @@ class StepFunctions:
                 self.optimizer.apply_gradients(zip(grads, self.targets))
                 for var, local in zip(self.model.non_trainable_variables, first.non_trainable_variables):
                     var.assign(local)
-                return _written(self.model.weights)
+                return tf.stack([start, stamp_after([_written(self.model.weights)])])
 
             self._apply_cache[contributors] = apply
         return self._apply_cache[contributors]()

@@ -1,0 +1,276 @@
+"""Live Bokeh components. One contract: ``root`` (the Bokeh model to lay out), ``sources`` (its
+data), ``update()`` (read the events newer than the component's cursor and stream only those).
+
+Each component belongs to one Bokeh document (a notebook widget or one browser session of a
+served app); many components read the same ``EventLog``, each with its own cursor.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections import deque
+
+from ..telemetry.events import PHASES, StepDone, StepSpan
+from ..telemetry.log import EventLog
+from .data import (TOTAL, JobState, ThroughputBins, current_rates, new_rows, progress_info, row_name, span_columns)
+
+# The browser keeps the newest TIMELINE_ROLLOVER bars (the log keeps as many events); older ones
+# roll out. Only bars in view are drawn, so a full timeline stays responsive (bench/dashboard.py).
+TIMELINE_ROLLOVER = 100_000
+THROUGHPUT_ROLLOVER = 3_600  # one-second bins: the last hour
+FOLLOW_MS = 30_000.0  # the timeline follows the newest 30 s until the user pans or zooms
+EVENTS_PER_UPDATE = 20_000  # a long backlog is streamed over several updates, none of them long
+PHASE_COLOURS = ("#9467bd", "#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7")  # PHASES order
+SERIES_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+RATE_WINDOW = 2.0  # seconds behind the large current figures
+
+
+def _bokeh():
+    from .. import optional
+
+    return optional.require("bokeh", "the dashboards")
+
+
+def timeline_figure(rows: list[str], title: str = "Timeline", follow: bool = True):
+    """An empty timeline: one categorical row per device, a datetime x axis that follows the newest data."""
+    _bokeh()
+    from bokeh.models import DataRange1d, FactorRange
+    from bokeh.plotting import figure
+
+    x_range = DataRange1d(follow="end", follow_interval=FOLLOW_MS, range_padding=0.02) if follow else DataRange1d()
+    plot = figure(title=title, y_range=FactorRange(*reversed(rows)), x_range=x_range, x_axis_type="datetime",
+                  height=90 + 26 * max(len(rows), 2), sizing_mode="stretch_width",
+                  tools="xpan,xwheel_zoom,box_zoom,reset,save", active_scroll="xwheel_zoom", name="timeline")
+    plot.yaxis.major_label_text_font_size = "9pt"
+    plot.ygrid.grid_line_color = None
+    plot.xaxis.axis_label = "time (kernel clock)"
+    return plot
+
+
+def _set_rows(plot, rows: list[str]) -> None:
+    plot.y_range.factors = list(reversed(rows))
+    plot.height = 90 + 26 * max(len(rows), 2)
+
+
+class TimelineComponent:
+    """Step spans of every device, completed and in progress (which grow until they end)."""
+
+    def __init__(self, log: EventLog, rows: list[str], rollover: int = TIMELINE_ROLLOVER):
+        _bokeh()
+        from bokeh.models import ColumnDataSource, HoverTool
+        from bokeh.transform import factor_cmap
+
+        self.log, self.rows, self.rollover = log, list(rows), rollover
+        self.cursor = 0  # show what the log still holds: a dashboard opened after a job shows the job
+        self.missed = 0
+        self.source = ColumnDataSource(span_columns([]), name="timeline_steps")
+        self.open_source = ColumnDataSource(span_columns([]), name="timeline_in_progress")
+        self.sources = [self.source, self.open_source]
+        self.root = plot = timeline_figure(self.rows)
+        colour = factor_cmap("phase", PHASE_COLOURS, PHASES)
+        done = plot.hbar(y="row", left="left", right="right", height=0.7, source=self.source, color=colour,
+                         legend_field="phase", line_color=None)
+        running = plot.hbar(y="row", left="left", right="right", height=0.7, source=self.open_source, color=colour,
+                            fill_alpha=0.45, hatch_pattern="/", hatch_alpha=0.5, line_color="#555555",
+                            legend_label="running (in progress)")
+        plot.add_tools(HoverTool(renderers=[done, running], tooltips=[
+            ("task", "@task"), ("phase", "@phase"), ("step", "@step (x@steps)"), ("duration", "@duration_ms{0.0} ms"),
+            ("examples", "@examples"), ("job", "@job")]))
+        plot.legend.location = "top_left"
+        plot.legend.orientation = "horizontal"
+        plot.legend.click_policy = "hide"
+
+    def update(self, now: float | None = None) -> int:
+        """Stream new completed spans, redraw the in-progress ones; return how many rows were streamed."""
+        now = time.time() if now is None else now
+        batch = self.log.since(self.cursor, EVENTS_PER_UPDATE)
+        self.cursor, self.missed = batch.cursor, self.missed + batch.missed
+        spans = [e for e in batch.events if isinstance(e, StepSpan) and e.end is not None]
+        running = self.log.in_progress()
+        extra = new_rows([*spans, *running], self.rows)
+        if extra:
+            self.rows.extend(extra)
+            _set_rows(self.root, self.rows)
+        if spans:
+            self.source.stream(span_columns(spans), rollover=self.rollover)
+        if running or self.open_source.data["left"]:
+            self.open_source.data = span_columns(running, now)
+        return len(spans)
+
+
+class ThroughputComponent:
+    """Examples/s and steps/s per worker and in total, in one-second bins, and the current figures large."""
+
+    def __init__(self, log: EventLog, bin_seconds: float = 1.0):
+        _bokeh()
+        from bokeh.layouts import column, row
+        from bokeh.models import ColumnDataSource, DataRange1d, Div
+        from bokeh.plotting import figure
+
+        self.log = log
+        self.cursor = 0
+        self.bins = ThroughputBins(width=bin_seconds)
+        self.recent: deque = deque()  # (end, series, examples) within RATE_WINDOW of the newest
+        self.source = ColumnDataSource(self._empty(), name="throughput")
+        self.sources = [self.source]
+        self.figure_div = Div(text=self._big(None), name="throughput_now")
+        shared_x = DataRange1d(follow="end", follow_interval=300_000.0, range_padding=0.02)
+        self.examples_plot = figure(title="examples/s", x_axis_type="datetime", x_range=shared_x, height=230,
+                                    sizing_mode="stretch_width", tools="xpan,xwheel_zoom,reset,save")
+        self.steps_plot = figure(title="steps/s", x_axis_type="datetime", x_range=shared_x, height=230,
+                                 sizing_mode="stretch_width", tools="xpan,xwheel_zoom,reset,save")
+        self.lines: dict[str, list] = {}
+        self._add_lines(TOTAL)
+        self.root = column(self.figure_div, row(self.examples_plot, self.steps_plot, sizing_mode="stretch_width"),
+                           sizing_mode="stretch_width")
+
+    def _empty(self) -> dict[str, list]:
+        return {"time": [], **{f"{s}:{k}": [] for s in self.bins.series for k in ("examples", "steps")}}
+
+    def _add_lines(self, series: str) -> None:
+        colour = "black" if series == TOTAL else SERIES_COLOURS[(len(self.lines) - 1) % len(SERIES_COLOURS)]
+        width = 3 if series == TOTAL else 1.5
+        self.lines[series] = [
+            self.examples_plot.line("time", f"{series}:examples", source=self.source, color=colour, line_width=width,
+                                    legend_label=series),
+            self.steps_plot.line("time", f"{series}:steps", source=self.source, color=colour, line_width=width,
+                                 legend_label=series),
+        ]
+        for plot in (self.examples_plot, self.steps_plot):
+            plot.legend.location = "top_left"
+
+    @staticmethod
+    def _big(rates: dict | None) -> str:
+        examples, steps = (rates or {}).get(TOTAL, (0.0, 0.0))
+        parts = [f"<span style='font-size:28px;font-weight:600'>{examples:,.0f}</span> examples/s &nbsp; "
+                 f"<span style='font-size:28px;font-weight:600'>{steps:,.1f}</span> steps/s"]
+        workers = sorted(k for k in (rates or {}) if k != TOTAL)
+        if workers:
+            parts.append("<br><span style='color:#555'>" + " · ".join(
+                f"{html.escape(w)}: {rates[w][0]:,.0f} ex/s, {rates[w][1]:,.1f} steps/s" for w in workers) + "</span>")
+        return f"<div class='workbench-throughput-now'>{''.join(parts)} <span style='color:#888'>(last {RATE_WINDOW:.0f} s)</span></div>"
+
+    def update(self, now: float | None = None) -> int:
+        now = time.time() if now is None else now
+        batch = self.log.since(self.cursor, EVENTS_PER_UPDATE)
+        self.cursor = batch.cursor
+        known = list(self.bins.series)
+        self.bins.add(batch.events)
+        for event in batch.events:
+            if isinstance(event, StepDone):
+                self.recent.append((event.end, TOTAL, event.examples))
+            elif isinstance(event, StepSpan) and event.phase == "compute" and event.end is not None:
+                self.recent.append((event.end, event.task, event.examples))
+        while self.recent and self.recent[0][0] < now - RATE_WINDOW:
+            self.recent.popleft()
+        self.figure_div.text = self._big(current_rates(self.recent, now, RATE_WINDOW))
+        if self.bins.series != known:  # a new worker: every row gets its columns (zeros before it appeared)
+            emitted = self.bins.emitted
+            data = self._empty()
+            if emitted is not None and self.source.data["time"]:
+                first = int(round(self.source.data["time"][0] / 1000.0 / self.bins.width))
+                for row in (self.bins.row(i) for i in range(first, emitted + 1)):
+                    for name, value in row.items():
+                        data[name].append(value)
+            self.source.data = data
+            for series in self.bins.series:
+                if series not in self.lines:
+                    self._add_lines(series)
+        rows = self.bins.final(now)
+        self._patch_late(self.bins.take_changed())
+        if rows:
+            self.source.stream({name: [r[name] for r in rows] for name in rows[0]}, rollover=THROUGHPUT_ROLLOVER)
+        return len(rows)
+
+    def _patch_late(self, changed: list[int]) -> None:
+        """Results that came after their bin was drawn (a long call) update that bin in place."""
+        times = self.source.data["time"]
+        if not changed or not times:
+            return
+        first = int(round(times[0] / 1000.0 / self.bins.width))
+        patches: dict[str, list] = {}
+        for index in changed:
+            position = index - first
+            if 0 <= position < len(times):
+                for name, value in self.bins.row(index).items():
+                    if name != "time":
+                        patches.setdefault(name, []).append((position, value))
+        if patches:
+            self.source.patch(patches)
+
+
+class ProgressComponent:
+    """The newest job: steps done / total, ETA, and notes on stale workers and slow steps."""
+
+    def __init__(self, log: EventLog):
+        _bokeh()
+        from bokeh.models import Div
+
+        self.log = log
+        self.cursor = 0
+        self.jobs: dict[str, JobState] = {}
+        self.latest: str | None = None
+        self.recent: deque = deque()  # ends of recent steps that count
+        self.info: dict | None = None
+        self.root = Div(text=self._html(None), name="progress", sizing_mode="stretch_width")
+        self.sources: list = []
+
+    def update(self, now: float | None = None) -> int:
+        from ..telemetry.events import JobProgress
+
+        now = time.time() if now is None else now
+        batch = self.log.since(self.cursor, EVENTS_PER_UPDATE)
+        self.cursor = batch.cursor
+        for event in batch.events:
+            name = getattr(event, "job", "")
+            if not name:
+                continue
+            if isinstance(event, JobProgress) and name not in self.jobs:
+                self.jobs[name] = JobState(name)
+                self.latest = name
+            if name in self.jobs:
+                self.jobs[name].add(event)
+            if isinstance(event, StepDone) and name == self.latest:
+                self.recent.append(event.end)
+        while self.recent and self.recent[0] < now - 10.0:
+            self.recent.popleft()
+        if self.latest is None:
+            return 0
+        rate = len(self.recent) / 10.0
+        self.info = progress_info(self.jobs[self.latest], self.log.in_progress(), now, rate)
+        self.root.text = self._html(self.info)
+        return len(batch.events)
+
+    @staticmethod
+    def _html(info: dict | None) -> str:
+        if info is None:
+            return "<div class='workbench-progress'>No job yet: start one with <code>wb.train(cluster, ...)</code>.</div>"
+        eta = "" if info["eta_s"] is None else f" · ETA {info['eta_s']:.0f} s"
+        bar = (f"<div style='background:#eee;width:100%;height:8px'><div style='background:#1f77b4;height:8px;"
+               f"width:{100 * min(info['fraction'], 1):.1f}%'></div></div>")
+        notes = "".join(f"<div style='color:#b35900'>⚠ {html.escape(n)}</div>" for n in info["notes"])
+        return (f"<div class='workbench-progress'><b>{html.escape(info['job'])}</b> ({html.escape(info['strategy'])}, "
+                f"{html.escape(info['state'])}): <span class='workbench-steps'>{info['steps_done']} / {info['steps_total']}"
+                f"</span> steps{eta} · {info['elapsed_s']:.0f} s elapsed{bar}{notes}</div>")
+
+
+PLOTS = {
+    "progress": ("Job progress", lambda log, rows: ProgressComponent(log)),
+    "throughput": ("Throughput", lambda log, rows: ThroughputComponent(log)),
+    "timeline": ("Timeline", lambda log, rows: TimelineComponent(log, rows)),
+}
+
+
+def make_components(log: EventLog, rows: list[str], names=tuple(PLOTS)) -> dict:
+    """Fresh components (for one Bokeh document) by plot name; unknown names raise a clear error."""
+    from ..errors import ConfigurationError
+
+    unknown = [n for n in names if n not in PLOTS]
+    if unknown:
+        raise ConfigurationError(f"no plot named {', '.join(map(repr, unknown))}: the plots are {', '.join(PLOTS)}.")
+    return {name: PLOTS[name][1](log, rows) for name in names}
+
+
+__all__ = ["PLOTS", "ProgressComponent", "ThroughputComponent", "TimelineComponent", "make_components",
+           "row_name", "timeline_figure"]

@@ -1,0 +1,192 @@
+"""Event records -> plot data. Pure functions (no Bokeh), so each is tested on its own.
+
+Times in plot columns are milliseconds since the epoch: what Bokeh's datetime axes use.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ..telemetry.events import COMPUTE, PHASES, JobProgress, StepDone, StepSpan
+
+TOTAL = "total"
+SPAN_COLUMNS = ("row", "left", "right", "phase", "task", "step", "steps", "duration_ms", "examples", "job")
+
+
+def row_name(device: str) -> str:
+    """``/job:worker/replica:0/task:0/device:CPU:0`` -> ``/job:worker/task:0/device:CPU:0`` (shorter, still exact)."""
+    return device.replace("/replica:0", "")
+
+
+def device_rows(tasks: Iterable) -> list[str]:
+    """Timeline rows: every CPU and GPU device of every task, ps tasks first (``cluster.tasks`` order)."""
+    rows = []
+    for record in tasks:
+        devices = [d for d in record.devices if "/device:CPU:" in d or "/device:GPU:" in d]
+        for device in devices or [f"{record.task.device}/device:CPU:0"]:
+            if row_name(device) not in rows:
+                rows.append(row_name(device))
+    return rows
+
+
+def span_columns(spans: Iterable[StepSpan], now: float | None = None) -> dict[str, list]:
+    """Step spans -> timeline columns. An in-progress span (``end`` None) reaches to ``now``."""
+    columns: dict[str, list] = {name: [] for name in SPAN_COLUMNS}
+    for span in spans:
+        end = span.end if span.end is not None else max(now or span.start, span.start)
+        columns["row"].append(row_name(span.device))
+        columns["left"].append(span.start * 1000.0)
+        columns["right"].append(end * 1000.0)
+        columns["phase"].append(span.phase)
+        columns["task"].append(span.task)
+        columns["step"].append(span.step)
+        columns["steps"].append(span.steps)
+        columns["duration_ms"].append((end - span.start) * 1000.0)
+        columns["examples"].append(span.examples)
+        columns["job"].append(span.job)
+    return columns
+
+
+def new_rows(spans: Iterable[StepSpan], known: list[str]) -> list[str]:
+    """Rows the spans use that the timeline does not show yet (e.g. a task added by ``scale``)."""
+    extra = []
+    for span in spans:
+        name = row_name(span.device)
+        if name not in known and name not in extra:
+            extra.append(name)
+    return extra
+
+
+@dataclass
+class ThroughputBins:
+    """Examples and steps per worker (and in total) in fixed time bins.
+
+    Per worker counts its computed gradients (``compute`` spans: a worker's own work, used or
+    not); ``total`` counts the steps that count (``StepDone``: one per ``job.history`` record).
+    A bin is final ``settle`` seconds after it ends; results that come later still update it
+    (``changed`` lists those bins).
+    """
+
+    width: float = 1.0
+    settle: float = 0.5
+    bins: dict[int, dict[str, list[float]]] = field(default_factory=dict)  # bin -> series -> [examples, steps]
+    series: list[str] = field(default_factory=lambda: [TOTAL])
+    emitted: int | None = None  # the last bin handed out as final
+    changed: set[int] = field(default_factory=set)
+
+    def add(self, events: Iterable) -> None:
+        for event in events:
+            if isinstance(event, StepDone):
+                self._count(TOTAL, event.end, event.examples)
+            elif isinstance(event, StepSpan) and event.phase == COMPUTE and event.end is not None:
+                self._count(event.task, event.end, event.examples)
+
+    def _count(self, series: str, t: float, examples: int) -> None:
+        index = int(math.floor(t / self.width))
+        if series not in self.series:
+            self.series.append(series)
+        slot = self.bins.setdefault(index, {}).setdefault(series, [0.0, 0.0])
+        slot[0] += examples
+        slot[1] += 1
+        if self.emitted is not None and index <= self.emitted:
+            self.changed.add(index)
+
+    def row(self, index: int) -> dict[str, float]:
+        counts = self.bins.get(index, {})
+        row = {"time": index * self.width * 1000.0}
+        for name in self.series:
+            examples, steps = counts.get(name, (0.0, 0.0))
+            row[f"{name}:examples"] = examples / self.width
+            row[f"{name}:steps"] = steps / self.width
+        return row
+
+    def final(self, now: float) -> list[dict[str, float]]:
+        """Rows of the bins that became final since the last call, oldest first."""
+        if not self.bins:
+            return []
+        last = int(math.floor((now - self.settle) / self.width)) - 1
+        first = min(self.bins) if self.emitted is None else self.emitted + 1
+        if last < first:
+            return []
+        self.emitted = last
+        return [self.row(i) for i in range(first, last + 1)]
+
+    def take_changed(self) -> list[int]:
+        changed, self.changed = sorted(self.changed), set()
+        return changed
+
+
+def current_rates(recent: Iterable[tuple[float, str, int]], now: float, window: float) -> dict[str, tuple[float, float]]:
+    """``(end, series, examples)`` of the last ``window`` s -> series -> (examples/s, steps/s) now."""
+    rates: dict[str, list[float]] = {}
+    for end, series, examples in recent:
+        if now - window < end <= now:
+            slot = rates.setdefault(series, [0.0, 0.0])
+            slot[0] += examples
+            slot[1] += 1
+    return {name: (v[0] / window, v[1] / window) for name, v in rates.items()}
+
+
+@dataclass
+class JobState:
+    """What the progress panel shows about one job, kept up to date from its events."""
+
+    job: str
+    steps_total: int = 0
+    steps_done: int = 0
+    state: str = "running"
+    started: float = 0.0
+    strategy: str = ""
+    workers: tuple[str, ...] = ()
+    last_step_end: dict[str, float] = field(default_factory=dict)  # worker -> end of its last computed step
+    durations: list[float] = field(default_factory=list)  # recent step durations (compute and the rest)
+
+    def add(self, event) -> None:
+        if isinstance(event, JobProgress):
+            self.steps_total, self.state, self.started = event.steps_total, event.state, event.started
+            self.strategy, self.workers = event.strategy, event.workers
+            self.steps_done = max(self.steps_done, event.steps_done)
+        elif isinstance(event, StepDone):
+            self.steps_done += 1
+        elif isinstance(event, StepSpan) and event.end is not None:
+            if event.phase == COMPUTE:
+                self.last_step_end[event.task] = max(event.end, self.last_step_end.get(event.task, 0.0))
+            self.durations.append(event.end - event.start)
+            del self.durations[:-500]
+
+
+def progress_info(job: JobState, in_progress: list[StepSpan], now: float, rate: float) -> dict:
+    """Steps done / total, ETA and notes (stale workers, steps far slower than their peers)."""
+    remaining = max(job.steps_total - job.steps_done, 0)
+    eta = remaining / rate if rate > 0 and job.state == "running" else None
+    notes = []
+    if job.state == "running" and job.durations:
+        typical = statistics.median(job.durations) * 2  # a step is about a compute and an update span
+        for span in in_progress:
+            if span.job != job.job:
+                continue
+            age, expected = now - span.start, typical * span.steps
+            if age > max(2.0, 5 * expected):
+                notes.append(f"{span.task} has been running steps {span.step}-{span.step + span.steps - 1} for "
+                             f"{age:.1f} s, {age / max(expected, 1e-6):.0f}x its peers' time: slow or stalled "
+                             "(check cluster.status()).")
+        running = {s.task for s in in_progress if s.job == job.job}
+        latest = max(job.last_step_end.values(), default=now)
+        for worker in job.workers:
+            last = job.last_step_end.get(worker)
+            quiet = now - (last if last is not None else job.started)
+            if worker not in running and quiet > max(5.0, 20 * typical) and now - latest < quiet / 2:
+                notes.append(f"{worker} reported no step for {quiet:.0f} s while its peers did: stale or lost "
+                             "(check cluster.status()).")
+    return {
+        "job": job.job, "strategy": job.strategy, "state": job.state, "steps_done": job.steps_done,
+        "steps_total": job.steps_total, "fraction": job.steps_done / job.steps_total if job.steps_total else 0.0,
+        "eta_s": eta, "elapsed_s": now - job.started if job.started else 0.0, "notes": notes,
+    }
+
+
+__all__ = ["PHASES", "SPAN_COLUMNS", "TOTAL", "JobState", "ThroughputBins", "current_rates", "device_rows",
+           "new_rows", "progress_info", "row_name", "span_columns"]

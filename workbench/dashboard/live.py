@@ -1,0 +1,145 @@
+"""``wb.dashboard(cluster)``: the components in a notebook widget, kept live by a kernel thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+
+from ..errors import ConfigurationError
+from .components import PLOTS, make_components
+from .data import device_rows
+
+DEFAULT_INTERVAL = 0.25  # seconds between updates: a step's bar appears within about this
+
+
+def _default_cluster():
+    from ..cluster.cluster import running_clusters
+
+    clusters = running_clusters()
+    if not clusters:
+        raise ConfigurationError("no cluster is running in this kernel: start one (wb.Cluster(...).start()) and pass it.")
+    return clusters[-1]
+
+
+class Dashboard:
+    """Progress, throughput and the per-device timeline of a cluster's jobs, live.
+
+    In a notebook, display it (``wb.dashboard(cluster)`` as the last line of a cell): a
+    ``jupyter_bokeh`` widget with BokehJS inline (no CDN), updated every ``interval`` seconds
+    from the cluster's telemetry by a kernel thread, also while another cell runs. ``serve()``
+    gives the same plots as Bokeh server apps (URLs for a browser tab or the JupyterLab panel).
+    """
+
+    def __init__(self, cluster, plots=tuple(PLOTS), interval: float = DEFAULT_INTERVAL):
+        if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not 0.05 <= interval <= 60:
+            raise ConfigurationError(f"interval={interval!r}: pass seconds between updates, from 0.05 to 60.")
+        self.cluster = cluster
+        self.interval = float(interval)
+        self.rows = device_rows(cluster.tasks)
+        self.components = make_components(cluster.telemetry, self.rows, tuple(plots))
+        self.update_seconds = 0.0  # CPU time the updates took (thread time), for the overhead figures
+        self.updates = 0
+        self._widget = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    @property
+    def layout(self):
+        from bokeh.layouts import column
+
+        if not hasattr(self, "_layout"):
+            self._layout = column(*[c.root for c in self.components.values()], sizing_mode="stretch_width")
+        return self._layout
+
+    def update(self) -> None:
+        """One update of every component (the live thread calls this every ``interval``)."""
+        started = time.thread_time()
+        now = time.time()
+        with self._lock:
+            for component in self.components.values():
+                component.update(now)
+        self.update_seconds += time.thread_time() - started
+        self.updates += 1
+
+    def widget(self):
+        """The ``jupyter_bokeh.BokehModel`` widget (made once; BokehJS comes inline, not from a CDN)."""
+        if self._widget is None:
+            from .. import optional
+
+            optional.require("jupyter_bokeh", "notebook dashboards")
+            from bokeh.io import output_notebook
+            from bokeh.resources import INLINE
+            from jupyter_bokeh import BokehModel
+
+            output_notebook(resources=INLINE, hide_banner=True)
+            self.update()
+            self._widget = BokehModel(self.layout)
+        return self._widget
+
+    def start(self) -> Dashboard:
+        """Keep the components live (idempotent); ``close()`` stops."""
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            ref = weakref.ref(self)
+            self._thread = threading.Thread(target=_live, args=(ref, self._stop, self.interval), daemon=True,
+                                            name=f"workbench-dashboard-{self.cluster.name}")
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop updating and close the widget."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+        if self._widget is not None:
+            self._widget.close()
+            self._widget = None
+
+    def serve(self, port: int = 0, **kwargs):
+        """The cluster's Bokeh server apps (started once per cluster); see ``wb.serve_dashboard``."""
+        from .server import serve_dashboard
+
+        return serve_dashboard(self.cluster, port=port, **kwargs)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget())
+        self.start()
+
+    def __repr__(self) -> str:
+        live = "live" if self._thread is not None and self._thread.is_alive() else "not live"
+        return (f"<workbench.Dashboard of cluster {self.cluster.name!r} ({', '.join(self.components)}; {live}): display "
+                "it in a notebook, or dashboard.serve() for URLs to open in a browser>")
+
+
+def _live(ref, stop: threading.Event, interval: float) -> None:
+    """The update loop; holds the dashboard weakly, so a dropped dashboard's thread ends."""
+    while not stop.wait(interval):
+        dashboard = ref()
+        if dashboard is None:
+            return
+        try:
+            dashboard.update()
+        except Exception as exc:  # noqa: BLE001 - a closed widget or comm: stop quietly, say why once
+            import warnings
+
+            warnings.warn(f"the workbench dashboard stopped updating: {type(exc).__name__}: {exc}", stacklevel=1)
+            return
+        finally:
+            del dashboard
+
+
+def dashboard(cluster=None, *, plots=tuple(PLOTS), interval: float = DEFAULT_INTERVAL) -> Dashboard:
+    """A live dashboard of ``cluster`` (default: the last one started in this kernel).
+
+    ``plots``: any of ``"progress"``, ``"throughput"``, ``"timeline"`` (all by default). Display the
+    result in a notebook; it follows every job trained on the cluster (``wb.train(..., telemetry=True)``,
+    the default), including jobs that ran before it was opened, as far as the telemetry log reaches.
+    """
+    cluster = cluster if cluster is not None else _default_cluster()
+    if cluster.state != "running" and not cluster.telemetry.cursor:
+        raise ConfigurationError(f"cluster {cluster.name!r} is {cluster.state} and recorded nothing: start it first.")
+    return Dashboard(cluster, plots, interval)

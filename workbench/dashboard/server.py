@@ -1,0 +1,166 @@
+"""The same components as Bokeh server apps: one route per plot, plus a JSON list of the plots.
+
+The server runs in the kernel (it reads the cluster's telemetry log directly), on its own thread
+and event loop, bound to 127.0.0.1 only. ``GET <prefix>/plots.json`` lists the plots; the
+JupyterLab panel renders buttons from that list and opens each route in a frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import asdict, dataclass
+
+from ..errors import ConfigurationError, WorkbenchError
+from .components import PLOTS, make_components
+from .data import device_rows
+from .live import DEFAULT_INTERVAL
+
+START_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class PlotEntry:
+    """One served plot, as ``plots.json`` lists it (the JupyterLab panel reads exactly this)."""
+
+    name: str
+    title: str
+    path: str  # relative to the server's root: prefix + "/" + name
+    url: str
+
+
+class DashboardServerError(WorkbenchError):
+    """The dashboard server could not start or answer."""
+
+
+class DashboardServer:
+    """Bokeh apps ``/progress``, ``/throughput``, ``/timeline`` and ``/dashboard`` (all three) of one cluster."""
+
+    def __init__(self, cluster, port: int = 0, prefix: str = "", allow_websocket_origin: list[str] | None = None,
+                 interval: float = DEFAULT_INTERVAL):
+        if prefix and (not prefix.startswith("/") or prefix.endswith("/")):
+            raise ConfigurationError(f"prefix={prefix!r}: pass '' or a path like '/proxy/absolute/5006'.")
+        self.cluster, self.port, self.prefix, self.interval = cluster, int(port), prefix, float(interval)
+        self._origins = list(allow_websocket_origin or [])
+        self._server = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.sessions_opened = 0
+
+    # -- apps ---------------------------------------------------------------------------------
+
+    def _app(self, names: tuple[str, ...]):
+        from bokeh.application import Application
+        from bokeh.application.handlers.function import FunctionHandler
+        from bokeh.layouts import column
+
+        def make_document(doc) -> None:
+            components = make_components(self.cluster.telemetry, device_rows(self.cluster.tasks), names)
+            for component in components.values():
+                component.update()
+            doc.add_root(column(*[c.root for c in components.values()], sizing_mode="stretch_width"))
+            doc.title = f"workbench · {self.cluster.name} · {', '.join(names)}"
+
+            def update() -> None:
+                for component in components.values():
+                    component.update()
+
+            doc.add_periodic_callback(update, int(self.interval * 1000))
+            self.sessions_opened += 1
+
+        return Application(FunctionHandler(make_document))
+
+    def plots(self) -> list[PlotEntry]:
+        names = [*PLOTS, "dashboard"]
+        titles = {**{k: v[0] for k, v in PLOTS.items()}, "dashboard": "All plots"}
+        return [PlotEntry(n, titles[n], f"{self.prefix}/{n}", f"{self.url}/{n}") for n in names]
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> DashboardServer:
+        if self._thread is not None:
+            return self
+        self._thread = threading.Thread(target=self._serve, daemon=True, name=f"workbench-bokeh-{self.cluster.name}")
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT):
+            raise DashboardServerError(f"the dashboard server did not start within {START_TIMEOUT:.0f} s.")
+        if self._error is not None:
+            raise DashboardServerError(f"the dashboard server could not start on port {self.port}: {self._error}. "
+                                       "Pass another port, or port=0 for a free one.") from None
+        return self
+
+    def _serve(self) -> None:
+        from bokeh.server.server import Server
+        from tornado.web import RequestHandler
+
+        owner = self
+
+        class PlotsHandler(RequestHandler):
+            def get(self) -> None:
+                self.set_header("Content-Type", "application/json")
+                self.write(json.dumps({"cluster": owner.cluster.name, "plots": [asdict(p) for p in owner.plots()]}))
+
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        try:
+            apps = {f"/{name}": self._app((name,)) for name in PLOTS}
+            apps["/dashboard"] = self._app(tuple(PLOTS))
+            self._server = Server(apps, port=self.port, address="127.0.0.1", prefix=self.prefix,
+                                  allow_websocket_origin=[f"127.0.0.1:{self.port}", f"localhost:{self.port}", *self._origins]
+                                  if self.port else None,
+                                  extra_patterns=[(f"{self.prefix}/plots.json", PlotsHandler)])
+            self._server.start()
+            self.port = self._server.port
+            if not self._origins:  # port 0 chose a port: allow pages from it
+                self._server._tornado._websocket_origins.update({f"127.0.0.1:{self.port}", f"localhost:{self.port}"})
+        except Exception as exc:  # noqa: BLE001 - reported by start() in the caller's thread
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{self.prefix}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving and end the server's thread."""
+        if self._loop is None or self._thread is None:
+            return
+        server, loop = self._server, self._loop
+
+        def shutdown() -> None:
+            if server is not None:
+                server.stop()
+            loop.stop()
+
+        loop.call_soon_threadsafe(shutdown)
+        self._thread.join(timeout)
+        self._thread = None
+
+    def __repr__(self) -> str:
+        return f"<workbench.DashboardServer {self.url}: {', '.join(p.name for p in self.plots())}>"
+
+    def _repr_html_(self) -> str:
+        links = " · ".join(f"<a href='{p.url}' target='_blank'>{p.title}</a>" for p in self.plots())
+        return f"<div>Dashboard of <b>{self.cluster.name}</b>: {links} (<a href='{self.url}/plots.json'>plots.json</a>)</div>"
+
+
+def serve_dashboard(cluster=None, port: int = 0, prefix: str = "", **kwargs) -> DashboardServer:
+    """Serve ``cluster``'s dashboards as Bokeh apps on 127.0.0.1 (once per cluster; stopped with it)."""
+    from .live import _default_cluster
+
+    cluster = cluster if cluster is not None else _default_cluster()
+    existing = getattr(cluster, "_dashboard_server", None)
+    if existing is not None:
+        return existing
+    server = DashboardServer(cluster, port=port, prefix=prefix, **kwargs).start()
+    cluster._dashboard_server = server
+    if cluster.state == "running":
+        cluster._write_registry()  # the JupyterLab panel finds the plots through the registry
+    return server
