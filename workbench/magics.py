@@ -5,6 +5,7 @@
     %%wb on worker:1                    (the cell's ops run on that task; its variables live there)
     %wb train make_model make_data --loss sparse_categorical_crossentropy --strategy sync-ps --steps 500
     %wb placement [name]
+    %wb dashboard [--serve]             %wb profile 2 [--save trace.json]
 
 Arguments are parsed once, here; bad ones raise ``UsageError`` saying what to type instead.
 """
@@ -38,6 +39,11 @@ workbench magics (each one calls the Python API shown on the right)
             [--backup-workers K] [--steps N] [--batch-size B] [--metrics accuracy ...] [--wait] [--name NAME]
                                           wb.train(cluster, MODEL_FN, DATA_FN, ...) -> a Job (also in `_wb_job`)
   %wb placement [NAME]                    wb.placement(NAME, or the last job)
+  %wb dashboard [--serve] [--name NAME]   wb.dashboard(cluster): live timeline, throughput and progress
+                                          (--serve: wb.serve_dashboard(cluster), Bokeh apps with URLs)
+  %wb profile [SECONDS] [--save PATH] [--name NAME]
+                                          cluster.profile(seconds=2): an op-level trace of every task
+                                          (--save: also a Chrome-trace JSON for Perfetto)
   %wb help                                this text
 
 --name picks a cluster; without it, the last one started. Examples:
@@ -95,10 +101,18 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--name")
     placement = commands.add_parser("placement", prog="%wb placement", add_help=False)
     placement.add_argument("target", nargs="?")
+    board = commands.add_parser("dashboard", prog="%wb dashboard", add_help=False)
+    board.add_argument("--serve", action="store_true")
+    board.add_argument("--name")
+    profile = commands.add_parser("profile", prog="%wb profile", add_help=False)
+    profile.add_argument("seconds", nargs="?", type=float, default=2.0)
+    profile.add_argument("--save")
+    profile.add_argument("--name")
     return parser
 
 
-SUBCOMMANDS = ("start", "status", "scale", "stop", "list", "on", "spmd", "train", "placement", "help")
+SUBCOMMANDS = ("start", "status", "scale", "stop", "list", "on", "spmd", "train", "placement", "dashboard", "profile",
+               "help")
 CELL_SUBCOMMANDS = ("on", "spmd")
 
 
@@ -232,6 +246,18 @@ class WorkbenchMagics(Magics):
                 raise UsageError("%wb placement: no job yet; name a placed model, job or Keras model (%wb placement job).")
             return training.placement(self._last_job)
         return training.placement(self._user_object(args.target, "the object"))
+
+    def _do_dashboard(self, args, cell):
+        from . import dashboard
+
+        cluster = self._cluster(args.name)
+        return dashboard.serve_dashboard(cluster) if args.serve else dashboard.dashboard(cluster)
+
+    def _do_profile(self, args, cell):
+        profile = self._cluster(args.name).profile(seconds=args.seconds)
+        if args.save:
+            print(f"Chrome trace written to {profile.save_chrome_trace(args.save)} (open it in https://ui.perfetto.dev)")
+        return profile
 
 
 def complete(line: str) -> list[str]:

@@ -82,10 +82,15 @@ class StepRecorder:
                                      examples, self.job, key))
 
     def step_done(self, record: dict) -> None:
-        """A record of ``job.history``: a step that counts, for total throughput and progress."""
+        """A record of ``job.history``: a step that counts, for total throughput and progress.
+
+        History keeps the worker's own clock; the event is on the kernel's (first worker's offset).
+        """
         if self.log is not None:
-            self.log.append(StepDone(self.job, record["step"], record["start"], record["end"], record["examples"],
-                                     tuple(record["worker"].split(",")), record["loss"]))
+            workers = tuple(record["worker"].split(","))
+            self.log.append(StepDone(self.job, record["step"], self._local(workers[0], record["start"]),
+                                     self._local(workers[0], record["end"]), record["examples"], workers,
+                                     record["loss"]))
 
     def progress(self, steps_done: int, steps_total: int, state: str, started: float, strategy: str,
                  workers: Sequence[str]) -> None:

@@ -1,0 +1,111 @@
+"""The dashboards on a real job: every worker's row, in-progress steps, throughput = history."""
+
+import json
+import math
+import time
+import urllib.request
+
+import pytest
+
+import workbench as wb
+from training_helpers import train
+from workbench.dashboard.data import TOTAL, row_name
+
+pytestmark = pytest.mark.cluster
+
+
+def _run_with_dashboard(cluster, job, board, timeout=300):
+    """Update the dashboard like its live thread does, noting the in-progress bars seen, until the job ends."""
+    seen_running = []  # (time seen, task, first step, steps)
+    deadline = time.monotonic() + timeout
+    while job.state in ("starting", "running") and time.monotonic() < deadline:
+        board.update()
+        if "timeline" in board.components:
+            data = board.components["timeline"].open_source.data
+            now = time.time()
+            seen_running += [(now, t, s, n) for t, s, n in zip(data["task"], data["step"], data["steps"])]
+        time.sleep(0.02)
+    job.wait(10)
+    return seen_running
+
+
+def test_timeline_shows_every_worker_and_steps_while_they_run(cluster):
+    board = wb.dashboard(cluster, interval=0.1)
+    timeline = board.components["timeline"]
+    board.update()
+    start = len(timeline.source.data["left"])  # earlier jobs on the session's cluster come first
+    job = train(cluster, strategy="async-ps", steps=400, steps_per_call=20)
+    seen_running = _run_with_dashboard(cluster, job, board)
+    time.sleep(0.3)
+    board.update()
+    data = timeline.source.data
+    mine = [i for i in range(start, len(data["job"])) if data["job"][i] == job.name]
+    rows = {data["row"][i] for i in mine}
+    for worker in ("worker:0", "worker:1"):
+        assert row_name(cluster.task(worker).task.device + "/device:CPU:0") in rows
+        assert row_name(cluster.task(worker).task.device + "/device:CPU:0") in timeline.root.y_range.factors
+    assert row_name(cluster.task("ps:0").task.device + "/device:CPU:0") in timeline.root.y_range.factors
+    phases = {data["phase"][i] for i in mine}
+    assert phases == {"compute", "push+apply"}
+    computed = sorted(data["step"][i] for i in mine if data["phase"][i] == "compute")
+    assert computed == list(range(400))  # one compute bar per step, none lost
+    assert all(data["right"][i] >= data["left"][i] for i in mine)
+    # A call's bar is drawn while it runs: some step it covers ended after the bar was seen.
+    assert seen_running, "no in-progress bar was seen during the job"
+    ends = {(data["task"][i], data["step"][i]): data["right"][i] / 1000 for i in mine if data["phase"][i] == "push+apply"}
+    early = [(seen, task, first) for seen, task, first, n in seen_running
+             if any(ends.get((task, s), 0) > seen for s in range(first, first + n))]
+    assert early, "every in-progress bar was seen only after its steps had ended"
+    assert timeline.open_source.data["left"] == []  # nothing is left running
+    board.close()
+
+
+@pytest.mark.parametrize("strategy", ["async-ps", "sync-ps"])
+def test_throughput_agrees_with_job_history(cluster, strategy):
+    board = wb.dashboard(cluster, plots=("throughput", "progress"))
+    board.update()
+    job = train(cluster, strategy=strategy, steps=150, steps_per_call=5)
+    _run_with_dashboard(cluster, job, board)
+    throughput = board.components["throughput"]
+    time.sleep(throughput.bins.settle + throughput.bins.width + 0.2)
+    board.update()
+    offsets = cluster.clock_offsets()
+    expected: dict[int, list] = {}
+    for record in job.history:
+        end = record["end"] - offsets[record["worker"].split(",")[0]]
+        slot = expected.setdefault(int(math.floor(end / throughput.bins.width)), [0, 0])
+        slot[0] += record["examples"]
+        slot[1] += 1
+    data = throughput.source.data
+    got = {int(round(t / 1000 / throughput.bins.width)): (e, s) for t, e, s in
+           zip(data["time"], data[f"{TOTAL}:examples"], data[f"{TOTAL}:steps"])}
+    for index, (examples, steps) in expected.items():
+        assert got[index][1] * throughput.bins.width == pytest.approx(steps, abs=1e-9)
+        assert got[index][0] * throughput.bins.width >= examples  # earlier jobs' steps can share a bin
+    assert sum(s for i, (e, s) in got.items() if i in expected) * throughput.bins.width >= len(job.history)
+    per_worker = {w: sum(data[f"{w}:steps"]) for w in ("worker:0", "worker:1")}
+    assert all(v > 0 for v in per_worker.values()), per_worker
+    progress = board.components["progress"].info
+    assert progress["job"] == job.name and progress["state"] == "done"
+    assert progress["steps_done"] == progress["steps_total"] == 150
+    board.close()
+
+
+def test_telemetry_off_records_nothing(cluster):
+    cursor = cluster.telemetry.cursor
+    train(cluster, steps=30, telemetry=False).wait(300)
+    assert cluster.telemetry.cursor == cursor
+
+
+def test_served_apps_list_their_plots_and_render(cluster, registry_dir):
+    server = wb.serve_dashboard(cluster)
+    assert wb.serve_dashboard(cluster) is server  # one server per cluster
+    listing = json.loads(urllib.request.urlopen(f"{server.url}/plots.json", timeout=10).read())
+    assert listing["cluster"] == cluster.name
+    assert [p["name"] for p in listing["plots"]] == ["progress", "throughput", "timeline", "dashboard"]
+    for plot in listing["plots"]:
+        page = urllib.request.urlopen(plot["url"], timeout=30).read().decode()
+        assert "Bokeh" in page and "cdn.bokeh.org" not in page
+    record = json.loads((registry_dir / f"{cluster.name}.json").read_text())
+    assert record["dashboard"]["plots"] == f"{server.url}/plots.json"
+    assert server.url.startswith("http://127.0.0.1:")
