@@ -1,0 +1,134 @@
+"""Events -> plot data, the ring buffer's rollover, the recorder and the components' streaming."""
+
+import math
+
+import pytest
+
+from workbench.cluster.status import TaskRecord
+from workbench.dashboard.components import ProgressComponent, ThroughputComponent, TimelineComponent
+from workbench.dashboard.data import (TOTAL, JobState, ThroughputBins, current_rates, device_rows, progress_info,
+                                      row_name, span_columns)
+from workbench.telemetry import EventLog, StepSpan
+from workbench.telemetry.clocks import offset_from
+from workbench.telemetry.events import COMPUTE, PUSH_APPLY, RUNNING, JobProgress, StepDone
+from workbench.telemetry.recorder import StepRecorder
+
+W0 = "/job:worker/replica:0/task:0/device:CPU:0"
+
+
+def span(step, start, end, task="worker:0", device=W0, phase=COMPUTE, examples=32, key=""):
+    return StepSpan(task, device, phase, start, end, step, 1, examples, "j", key)
+
+
+def test_event_log_keeps_the_newest_and_tells_readers_what_they_missed():
+    log = EventLog(capacity=5)
+    log.extend(span(i, i, i + 1) for i in range(8))
+    batch = log.since(0)
+    assert [e.step for e in batch.events] == [3, 4, 5, 6, 7]
+    assert (batch.cursor, batch.missed) == (8, 3)
+    assert [e.step for e in log.since(6).events] == [6, 7]
+    assert [e.step for e in log.since(4, limit=2).events] == [4, 5]
+    assert log.since(8).events == [] and log.since(8).cursor == 8
+    with pytest.raises(ValueError, match="at least one"):
+        EventLog(0)
+
+
+def test_in_progress_span_is_replaced_by_the_span_that_completes_it():
+    log = EventLog()
+    log.append(span(0, 1.0, None, phase=RUNNING, key="k"))
+    assert [s.key for s in log.in_progress()] == ["k"] and log.cursor == 0
+    log.append(span(0, 1.0, 2.0, key="k"))
+    assert log.in_progress() == [] and log.cursor == 1
+    log.append(span(1, 3.0, None, phase=RUNNING, key="gone"))
+    log.close("gone")
+    assert log.in_progress() == []
+
+
+def test_recorder_splits_each_step_at_its_gradient_mark_and_shifts_clocks():
+    log = EventLog()
+    recorder = StepRecorder(log, "j", {"worker:0": 10.0})
+    key = recorder.call_started("worker:0", W0, 5, 2)
+    assert log.in_progress()[0].phase == RUNNING
+    recorder.steps("worker:0", W0, 5, [110.0, 110.5, 111.0], [110.2, 110.9], 32, PUSH_APPLY, key)
+    spans = log.since(0).events
+    assert [(s.phase, s.step, s.start, s.end) for s in spans] == [
+        (COMPUTE, 5, 100.0, pytest.approx(100.2)), (PUSH_APPLY, 5, pytest.approx(100.2), 100.5),
+        (COMPUTE, 6, 100.5, pytest.approx(100.9)), (PUSH_APPLY, 6, pytest.approx(100.9), 101.0)]
+    assert [s.examples for s in spans] == [32, 0, 32, 0]
+    assert log.in_progress() == []  # the last span completed the call's bar
+    recorder.step_done({"step": 5, "start": 110.0, "end": 110.5, "examples": 32, "worker": "worker:0", "loss": 1.0})
+    assert log.since(4).events[0].end == 100.5
+    StepRecorder(None, "off").steps("worker:0", W0, 0, [1, 2], None, 1, PUSH_APPLY)  # telemetry off: a no-op
+
+
+def test_clock_offset_uses_the_tightest_round_trip():
+    assert offset_from([(0.0, 10.5, 1.0), (2.0, 12.05, 2.1), (3.0, 14.0, 5.0)]) == pytest.approx(10.0)
+
+
+def test_span_columns_draw_in_progress_spans_up_to_now_in_milliseconds():
+    columns = span_columns([span(0, 1.0, 1.5), span(1, 2.0, None, phase=RUNNING)], now=3.0)
+    assert columns["left"] == [1000.0, 2000.0] and columns["right"] == [1500.0, 3000.0]
+    assert columns["duration_ms"] == [500.0, 1000.0]
+    assert columns["row"] == [row_name(W0)] * 2 == ["/job:worker/task:0/device:CPU:0"] * 2
+
+
+def test_device_rows_list_every_cpu_and_gpu_ps_first():
+    tasks = [TaskRecord("ps", 0, 0, "h"), TaskRecord("worker", 0, 1, "h", devices=[
+        W0, "/job:worker/replica:0/task:0/device:GPU:0", "/job:worker/replica:0/task:0/device:GPU:1"])]
+    assert device_rows(tasks) == ["/job:ps/task:0/device:CPU:0", "/job:worker/task:0/device:CPU:0",
+                                  "/job:worker/task:0/device:GPU:0", "/job:worker/task:0/device:GPU:1"]
+
+
+def test_throughput_bins_count_per_worker_and_total_and_update_late_bins():
+    bins = ThroughputBins(width=1.0, settle=0.5)
+    bins.add([span(0, 10.0, 10.2), span(1, 10.2, 10.4, task="worker:1"), StepDone("j", 0, 10.0, 10.4, 64, ("worker:0",))])
+    assert bins.final(11.0) == []  # bin 10 ends at 11 and settles at 11.5
+    rows = bins.final(11.6)
+    assert rows == [{"time": 10000.0, "total:examples": 64.0, "total:steps": 1.0, "worker:0:examples": 32.0,
+                     "worker:0:steps": 1.0, "worker:1:examples": 32.0, "worker:1:steps": 1.0}]
+    bins.add([StepDone("j", 1, 10.5, 10.9, 64, ("worker:0",))])  # a late result for a drawn bin
+    assert bins.take_changed() == [10] and bins.row(10)["total:steps"] == 2.0
+    assert [r["time"] for r in bins.final(13.6)] == [11000.0, 12000.0]  # empty bins are drawn as zeros
+    rates = current_rates([(9.5, TOTAL, 64), (10.5, TOTAL, 64), (10.9, "worker:0", 32)], now=11.0, window=1.0)
+    assert rates == {TOTAL: (64.0, 1.0), "worker:0": (32.0, 1.0)}
+
+
+def test_progress_notes_slow_steps_and_stale_workers():
+    job = JobState("j")
+    job.add(JobProgress("j", 0.0, 0, 100, "running", 0.0, "async-ps", ("worker:0", "worker:1")))
+    for i in range(20):  # worker:0 steps once a second; worker:1 never
+        job.add(span(i, i, i + 0.05))
+        job.add(StepDone("j", i, i, i + 0.05, 32, ("worker:0",)))
+    stuck = StepSpan("worker:1", "/job:worker/replica:0/task:1/device:CPU:0", RUNNING, 1.0, None, 20, 5, job="j", key="k")
+    info = progress_info(job, [stuck], now=20.0, rate=10.0)
+    assert info["steps_done"] == 20 and info["eta_s"] == pytest.approx(8.0)
+    assert len(info["notes"]) == 1 and "worker:1 has been running steps 20-24 for 19.0 s" in info["notes"][0]
+    info = progress_info(job, [], now=20.0, rate=10.0)  # no bar running either: stale
+    assert len(info["notes"]) == 1 and "worker:1 reported no step" in info["notes"][0]
+    assert progress_info(job, [], now=4.0, rate=10.0)["notes"] == []  # too early to call it stale
+
+
+def test_components_stream_only_new_rows_with_rollover():
+    log = EventLog()
+    timeline = TimelineComponent(log, [row_name(W0)], rollover=5)
+    log.extend(span(i, i, i + 0.5) for i in range(3))
+    assert timeline.update(now=10.0) == 3
+    assert timeline.update(now=10.0) == 0  # nothing new: nothing streamed
+    log.extend(span(i, i, i + 0.5) for i in range(3, 8))
+    timeline.update(now=10.0)
+    assert timeline.source.data["step"] == [3, 4, 5, 6, 7]  # the newest 5 kept
+    log.append(span(9, 9.0, None, task="worker:1", device="/job:worker/replica:0/task:1/device:CPU:0",
+                    phase=RUNNING, key="k"))
+    timeline.update(now=12.0)
+    assert timeline.open_source.data["right"] == [12000.0]
+    assert "/job:worker/task:1/device:CPU:0" in timeline.root.y_range.factors  # a new task gets its row
+
+    throughput = ThroughputComponent(log)
+    log.append(StepDone("j", 0, 1.0, 1.2, 64, ("worker:0",)))
+    throughput.update(now=5.0)
+    times = throughput.source.data["time"]
+    assert times[0] == 0.0 and len(times) == len(set(times))
+    assert math.isclose(sum(throughput.source.data["total:steps"]), 1.0)
+    progress = ProgressComponent(log)
+    progress.update(now=5.0)
+    assert "No job yet" in progress.root.text  # no JobProgress: nothing to show
