@@ -1,0 +1,232 @@
+"""Dashboard benchmarks, each measured as a ratio or distribution within one run.
+
+1. Telemetry cost: the same async-ps job with the dashboard live (telemetry on, the notebook
+   dashboard's update thread running, and a served /dashboard page open in headless Chromium)
+   against telemetry off and no dashboard. Runs alternate; medians. Goal: >= 0.98 of the steps/s.
+   Also: the kernel CPU the dashboard used (its update thread and the Bokeh server thread), as a
+   share of one core, at the job's step rate (goal <= 5% at 100 steps/s).
+2. Latency: from a step ending on a worker (its worker-side end time) to its bar arriving in the
+   browser's data source (``Date.now()`` in the page; one machine, one clock). Goal: median <= 0.5 s.
+3. Scale: 100,000 timeline events in the log, then 100 steps/s more, with the browser's timeline
+   keeping its default rollover (20,000 bars) and keeping all 100,000: time to first render, latency
+   of new bars, the longest main-thread task, and the server thread's CPU.
+4. Profile capture: steps/s during a 2 s capture against outside it, and parse time per 100k events
+   (``bench/profile_capture.py``).
+
+    python bench/dashboard.py [--repeats 3] [--steps 1500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import types
+from contextlib import contextmanager
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).parent))
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+# Runs in the page: every 5 ms, note the rows that arrived in the timeline's data source and how long
+# after their end they arrived; record main-thread long tasks.
+WATCH = """
+(phase) => {
+  window.__latency = []; window.__long = []; window.__rows = 0;
+  new PerformanceObserver((list) => { for (const e of list.getEntries()) window.__long.push(e.duration); })
+    .observe({entryTypes: ["longtask"]});
+  const source = Bokeh.documents[0].get_model_by_name("timeline_steps");
+  let newest = Math.max(0, ...Array.from(source.data.right.slice(-1000)));
+  source.streaming.connect(() => {  // emitted after each stream lands in the browser's data source
+    const d = source.data, n = d.right.length, now = Date.now();
+    let top = newest;
+    for (let i = n - 1; i >= 0 && i >= n - 5000; i--) {
+      if (d.right[i] <= newest) break;  // rows arrive oldest first within a stream
+      if (d.phase[i] === phase) window.__latency.push(now - d.right[i]);
+      top = Math.max(top, d.right[i]); window.__rows++;
+    }
+    newest = top;
+  });
+}
+"""
+
+
+@contextmanager
+def chromium_page(url: str, timeout: float = 60.0):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(url, timeout=timeout * 1000)
+            page.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0 && "
+                                   "Bokeh.documents[0].get_model_by_name('timeline_steps')", timeout=timeout * 1000)
+            yield page
+        finally:
+            browser.close()
+
+
+def thread_cpu(native_ids: list[int]) -> float:
+    import psutil
+
+    return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in native_ids)
+
+
+def make_model():
+    import keras
+
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
+                             keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
+
+
+def steps_per_second(job) -> float:
+    history = job.history
+    return len(history) / (max(r["end"] for r in history) - min(r["start"] for r in history))
+
+
+def train(cluster, steps: int, telemetry: bool):
+    import keras
+
+    import workbench as wb
+
+    return wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    "adam", steps=steps, batch_size=64, seed=0, telemetry=telemetry).wait(900)
+
+
+def telemetry_cost(cluster, repeats: int, steps: int) -> dict:
+    import workbench as wb
+
+    board = wb.dashboard(cluster)
+    server = wb.serve_dashboard(cluster)
+    results: dict[str, list] = {"off": [], "live": [], "cpu_share": [], "latency_ms": []}
+    train(cluster, 200, telemetry=False)  # warm-up: traced functions, caches
+    with chromium_page(f"{server.url}/dashboard") as page:
+        for i in range(repeats):
+            results["off"].append(steps_per_second(train(cluster, steps, telemetry=False)))
+            page.evaluate(WATCH, "push+apply")
+            board.start()
+            threads = [board._thread.native_id, server._thread.native_id]
+            cpu0, wall0 = thread_cpu(threads), time.monotonic()
+            job = train(cluster, steps, telemetry=True)
+            time.sleep(1.0)  # the last bars reach the page
+            cpu, wall = thread_cpu(threads) - cpu0, time.monotonic() - wall0
+            board.close()
+            results["live"].append(steps_per_second(job))
+            results["cpu_share"].append(cpu / wall)
+            results["latency_ms"].extend(page.evaluate("() => window.__latency"))
+            print(f"run {i + 1}/{repeats}: off {results['off'][-1]:.1f} steps/s, live {results['live'][-1]:.1f} steps/s, "
+                  f"dashboard CPU {100 * results['cpu_share'][-1]:.1f}% of a core", flush=True)
+    latency = sorted(results["latency_ms"])
+    return {
+        "steps_per_s_off": statistics.median(results["off"]), "steps_per_s_live": statistics.median(results["live"]),
+        "ratio_live_over_off": statistics.median(results["live"]) / statistics.median(results["off"]),
+        "ratios_per_run": [lv / of for lv, of in zip(results["live"], results["off"])],
+        "dashboard_cpu_share_of_a_core": statistics.median(results["cpu_share"]),
+        "latency_ms_median": statistics.median(latency) if latency else None,
+        "latency_ms_p90": latency[int(0.9 * len(latency))] if latency else None, "latency_samples": len(latency),
+        "raw": results,
+    }
+
+
+def scale(events: int = 100_000, seconds: float = 10.0, steps_per_s: float = 100.0, rollover: int | None = None) -> dict:
+    """A synthetic log: ``events`` spans kept, then steps at ``steps_per_s`` (2 workers) in chunks of 10."""
+    from workbench.cluster.status import TaskRecord
+    from workbench.dashboard import DashboardServer, components
+    from workbench.telemetry import EventLog, StepSpan
+    from workbench.telemetry.events import COMPUTE, PUSH_APPLY
+
+    devices = [f"/job:worker/replica:0/task:{w}/device:CPU:0" for w in (0, 1)]
+    tasks = [TaskRecord("ps", 0, 0, "local", devices=["/job:ps/replica:0/task:0/device:CPU:0"]),
+             *[TaskRecord("worker", w, w + 1, "local", devices=[devices[w]]) for w in (0, 1)]]
+    cluster = types.SimpleNamespace(name="scale", telemetry=EventLog(events), tasks=tasks, state="running")
+    period = 2 / steps_per_s  # each worker steps at half the rate
+
+    def spans(step: int, start: float, worker: int) -> list:
+        task, mid, end = f"worker:{worker}", start + period * 0.7, start + period
+        return [StepSpan(task, devices[worker], COMPUTE, start, mid, step, 1, 32, "synthetic"),
+                StepSpan(task, devices[worker], PUSH_APPLY, mid, end, step, 1, 0, "synthetic")]
+
+    t0 = time.time() - events / 2 * period / 2
+    backlog = [s for i in range(events // 4) for w in (0, 1) for s in spans(i, t0 + i * period, w)]
+    cluster.telemetry.extend(backlog)
+    default = components.TIMELINE_ROLLOVER
+    kept = components.TIMELINE_ROLLOVER = rollover or default
+    server = DashboardServer(cluster).start()
+    try:
+        loaded = time.monotonic()
+        with chromium_page(f"{server.url}/timeline", timeout=120) as page:
+            page.wait_for_function(f"() => Bokeh.documents[0].get_model_by_name('timeline_steps').data.right.length >= {min(events, kept)}",
+                                   timeout=120_000)
+            load_seconds = time.monotonic() - loaded
+            page.evaluate(WATCH, PUSH_APPLY)
+            stop = threading.Event()
+
+            def produce() -> None:  # chunks of 10 steps per worker, as async-ps calls return them
+                step = events // 4
+                while not stop.is_set():
+                    chunk_start = time.time()
+                    time.sleep(10 * period)
+                    cluster.telemetry.extend(s for i in range(10) for w in (0, 1)
+                                             for s in spans(step + i, chunk_start + i * period, w))
+                    step += 10
+
+            producer = threading.Thread(target=produce, daemon=True)
+            cpu0 = thread_cpu([server._thread.native_id])
+            producer.start()
+            time.sleep(seconds)
+            stop.set()
+            producer.join(5)
+            time.sleep(1.0)
+            cpu = thread_cpu([server._thread.native_id]) - cpu0
+            latency = sorted(page.evaluate("() => window.__latency"))
+            long_tasks = page.evaluate("() => window.__long")
+            kept = page.evaluate("() => Bokeh.documents[0].get_model_by_name('timeline_steps').data.right.length")
+    finally:
+        server.stop()
+        components.TIMELINE_ROLLOVER = default
+    return {"events": events, "kept_in_browser": kept, "first_load_s": load_seconds,
+            "latency_ms_median": statistics.median(latency) if latency else None,
+            "latency_ms_p90": latency[int(0.9 * len(latency))] if latency else None,
+            "longest_main_thread_task_ms": max(long_tasks, default=0.0), "long_tasks": len(long_tasks),
+            "server_cpu_share_of_a_core": cpu / (seconds + 1.0), "steps_per_s": steps_per_s}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--skip", nargs="*", default=[], choices=["cost", "scale", "profile"])
+    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "dashboard.json")
+    args = parser.parse_args()
+    import workbench as wb
+
+    summary: dict = {}
+    if "scale" not in args.skip:
+        summary["scale"] = {"default_rollover": scale(), "all_100k_in_browser": scale(rollover=100_000)}
+        print("scale:", json.dumps(summary["scale"]), flush=True)
+    if not {"cost", "profile"} <= set(args.skip):
+        with wb.Cluster(ps=1, workers=2, progress=False) as cluster:
+            if "cost" not in args.skip:
+                summary["telemetry"] = telemetry_cost(cluster, args.repeats, args.steps)
+                print("telemetry:", json.dumps({k: v for k, v in summary["telemetry"].items() if k != "raw"}), flush=True)
+            if "profile" not in args.skip:
+                import profile_capture
+
+                summary["profile"] = {"capture": profile_capture.measure_capture_slowdown(cluster, seconds=2),
+                                      "parse": profile_capture.measure_parse()}
+                print("profile:", json.dumps(summary["profile"]), flush=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
