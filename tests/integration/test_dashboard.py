@@ -33,18 +33,18 @@ def test_timeline_shows_every_worker_and_steps_while_they_run(cluster):
     board = wb.dashboard(cluster, interval=0.1)
     timeline = board.components["timeline"]
     board.update()
-    start = len(timeline.source.data["left"])  # earlier jobs on the session's cluster come first
+    start = len(timeline.columns()["left"])  # earlier jobs on the session's cluster come first
     job = train(cluster, strategy="async-ps", steps=400, steps_per_call=20)
     seen_running = _run_with_dashboard(cluster, job, board)
     time.sleep(0.3)
     board.update()
-    data = timeline.source.data
+    data = timeline.columns()
     mine = [i for i in range(start, len(data["job"])) if data["job"][i] == job.name]
     rows = {data["row"][i] for i in mine}
     for worker in ("worker:0", "worker:1"):
         assert row_name(cluster.task(worker).task.device + "/device:CPU:0") in rows
-        assert row_name(cluster.task(worker).task.device + "/device:CPU:0") in timeline.root.y_range.factors
-    assert row_name(cluster.task("ps:0").task.device + "/device:CPU:0") in timeline.root.y_range.factors
+        assert row_name(cluster.task(worker).task.device + "/device:CPU:0") in timeline.plot.y_range.factors
+    assert row_name(cluster.task("ps:0").task.device + "/device:CPU:0") in timeline.plot.y_range.factors
     phases = {data["phase"][i] for i in mine}
     assert phases == {"compute", "push+apply"}
     computed = sorted(data["step"][i] for i in mine if data["phase"][i] == "compute")

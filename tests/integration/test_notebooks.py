@@ -35,8 +35,10 @@ def test_quickstart(no_leftover_processes):
     assert "ps:0" in status_html and "worker:1" in status_html and "running" in status_html
     assert "(5050, '/job:worker/replica:0/task:1/device:CPU:0')" in _text(cells[2])
     assert "(385, '/job:ps/replica:0/task:0/device:CPU:0')" in _text(cells[3])
-    assert "'step': 199" in _text(cells[4])
-    accuracy = float(_text(cells[5]).split("'accuracy': ")[1].split(",")[0])
+    dashboard = cells[4].outputs[0]["data"]  # the live dashboard: a jupyter_bokeh widget
+    assert "application/vnd.jupyter.widget-view+json" in dashboard, dashboard.keys()
+    assert "'step': 199" in _text(cells[5])
+    accuracy = float(_text(cells[6]).split("'accuracy': ")[1].split(",")[0])
     assert accuracy >= 0.9
-    assert "ps:0" in _text(cells[6]) and "kernel" in _text(cells[6])
-    assert "stopped" in _text(cells[7])
+    assert "ps:0" in _text(cells[7]) and "kernel" in _text(cells[7])
+    assert "stopped" in _text(cells[8])

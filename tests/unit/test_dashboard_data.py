@@ -110,18 +110,22 @@ def test_progress_notes_slow_steps_and_stale_workers():
 
 def test_components_stream_only_new_rows_with_rollover():
     log = EventLog()
-    timeline = TimelineComponent(log, [row_name(W0)], rollover=5)
+    timeline = TimelineComponent(log, [row_name(W0)], rollover=4, segment_rows=2)
     log.extend(span(i, i, i + 0.5) for i in range(3))
     assert timeline.update(now=10.0) == 3
     assert timeline.update(now=10.0) == 0  # nothing new: nothing streamed
+    assert timeline.columns()["step"] == [0, 1, 2] and len(timeline.segments) == 2
     log.extend(span(i, i, i + 0.5) for i in range(3, 8))
     timeline.update(now=10.0)
-    assert timeline.source.data["step"] == [3, 4, 5, 6, 7]  # the newest 5 kept
+    assert timeline.columns()["step"] == [2, 3, 4, 5, 6, 7]  # whole segments of 2 roll out past 4 rows
+    assert [len(s.data["step"]) for s in timeline.sources[:-1]] == [2, 2, 2]
+    segment_renderers = [r for r in timeline.plot.renderers if r.data_source.name.startswith("timeline_steps")]
+    assert [r.data_source for r in segment_renderers] == timeline.sources[:-1]  # rolled-out ones left the plot
     log.append(span(9, 9.0, None, task="worker:1", device="/job:worker/replica:0/task:1/device:CPU:0",
                     phase=RUNNING, key="k"))
     timeline.update(now=12.0)
     assert timeline.open_source.data["right"] == [12000.0]
-    assert "/job:worker/task:1/device:CPU:0" in timeline.root.y_range.factors  # a new task gets its row
+    assert "/job:worker/task:1/device:CPU:0" in timeline.plot.y_range.factors  # a new task gets its row
 
     throughput = ThroughputComponent(log)
     log.append(StepDone("j", 0, 1.0, 1.2, 64, ("worker:0",)))
@@ -132,3 +136,16 @@ def test_components_stream_only_new_rows_with_rollover():
     progress = ProgressComponent(log)
     progress.update(now=5.0)
     assert "No job yet" in progress.root.text  # no JobProgress: nothing to show
+
+
+def test_timeline_draws_only_the_segments_in_view():
+    log = EventLog()
+    timeline = TimelineComponent(log, [row_name(W0)], rollover=100, segment_rows=10)
+    log.extend(span(i, 1000.0 + i, 1000.5 + i) for i in range(100))  # 10 segments, one per 10 s
+    timeline.update(now=1100.0)
+    visible = [r.visible for _, r in timeline.segments]
+    assert visible[-4:] == [True] * 4 and not any(visible[:5])  # following: about the last 30 s
+    timeline.plot.x_range.start, timeline.plot.x_range.end = 1_012_000.0, 1_018_000.0  # the user panned back
+    timeline.update(now=1100.0)
+    visible = [r.visible for _, r in timeline.segments]
+    assert visible[1] and not visible[5] and visible[-1]  # that segment, and the newest (still streaming)

@@ -8,6 +8,7 @@ served app); many components read the same ``EventLog``, each with its own curso
 from __future__ import annotations
 
 import html
+import math
 import time
 from collections import deque
 
@@ -15,11 +16,11 @@ from ..telemetry.events import PHASES, StepDone, StepSpan
 from ..telemetry.log import EventLog
 from .data import (TOTAL, JobState, ThroughputBins, current_rates, new_rows, progress_info, row_name, span_columns)
 
-# The kernel's log keeps the newest 100,000 events; a timeline in the browser keeps the newest
-# TIMELINE_ROLLOVER bars (about 100 s at 100 steps/s over two phases). Measured (bench/dashboard.py):
-# with 100,000 bars every update re-indexes them all in BokehJS (longest main-thread task ~0.4 s,
-# new bars ~0.5 s late); with 20,000, ~0.1 s and ~0.2 s.
-TIMELINE_ROLLOVER = 20_000
+# The kernel's log keeps the newest 100,000 events, and a timeline keeps as many bars, in segments
+# of SEGMENT_ROWS: BokehJS re-indexes a source on every change, and one 100,000-row source made each
+# update a ~0.4 s main-thread task (bench/dashboard.py); a 5,000-row segment is cheap to re-index.
+TIMELINE_ROLLOVER = 100_000
+SEGMENT_ROWS = 5_000
 THROUGHPUT_ROLLOVER = 3_600  # one-second bins: the last hour
 FOLLOW_MS = 30_000.0  # the timeline follows the newest 30 s until the user pans or zooms
 EVENTS_PER_UPDATE = 20_000  # a long backlog is streamed over several updates, none of them long
@@ -55,40 +56,116 @@ def _set_rows(plot, rows: list[str]) -> None:
     plot.height = 90 + 26 * max(len(rows), 2)
 
 
-class TimelineComponent:
-    """Step spans of every device, completed and in progress (which grow until they end)."""
+def phase_legend(phases=PHASES) -> str:
+    """The phase colours as HTML swatches (one legend for every segment of the timeline)."""
+    colours = dict(zip(PHASES, PHASE_COLOURS))
+    return "<div class='workbench-phases'>" + " ".join(
+        f"<span style='white-space:nowrap;margin-right:10px'><span style='display:inline-block;width:12px;height:12px;"
+        f"background:{colours[p]};vertical-align:middle'></span> {html.escape(p)}</span>" for p in phases) + "</div>"
 
-    def __init__(self, log: EventLog, rows: list[str], rollover: int | None = None):
+
+class TimelineComponent:
+    """Step spans of every device, completed and in progress (which grow until they end).
+
+    Completed bars go into segments of ``segment_rows`` rows, each its own data source and
+    renderer. BokehJS maps every bar of every visible renderer to the screen whenever the range
+    moves (each update, while it follows the newest data), so a segment is drawn only while its time
+    span overlaps the range in view: with 100,000 bars kept, an update maps the few thousand in view.
+    Panning back shows older segments (the range syncs back to the kernel). Whole segments roll out
+    once more than ``rollover`` rows are kept; a stream touches only the newest segment.
+    """
+
+    def __init__(self, log: EventLog, rows: list[str], rollover: int | None = None, segment_rows: int | None = None):
         _bokeh()
-        from bokeh.models import ColumnDataSource, HoverTool
+        from bokeh.layouts import column
+        from bokeh.models import ColumnDataSource, Div, HoverTool
         from bokeh.transform import factor_cmap
 
         self.log, self.rows = log, list(rows)
-        self.rollover = TIMELINE_ROLLOVER if rollover is None else rollover
+        self.rollover = TIMELINE_ROLLOVER if rollover is None else int(rollover)
+        self.segment_rows = max(1, min(int(segment_rows or SEGMENT_ROWS), self.rollover))
         self.cursor = 0  # show what the log still holds: a dashboard opened after a job shows the job
         self.missed = 0
-        self.source = ColumnDataSource(span_columns([]), name="timeline_steps")
+        self._colour = factor_cmap("phase", PHASE_COLOURS, PHASES)
+        self.segments: deque = deque()  # (source, renderer), oldest first
+        self.extents: dict[int, list[float]] = {}  # id(source) -> [first left, last right] in ms
+        self._segment_number = 0
         self.open_source = ColumnDataSource(span_columns([]), name="timeline_in_progress")
-        self.sources = [self.source, self.open_source]
-        self.root = plot = timeline_figure(self.rows)
-        colour = factor_cmap("phase", PHASE_COLOURS, PHASES)
-        done = plot.hbar(y="row", left="left", right="right", height=0.7, source=self.source, color=colour,
-                         legend_field="phase", line_color=None)
-        running = plot.hbar(y="row", left="left", right="right", height=0.7, source=self.open_source, color=colour,
-                            fill_alpha=0.45, hatch_pattern="/", hatch_alpha=0.5, line_color="#555555",
-                            legend_label="running (in progress)")
-        plot.add_tools(HoverTool(renderers=[done, running], tooltips=[
+        self.plot = plot = timeline_figure(self.rows)
+        plot.hbar(y="row", left="left", right="right", height=0.7, source=self.open_source, color=self._colour,
+                  fill_alpha=0.45, hatch_pattern="/", hatch_alpha=0.5, line_color="#555555")
+        plot.add_tools(HoverTool(tooltips=[  # every renderer, segments added later included
             ("task", "@task"), ("phase", "@phase"), ("step", "@step (x@steps)"), ("duration", "@duration_ms{0.0} ms"),
             ("examples", "@examples"), ("job", "@job")]))
-        plot.legend.location = "top_left"
-        plot.legend.orientation = "horizontal"
-        plot.legend.click_policy = "hide"
+        self._new_segment()
+        self.root = column(Div(text=phase_legend()), plot, sizing_mode="stretch_width")
+
+    @property
+    def sources(self) -> list:
+        return [s for s, _ in self.segments] + [self.open_source]
+
+    @property
+    def source(self):
+        """The newest segment's data source."""
+        return self.segments[-1][0]
+
+    def columns(self) -> dict[str, list]:
+        """Every completed bar the timeline holds, oldest first (all segments joined)."""
+        joined: dict[str, list] = {name: [] for name in self.source.data}
+        for source, _ in self.segments:
+            for name, values in source.data.items():
+                joined[name].extend(values)
+        return joined
+
+    def _new_segment(self) -> None:
+        from bokeh.models import ColumnDataSource
+
+        self._segment_number += 1
+        source = ColumnDataSource(span_columns([]), name=f"timeline_steps_{self._segment_number}")
+        renderer = self.plot.hbar(y="row", left="left", right="right", height=0.7, source=source, color=self._colour,
+                                  line_color=None)
+        self.segments.append((source, renderer))
+        self.extents[id(source)] = [math.inf, -math.inf]
+        full = len(self.segments) - 1
+        if full * self.segment_rows > self.rollover:  # whole segments roll out, oldest first
+            gone, old = self.segments.popleft()
+            del self.extents[id(gone)]
+            self.plot.renderers = [r for r in self.plot.renderers if r is not old]
+
+    def _stream(self, columns: dict[str, list]) -> None:
+        done, total = 0, len(columns["left"])
+        while done < total:
+            room = self.segment_rows - len(self.source.data["left"])
+            if room <= 0:
+                self._new_segment()
+                continue
+            part = {name: values[done:done + room] for name, values in columns.items()}
+            extent = self.extents[id(self.source)]
+            extent[0], extent[1] = min(extent[0], min(part["left"])), max(extent[1], max(part["right"]))
+            self.source.stream(part)
+            done += room
+
+    def _show_segments_in_view(self) -> None:
+        """Draw only the segments whose time span overlaps the range in view (or, following, the newest)."""
+        x_range = self.plot.x_range
+        newest = max((e[1] for e in self.extents.values() if e[1] > -math.inf), default=None)
+        start, end = x_range.start, x_range.end
+        if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or math.isnan(start) or math.isnan(end):
+            start, end = (newest or 0.0) - FOLLOW_MS, math.inf  # not drawn yet: the range it will follow
+        if newest is not None and end >= newest - 1000.0:  # following the newest data: it moves on
+            end = math.inf
+        margin = (end - start) * 0.5 if end < math.inf else FOLLOW_MS * 0.5
+        for source, renderer in self.segments:
+            first, last = self.extents[id(source)]
+            visible = source is self.source or (last >= start - margin and first <= end + margin)
+            if renderer.visible != visible:
+                renderer.visible = visible
 
     def update(self, now: float | None = None) -> int:
         """Stream new completed spans, redraw the in-progress ones; return how many rows were streamed."""
         now = time.time() if now is None else now
         behind = self.log.cursor - self.cursor
-        if behind > self.rollover:  # what would roll straight out again is not sent at all
+        if behind > self.rollover + self.segment_rows:  # what would roll straight out again is not sent at all
             self.cursor += behind - self.rollover
         batch = self.log.since(self.cursor, EVENTS_PER_UPDATE)
         self.cursor, self.missed = batch.cursor, self.missed + batch.missed
@@ -97,9 +174,10 @@ class TimelineComponent:
         extra = new_rows([*spans, *running], self.rows)
         if extra:
             self.rows.extend(extra)
-            _set_rows(self.root, self.rows)
+            _set_rows(self.plot, self.rows)
         if spans:
-            self.source.stream(span_columns(spans), rollover=self.rollover)
+            self._stream(span_columns(spans))
+        self._show_segments_in_view()
         if running or self.open_source.data["left"]:
             self.open_source.data = span_columns(running, now)
         return len(spans)
