@@ -248,10 +248,11 @@ class WorkbenchMagics(Magics):
         return training.placement(self._user_object(args.target, "the object"))
 
     def _do_dashboard(self, args, cell):
-        from . import dashboard
+        from .dashboard.live import dashboard  # (the package name is shadowed by wb.dashboard, the function)
+        from .dashboard.server import serve_dashboard
 
         cluster = self._cluster(args.name)
-        return dashboard.serve_dashboard(cluster) if args.serve else dashboard.dashboard(cluster)
+        return serve_dashboard(cluster) if args.serve else dashboard(cluster)
 
     def _do_profile(self, args, cell):
         profile = self._cluster(args.name).profile(seconds=args.seconds)
