@@ -109,6 +109,16 @@ def test_train_and_placement_wrap_the_api(shell, cluster):
     assert set(table.by_layer().values()) == {"ps:0"}
 
 
+def test_dashboard_magic_opens_the_live_dashboard_or_serves_it(shell, cluster):
+    board = shell.run_line_magic("wb", f"dashboard --name {cluster.name}")
+    assert isinstance(board, wb.Dashboard) and board.cluster is cluster
+    assert list(board.components) == ["progress", "throughput", "timeline"]
+    server = shell.run_line_magic("wb", f"dashboard --serve --name {cluster.name}")
+    assert server is wb.serve_dashboard(cluster) and "plots.json" in server._repr_html_()
+    with pytest.raises(UsageError, match="seconds"):
+        shell.run_line_magic("wb", f"profile nan --name {cluster.name}")
+
+
 def test_tab_completion_of_subcommands_task_and_cluster_names(shell, cluster):
     from workbench.magics import complete
 
@@ -149,7 +159,7 @@ def test_bad_task_names_give_a_usage_error(shell, cluster):
         shell.run_cell_magic("wb", f"on worker-one --name {cluster.name}", "1")
 
 
-_SIDE_EFFECTS = {"start", "stop", "scale", "train"}
+_SIDE_EFFECTS = {"start", "stop", "scale", "train", "profile", "dashboard"}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

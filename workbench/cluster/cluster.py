@@ -507,6 +507,18 @@ class Cluster:
             self._clock_offsets = (now, {r.name: by_engine.get(r.engine_id, 0.0) for r in self.tasks})
         return dict(self._clock_offsets[1])
 
+    def profile(self, seconds: float = 2.0, logdir: str | None = None):
+        """An op-level trace of every task at once, for ``seconds`` (0-60), with TensorFlow's profiler.
+
+        Returns a ``Profile``: ``events`` (ops per device and thread of each task, on this kernel's
+        clock), ``transfers`` (Send/Recv pairs between tasks, linked), ``summary()``,
+        ``save_chrome_trace(path)`` (Perfetto, chrome://tracing); displayed, it draws the timeline.
+        Tracing slows the traced steps while it runs (see bench/dashboard.py); outside it, nothing.
+        """
+        from ..telemetry.profiler import capture
+
+        return capture(self, seconds, logdir)
+
     @property
     def client(self):
         """The ipyparallel ``Client`` of the engine pool."""

@@ -86,6 +86,25 @@ def reserve_port() -> int:
         return sock.getsockname()[1]
 
 
+def start_profiler_server(attempts: int = 3) -> int:
+    """Start TensorFlow's profiler service on this engine once; return its port (the same on later calls)."""
+    import tensorflow as tf
+
+    if "profiler_port" in _SERVER:
+        return _SERVER["profiler_port"]
+    for attempt in range(attempts):
+        port = reserve_port()
+        try:
+            tf.profiler.experimental.server.start(port)
+        except Exception:  # noqa: BLE001 - the port was taken in between: reserve another
+            if attempt == attempts - 1:
+                raise
+            continue
+        _SERVER["profiler_port"] = port
+        return port
+    raise RuntimeError("unreachable")
+
+
 def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | None = None) -> dict[str, Any]:
     """Start this engine's ``tf.distribute.Server`` for ``job:index`` of ``spec``.
 

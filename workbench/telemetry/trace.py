@@ -1,0 +1,178 @@
+"""TensorFlow profiler traces (``*.xplane.pb``) -> ``OpEvent`` records, Send->consumer links, Chrome traces.
+
+Pure: reads files or bytes, no cluster. What a capture holds (TF 2.21, checked on real captures):
+one ``/host:CPU`` plane per task (GPU planes too on GPU hosts), one line per thread, events named
+``node/name:OpType``; a ``Task Environment`` plane with ``profile_start_time`` (ns since the epoch).
+Event time = start + line timestamp (ns) + offset (ps). ``_Send`` events carry ``key`` (the
+rendezvous key ``src;incarnation;dst;edge;frame``), ``from`` and ``to`` (the node consuming the
+value on the destination device). The matching ``_Recv`` is not traced on CPU, so a transfer is
+linked to the first run of its consumer on the destination task after the send started.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable
+
+from .events import OpEvent
+
+# Threads whose events are the profiler's and the thread pools' own bookkeeping, not TF ops.
+_NOISE_PREFIXES = ("ThreadpoolListener", "ExecutorState", "Iterator::", "EagerKernelExecute")
+LINK_WINDOW_S = 1.0  # a consumer that runs later than this after the send is not its receiver
+
+
+def _stat_values(plane, stats) -> dict:
+    values = {}
+    for stat in stats:
+        kind = stat.WhichOneof("value")
+        if kind is None:
+            continue
+        value = getattr(stat, kind)
+        if kind == "ref_value":
+            value = plane.stat_metadata[value].name
+        elif kind == "bytes_value":
+            continue
+        values[plane.stat_metadata[stat.metadata_id].name] = value
+    return values
+
+
+def _device_of_plane(plane_name: str, device_prefix: str) -> str | None:
+    if plane_name.startswith("/host:"):
+        return f"{device_prefix}/device:CPU:0"
+    if plane_name.startswith("/device:GPU:"):
+        return f"{device_prefix}/device:GPU:{plane_name.split(':')[-1].split(' ')[0]}"
+    return None
+
+
+def _thread_names(lines) -> dict[int, str]:
+    """``tf_Compute/-2524305337588316300`` -> ``tf_Compute #1`` (numbered within each pool)."""
+    counts: dict[str, int] = defaultdict(int)
+    names = {}
+    for line in sorted(lines, key=lambda l: l.name):
+        pool = (line.display_name or line.name).split("/")[0]
+        counts[pool] += 1
+        names[line.id] = f"{pool} #{counts[pool]}"
+    return names
+
+
+def parse_xspace(source: str | Path | bytes, task: str, device_prefix: str, clock_offset: float = 0.0) -> list[OpEvent]:
+    """The op events of one task's capture, on the kernel's clock (``clock_offset``: the task's clock ahead)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(source if isinstance(source, bytes) else Path(source).read_bytes())
+    start_ns = 0
+    for plane in space.planes:
+        if plane.name == "Task Environment":
+            start_ns = int(_stat_values(plane, plane.stats).get("profile_start_time", 0))
+    events: list[OpEvent] = []
+    for plane in space.planes:
+        device = _device_of_plane(plane.name, device_prefix)
+        if device is None:
+            continue
+        kept = {}  # metadata id -> (name, op type), for TF ops only
+        for mid, meta in plane.event_metadata.items():
+            full = meta.name
+            if ":" not in full or "::" in full or full.startswith(_NOISE_PREFIXES):
+                continue
+            name, _, op_type = full.rpartition(":")
+            kept[mid] = (name.strip(), op_type.strip() or meta.display_name)
+        threads = _thread_names(plane.lines)
+        row_prefix = device.replace("/replica:0", "")
+        for line in plane.lines:
+            base_ns = line.timestamp_ns + (start_ns if line.timestamp_ns < 10**17 else 0)  # relative in TF 2.21
+            row = f"{row_prefix} · {threads[line.id]}"
+            for event in line.events:
+                if event.metadata_id not in kept:
+                    continue
+                name, op_type = kept[event.metadata_id]
+                start = (base_ns + event.offset_ps / 1000.0) / 1e9 - clock_offset
+                end = start + event.duration_ps / 1e12
+                transfer = {}
+                if op_type in ("_Send", "_Recv", "_HostSend", "_HostRecv"):
+                    stats = _stat_values(plane, event.stats)
+                    key = str(stats.get("key", ""))
+                    parts = key.split(";")
+                    if len(parts) >= 3:
+                        transfer = dict(transfer_key=key, source_device=parts[0], target_device=parts[2])
+                    if "to" in stats:
+                        transfer["args"] = {"to": str(stats["to"]), "from": str(stats.get("from", ""))}
+                events.append(OpEvent(task, device, row, name, op_type, start, end, **transfer))
+    events.sort(key=lambda e: e.start)
+    return events
+
+
+def link_transfers(events: Iterable[OpEvent]) -> list[tuple[OpEvent, OpEvent]]:
+    """Pair each traced transfer with its receiving side on another device.
+
+    A ``_Recv`` with the same rendezvous key is the receiver when one was traced (GPU captures
+    have them); otherwise the first run of the send's consumer node (``to``) on the destination
+    device that starts after the send started and within ``LINK_WINDOW_S``.
+    """
+    events = list(events)
+    recvs: dict[str, list[OpEvent]] = defaultdict(list)
+    by_node: dict[tuple[str, str], list[OpEvent]] = defaultdict(list)
+    for event in events:
+        if event.is_transfer and "Recv" in event.op_type:
+            recvs[event.transfer_key].append(event)
+        by_node[(event.device, event.name)].append(event)
+    for group in (*recvs.values(), *by_node.values()):
+        group.sort(key=lambda e: e.start)
+    starts = {k: [e.start for e in v] for k, v in (*recvs.items(), *by_node.items())}
+
+    def after(groups: dict, key, t: float) -> list[OpEvent]:
+        return groups.get(key, [])[bisect.bisect_left(starts.get(key, []), t):]
+
+    pairs = []
+    used: set[int] = set()
+    for send in (e for e in events if e.is_transfer and "Send" in e.op_type and e.target_device != e.device):
+        consumer = (send.target_device, send.args.get("to", ""))
+        for candidates in (after(recvs, send.transfer_key, send.start), after(by_node, consumer, send.start)):
+            match = next((r for r in candidates if id(r) not in used), None)
+            if match is not None and match.start - send.start <= LINK_WINDOW_S:
+                used.add(id(match))
+                pairs.append((send, match))
+                break
+    return pairs
+
+
+def chrome_trace(events: Iterable[OpEvent], transfers: Iterable[tuple[OpEvent, OpEvent]] = ()) -> dict:
+    """The Chrome trace event format (Perfetto, chrome://tracing): a process per device, a thread per row.
+
+    Times are microseconds from the first event; ``otherData.start_unix_s`` says when that was.
+    """
+    events = list(events)
+    origin = min((e.start for e in events), default=0.0)
+    pids: dict[str, int] = {}
+    tids: dict[str, int] = {}
+    trace: list[dict] = []
+    for event in events:
+        if event.device not in pids:
+            pids[event.device] = len(pids) + 1
+            trace.append({"ph": "M", "name": "process_name", "pid": pids[event.device], "tid": 0,
+                          "args": {"name": f"{event.task} {event.device}"}})
+        if event.row not in tids:
+            tids[event.row] = len(tids) + 1
+            trace.append({"ph": "M", "name": "thread_name", "pid": pids[event.device], "tid": tids[event.row],
+                          "args": {"name": event.row.split(" · ")[-1]}})
+
+    def at(event: OpEvent) -> dict:
+        return {"pid": pids[event.device], "tid": tids[event.row], "ts": round((event.start - origin) * 1e6, 3)}
+
+    for event in events:
+        trace.append({"ph": "X", "name": event.name, "cat": event.op_type, **at(event),
+                      "dur": round(max(event.duration, 0.0) * 1e6, 3), "args": {"op": event.op_type, "task": event.task}})
+    for n, (send, receiver) in enumerate(transfers, start=1):
+        trace.append({"ph": "s", "id": n, "name": "transfer", "cat": "transfer", **at(send)})
+        trace.append({"ph": "f", "bp": "e", "id": n, "name": "transfer", "cat": "transfer", **at(receiver)})
+    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": {"start_unix_s": origin}}
+
+
+def save_chrome_trace(events: Iterable[OpEvent], path: str | Path, transfers: Iterable[tuple[OpEvent, OpEvent]] = ()) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(chrome_trace(events, transfers)))
+    return path
