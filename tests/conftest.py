@@ -20,9 +20,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Issue 3 is still open: the straggler test in tests/pending fails (backup workers do not yet shield a
-# stalled worker; see README). It is kept out of CI until the fix lands, and said so in the notes.
-collect_ignore = ["pending"]
 ARTIFACTS = ROOT / "test-artifacts"
 
 # Registry files of test clusters go to a private directory, not the user's Jupyter runtime dir.
@@ -31,6 +28,14 @@ os.environ["WORKBENCH_REGISTRY_DIR"] = _REGISTRY
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 for _proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy"):
     os.environ.pop(_proxy, None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """``item.rep_call`` and friends: fixtures can tell whether their test failed (for screenshots)."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,53 @@
+"""The notebook dashboard in JupyterLab, in a real browser: it renders, and updates while a job trains."""
+
+import re
+import time
+
+import nbformat
+import pytest
+
+from conftest import ARTIFACTS
+from lab_browser import jupyter_lab, output_text, page, run_all_cells  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.cluster, pytest.mark.browser]
+
+CELLS = [
+    "import keras\nimport workbench as wb\n"
+    "cluster = wb.Cluster(ps=1, workers=1, name='wb-browser-test', progress=False).start()\n"
+    "wb.dashboard(cluster)",
+    "def make_model():\n"
+    "    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation='relu'), keras.layers.Dense(10)])\n"
+    "job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
+    "               steps=4000, steps_per_call=5)\n"
+    "print('training started')",
+]
+
+
+def _steps_shown(page) -> int:
+    text = page.locator(".workbench-steps").first.inner_text(timeout=5000)
+    return int(re.match(r"\s*(\d+)\s*/", text).group(1))
+
+
+def test_the_dashboard_widget_renders_and_updates_while_a_job_trains(jupyter_lab, page):
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, jupyter_lab.root_dir / "dashboard.ipynb")
+    run_all_cells(page, jupyter_lab, "dashboard.ipynb")
+    output_text(page, "training started")
+    page.locator(".workbench-steps").first.wait_for(timeout=120_000)  # the progress panel of the job
+    deadline = time.monotonic() + 120
+    first = _steps_shown(page)
+    while _steps_shown(page) <= first and time.monotonic() < deadline:
+        time.sleep(0.5)
+    second = _steps_shown(page)
+    assert second > first, f"the widget did not update: {first} then {second} steps"
+    # the timeline and throughput plots are drawn (canvases), with the job's bars in the browser's data
+    assert page.locator(".jp-OutputArea canvas").count() >= 3
+    rows = page.evaluate("""() => [...Bokeh.documents].flatMap((d) => [...d._all_models.values()])
+        .filter((m) => m.name && m.name.startsWith("timeline_steps_"))
+        .reduce((n, s) => n + s.data.right.length, 0)""")
+    assert rows > 0
+    assert page.locator(".workbench-throughput-now").first.inner_text() != ""
+    time.sleep(1.0)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-widget.png"), full_page=True)
