@@ -8,7 +8,7 @@ EXTRAS ?= cpu,notebook,test
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install lab test bench bench-training demo clean
+.PHONY: install chromium lab test bench bench-training bench-dashboard demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,11 +19,14 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+chromium:
+	.ci/ensure-chromium
+
 lab: install
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
-test: install
+test: install chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: install
@@ -34,6 +37,9 @@ bench: install
 
 bench-training: install
 	$(PY) bench/training.py
+
+bench-dashboard: install chromium
+	$(PY) bench/dashboard.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info test-artifacts bench/results
