@@ -1,5 +1,6 @@
 """The dashboards on a real job: every worker's row, in-progress steps, throughput = history."""
 
+import dataclasses
 import json
 import math
 import time
@@ -9,6 +10,7 @@ import pytest
 
 import workbench as wb
 from training_helpers import train
+from workbench.dashboard import PlotEntry
 from workbench.dashboard.data import TOTAL, row_name
 
 pytestmark = pytest.mark.cluster
@@ -103,9 +105,23 @@ def test_served_apps_list_their_plots_and_render(cluster, registry_dir):
     listing = json.loads(urllib.request.urlopen(f"{server.url}/plots.json", timeout=10).read())
     assert listing["cluster"] == cluster.name
     assert [p["name"] for p in listing["plots"]] == ["progress", "throughput", "timeline", "dashboard"]
+    fields = {f.name for f in dataclasses.fields(PlotEntry)}  # the contract the JupyterLab panel reads
+    assert all(set(p) == fields for p in listing["plots"])
     for plot in listing["plots"]:
         page = urllib.request.urlopen(plot["url"], timeout=30).read().decode()
         assert "Bokeh" in page and "cdn.bokeh.org" not in page
     record = json.loads((registry_dir / f"{cluster.name}.json").read_text())
     assert record["dashboard"]["plots"] == f"{server.url}/plots.json"
     assert server.url.startswith("http://127.0.0.1:")
+
+
+def test_a_live_dashboard_is_held_by_its_cluster_until_updates_stop(cluster):
+    board = wb.dashboard(cluster, plots=("progress",), interval=0.05).start()
+    thread = board._thread
+    assert board in cluster._dashboards and thread.is_alive()
+    del board  # dropped by the notebook: still live (the widget on the page keeps updating)
+    assert thread.is_alive()
+    board = cluster._dashboards[-1]
+    board.stop_updates()
+    assert board not in cluster._dashboards and not thread.is_alive()
+    assert repr(board).endswith("dashboard.serve() for URLs to open in a browser>") and "not live" in repr(board)

@@ -132,6 +132,7 @@ class Cluster:
         self._pool_factory: Callable[[], OwnedPool | AttachedPool]
         self.telemetry = EventLog()  # step spans and progress of every job on this cluster (wb.dashboard)
         self._dashboard_server = None
+        self._dashboards: list = []  # live notebook dashboards: held here, stopped with the cluster
         self._clock_offsets: tuple[float, dict[str, float]] | None = None
         if engines is None:  # set by from_existing
             return
@@ -268,6 +269,9 @@ class Cluster:
         server, self._dashboard_server = self._dashboard_server, None
         if server is not None:
             server.stop()
+        for board in self._dashboards:
+            board.stop_updates()  # they keep showing the final state
+        self._dashboards.clear()
         pool, self._pool = self._pool, None
         if pool is not None:
             if not pool.owned and self._tasks:

@@ -79,20 +79,31 @@ class Dashboard:
         return self._widget
 
     def start(self) -> Dashboard:
-        """Keep the components live (idempotent); ``close()`` stops."""
+        """Keep the components live (idempotent) until ``stop_updates()``, ``close()`` or the cluster stops."""
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
             ref = weakref.ref(self)
             self._thread = threading.Thread(target=_live, args=(ref, self._stop, self.interval), daemon=True,
                                             name=f"workbench-dashboard-{self.cluster.name}")
             self._thread.start()
+            boards = getattr(self.cluster, "_dashboards", None)
+            if boards is not None and self not in boards:
+                boards.append(self)  # a displayed dashboard lives (and updates) as long as its cluster runs
         return self
 
-    def close(self) -> None:
-        """Stop updating and close the widget."""
+    def stop_updates(self) -> None:
+        """Stop the live updates after one last one (the widget keeps showing that state)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5.0)
+            self._thread = None
+            self.update()
+        if self in getattr(self.cluster, "_dashboards", []):
+            self.cluster._dashboards.remove(self)
+
+    def close(self) -> None:
+        """Stop updating and close the widget."""
+        self.stop_updates()
         if self._widget is not None:
             self._widget.close()
             self._widget = None
