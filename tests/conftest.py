@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+pytest_plugins = ["pytest_jupyter.jupyter_server"]  # jp_fetch & co., for the server extension's routes
 
 ARTIFACTS = ROOT / "test-artifacts"
 

@@ -1,7 +1,9 @@
 """The notebook dashboard in JupyterLab, in a real browser: it renders, and updates while a job trains."""
 
+import json
 import re
 import time
+import urllib.request
 
 import nbformat
 import pytest
@@ -48,6 +50,10 @@ def test_the_dashboard_widget_renders_and_updates_while_a_job_trains(jupyter_lab
         .reduce((n, s) => n + s.data.right.length, 0)""")
     assert rows > 0
     assert page.locator(".workbench-throughput-now").first.inner_text() != ""
+    # the server extension lists the cluster the notebook's kernel started (through the registry)
+    listing = json.loads(urllib.request.urlopen(jupyter_lab.page_url("workbench/api/clusters"), timeout=30).read())
+    mine = next(c for c in listing["clusters"] if c["name"] == "wb-browser-test")
+    assert [t["name"] for t in mine["tasks"]] == ["ps:0", "worker:0"] and mine["state"] == "running"
     time.sleep(1.0)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard-widget.png"), full_page=True)

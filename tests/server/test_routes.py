@@ -1,0 +1,74 @@
+"""The server extension's REST routes, in a real Jupyter server (pytest-jupyter)."""
+
+import dataclasses
+import json
+import os
+
+import pytest
+import tornado.httpclient
+
+from workbench.cluster import registry
+from workbench.server.models import ClusterInfo, ErrorBody, TaskInfo
+
+ROUTES = ["workbench/api/clusters", "workbench/api/clusters/some-name"]
+
+
+@pytest.fixture
+def jp_server_config():
+    return {"ServerApp": {"jpserver_extensions": {"workbench.server": True}}}
+
+
+def _record(name: str, **extra) -> dict:
+    """A registry record as ``Cluster`` writes it, owned by this (live) process."""
+    import psutil
+
+    me = psutil.Process()
+    return {"name": name, "state": "running", "engines": "local", "owned": True, "client_pid": me.pid,
+            "client_created": me.create_time(), "spec": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+            "tasks": [{"job": "ps", "index": 0, "engine_id": 0, "host": "h", "address": "127.0.0.1:1", "pid": me.pid,
+                       "devices": ["/job:ps/replica:0/task:0/device:CPU:0"], "gpus": [], "state": "running",
+                       "tensorflow": "2.21.0"}],
+            "dashboard": {"url": "http://127.0.0.1:5006", "plots": "http://127.0.0.1:5006/plots.json"},
+            "updated": 1.0, "workbench_version": "0.1.0", **extra}
+
+
+@pytest.fixture
+def registered():
+    registry.write_record(_record("wb-route-test"))
+    yield "wb-route-test"
+    registry.remove_record("wb-route-test")
+
+
+async def test_clusters_lists_the_registry_in_the_contract_shape(jp_fetch, registered):
+    response = await jp_fetch("workbench", "api", "clusters")
+    body = json.loads(response.body)
+    mine = next(c for c in body["clusters"] if c["name"] == registered)
+    assert set(mine) == {f.name for f in dataclasses.fields(ClusterInfo)}
+    assert set(mine["tasks"][0]) == {f.name for f in dataclasses.fields(TaskInfo)}
+    assert mine["tasks"][0]["name"] == "ps:0" and mine["dashboard"] == "http://127.0.0.1:5006"
+    one = json.loads((await jp_fetch("workbench", "api", "clusters", registered)).body)
+    assert one == mine
+
+
+async def test_unknown_and_bad_names_get_404_and_400_with_what_to_do(jp_fetch, registered):
+    for name, status, text in [("nosuch", 404, "no running cluster named 'nosuch'"),
+                               ("bad name!", 400, "is not a cluster name")]:
+        with pytest.raises(tornado.httpclient.HTTPClientError) as info:
+            await jp_fetch("workbench", "api", "clusters", name)
+        assert info.value.code == status
+        body = json.loads(info.value.response.body)
+        assert set(body) == {f.name for f in dataclasses.fields(ErrorBody)} and text in body["error"]
+
+
+async def test_a_cluster_whose_owner_died_is_not_listed(jp_fetch):
+    registry.write_record(_record("wb-route-dead", client_pid=2**22 + 7, client_created=1.0))
+    body = json.loads((await jp_fetch("workbench", "api", "clusters")).body)
+    assert "wb-route-dead" not in [c["name"] for c in body["clusters"]]
+    assert not os.path.exists(registry.registry_path("wb-route-dead"))  # the stale record was pruned
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_every_route_refuses_unauthenticated_requests(jp_fetch, route):
+    with pytest.raises(tornado.httpclient.HTTPClientError) as info:
+        await jp_fetch(*route.split("/"), headers={"Authorization": ""})  # no token
+    assert info.value.code == 403
