@@ -110,6 +110,11 @@ def test_served_apps_list_their_plots_and_render(cluster, registry_dir):
     for plot in listing["plots"]:
         page = urllib.request.urlopen(plot["url"], timeout=30).read().decode()
         assert "Bokeh" in page and "cdn.bokeh.org" not in page
+    summary = json.loads(urllib.request.urlopen(f"{server.url}/summary.json", timeout=10).read())
+    assert summary["cluster"] == cluster.name
+    job = summary["job"]  # the newest job the session's cluster ran (earlier tests trained on it)
+    assert job["state"] in ("done", "running") and job["steps_done"] <= job["steps_total"]
+    assert {"examples_per_s", "steps_per_s", "eta_s", "notes", "workers"} <= set(job)
     record = json.loads((registry_dir / f"{cluster.name}.json").read_text())
     assert record["dashboard"]["plots"] == f"{server.url}/plots.json"
     assert server.url.startswith("http://127.0.0.1:")

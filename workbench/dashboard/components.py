@@ -14,7 +14,8 @@ from collections import deque
 
 from ..telemetry.events import PHASES, StepDone, StepSpan
 from ..telemetry.log import EventLog
-from .data import (TOTAL, JobState, ThroughputBins, current_rates, new_rows, progress_info, row_name, span_columns)
+from .data import TOTAL, ThroughputBins, current_rates, new_rows, row_name, span_columns
+from .summary import JobSummary
 
 # The kernel's log keeps the newest 100,000 events, and a timeline keeps as many bars, in segments
 # of SEGMENT_ROWS: BokehJS re-indexes a source on every change, and one 100,000-row source made each
@@ -292,39 +293,20 @@ class ProgressComponent:
         from bokeh.models import Div
 
         self.log = log
-        self.cursor = 0
-        self.jobs: dict[str, JobState] = {}
-        self.latest: str | None = None
-        self.recent: deque = deque()  # ends of recent steps that count
-        self.info: dict | None = None
+        self.summary = JobSummary(log, EVENTS_PER_UPDATE)
         self.root = Div(text=self._html(None), name="progress", sizing_mode="stretch_width")
         self.sources: list = []
 
-    def update(self, now: float | None = None) -> int:
-        from ..telemetry.events import JobProgress
+    @property
+    def info(self) -> dict | None:
+        return self.summary.info
 
-        now = time.time() if now is None else now
-        batch = self.log.since(self.cursor, EVENTS_PER_UPDATE)
-        self.cursor = batch.cursor
-        for event in batch.events:
-            name = getattr(event, "job", "")
-            if not name:
-                continue
-            if isinstance(event, JobProgress) and name not in self.jobs:
-                self.jobs[name] = JobState(name)
-                self.latest = name
-            if name in self.jobs:
-                self.jobs[name].add(event)
-            if isinstance(event, StepDone) and name == self.latest:
-                self.recent.append(event.end)
-        while self.recent and self.recent[0] < now - 10.0:
-            self.recent.popleft()
-        if self.latest is None:
-            return 0
-        rate = len(self.recent) / 10.0
-        self.info = progress_info(self.jobs[self.latest], self.log.in_progress(), now, rate)
-        self.root.text = self._html(self.info)
-        return len(batch.events)
+    def update(self, now: float | None = None) -> int:
+        before = self.summary.cursor
+        info = self.summary.update(now)
+        if info is not None:
+            self.root.text = self._html(info)
+        return self.summary.cursor - before
 
     @staticmethod
     def _html(info: dict | None) -> str:

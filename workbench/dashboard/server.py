@@ -3,6 +3,7 @@
 The server runs in the kernel (it reads the cluster's telemetry log directly), on its own thread
 and event loop, bound to 127.0.0.1 only. ``GET <prefix>/plots.json`` lists the plots; the
 JupyterLab panel renders buttons from that list and opens each route in a frame.
+``GET <prefix>/summary.json`` is the newest job in numbers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..errors import ConfigurationError, WorkbenchError
 from .components import PLOTS, make_components
 from .data import device_rows
 from .live import DEFAULT_INTERVAL
+from .summary import JobSummary
 
 START_TIMEOUT = 30.0
 
@@ -35,7 +37,11 @@ class DashboardServerError(WorkbenchError):
 
 
 class DashboardServer:
-    """Bokeh apps ``/progress``, ``/throughput``, ``/timeline`` and ``/dashboard`` (all three) of one cluster."""
+    """Bokeh apps ``/progress``, ``/throughput``, ``/timeline`` and ``/dashboard`` (all three) of one cluster.
+
+    Also ``GET /plots.json`` (the list of plots) and ``GET /summary.json`` (the newest job's
+    progress, ETA, notes and throughput now).
+    """
 
     def __init__(self, cluster, port: int = 0, prefix: str = "", allow_websocket_origin: list[str] | None = None,
                  interval: float = DEFAULT_INTERVAL):
@@ -49,6 +55,7 @@ class DashboardServer:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.sessions_opened = 0
+        self._summary = JobSummary(cluster.telemetry)  # read only in the server's thread
 
     # -- apps ---------------------------------------------------------------------------------
 
@@ -103,6 +110,11 @@ class DashboardServer:
                 self.set_header("Content-Type", "application/json")
                 self.write(json.dumps({"cluster": owner.cluster.name, "plots": [asdict(p) for p in owner.plots()]}))
 
+        class SummaryHandler(RequestHandler):  # the newest job's progress and throughput now
+            def get(self) -> None:
+                self.set_header("Content-Type", "application/json")
+                self.write(json.dumps({"cluster": owner.cluster.name, "job": owner._summary.update()}))
+
         self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self._loop)
         try:
@@ -111,7 +123,8 @@ class DashboardServer:
             self._server = Server(apps, port=self.port, address="127.0.0.1", prefix=self.prefix,
                                   allow_websocket_origin=[f"127.0.0.1:{self.port}", f"localhost:{self.port}", *self._origins]
                                   if self.port else None,
-                                  extra_patterns=[(f"{self.prefix}/plots.json", PlotsHandler)])
+                                  extra_patterns=[(f"{self.prefix}/plots.json", PlotsHandler),
+                                                  (f"{self.prefix}/summary.json", SummaryHandler)])
             self._server.start()
             self.port = self._server.port
             if not self._origins:  # port 0 chose a port: allow pages from it

@@ -1,0 +1,63 @@
+"""The newest job at a glance, from the telemetry log (pure: no Bokeh).
+
+The progress panel draws it; ``GET <dashboard server>/summary.json`` serves it (for the
+JupyterLab panel's live figure of each cluster).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from ..telemetry.events import JobProgress, StepDone, StepSpan
+from ..telemetry.log import EventLog
+from .data import TOTAL, JobState, current_rates, progress_info
+
+RATE_WINDOW = 2.0  # seconds behind the "now" figures
+ETA_WINDOW = 10.0  # seconds of steps behind the ETA
+
+
+class JobSummary:
+    """Reads the log from its own cursor; ``update()`` returns the newest job's progress and rates."""
+
+    def __init__(self, log: EventLog, events_per_update: int = 20_000):
+        self.log = log
+        self.cursor = 0
+        self.events_per_update = events_per_update
+        self.jobs: dict[str, JobState] = {}
+        self.latest: str | None = None
+        self.done_ends: deque = deque()  # ends of the newest job's steps, for the ETA
+        self.recent: deque = deque()  # (end, series, examples) within RATE_WINDOW
+        self.info: dict | None = None
+
+    def update(self, now: float | None = None) -> dict | None:
+        now = time.time() if now is None else now
+        batch = self.log.since(self.cursor, self.events_per_update)
+        self.cursor = batch.cursor
+        for event in batch.events:
+            name = getattr(event, "job", "")
+            if isinstance(event, JobProgress) and name not in self.jobs:
+                self.jobs[name] = JobState(name)
+                self.latest = name
+                self.done_ends.clear()
+            if name in self.jobs:
+                self.jobs[name].add(event)
+            if isinstance(event, StepDone):
+                self.recent.append((event.end, TOTAL, event.examples))
+                if name == self.latest:
+                    self.done_ends.append(event.end)
+            elif isinstance(event, StepSpan) and event.phase == "compute" and event.end is not None:
+                self.recent.append((event.end, event.task, event.examples))
+        while self.done_ends and self.done_ends[0] < now - ETA_WINDOW:
+            self.done_ends.popleft()
+        while self.recent and self.recent[0][0] < now - RATE_WINDOW:
+            self.recent.popleft()
+        if self.latest is None:
+            return None
+        rates = current_rates(self.recent, now, RATE_WINDOW)
+        info = progress_info(self.jobs[self.latest], self.log.in_progress(), now, len(self.done_ends) / ETA_WINDOW)
+        examples, steps = rates.get(TOTAL, (0.0, 0.0))
+        info.update(examples_per_s=examples, steps_per_s=steps,
+                    workers={w: {"examples_per_s": r[0], "steps_per_s": r[1]} for w, r in rates.items() if w != TOTAL})
+        self.info = info
+        return info
