@@ -104,7 +104,7 @@ def test_served_apps_list_their_plots_and_render(cluster, registry_dir):
     assert wb.serve_dashboard(cluster) is server  # one server per cluster
     listing = json.loads(urllib.request.urlopen(f"{server.url}/plots.json", timeout=10).read())
     assert listing["cluster"] == cluster.name
-    assert [p["name"] for p in listing["plots"]] == ["progress", "throughput", "timeline", "dashboard"]
+    assert [p["name"] for p in listing["plots"]] == ["progress", "throughput", "timeline", "dashboard", "profile"]
     fields = {f.name for f in dataclasses.fields(PlotEntry)}  # the contract the JupyterLab panel reads
     assert all(set(p) == fields for p in listing["plots"])
     for plot in listing["plots"]:

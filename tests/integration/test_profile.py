@@ -2,6 +2,7 @@
 
 import json
 import time
+import urllib.request
 
 import pytest
 
@@ -43,6 +44,10 @@ def test_profile_traces_every_task_and_links_sends_between_them(cluster, tmp_pat
     assert len(complete) == len(profile.events) and all(e["dur"] >= 0 for e in complete)
     flows = [e for e in trace if e["ph"] in ("s", "f")]
     assert len(flows) == 2 * len(profile.transfers)
+    assert cluster.last_profile is profile
+    server = wb.serve_dashboard(cluster)  # the served /profile page draws the newest profile
+    page = urllib.request.urlopen(f"{server.url}/profile", timeout=60).read().decode()
+    assert "Bokeh" in page
     layout = profile.plot()  # the timeline component draws it
     sources = {m.name: m for m in layout.select({"type": __import__("bokeh.models").models.ColumnDataSource})}
     assert len(sources["profile_ops"].data["left"]) == len(profile.events)

@@ -133,6 +133,7 @@ class Cluster:
         self.telemetry = EventLog()  # step spans and progress of every job on this cluster (wb.dashboard)
         self._dashboard_server = None
         self._dashboards: list = []  # live notebook dashboards: held here, stopped with the cluster
+        self.last_profile = None  # the newest cluster.profile(), for the served /profile page
         self._clock_offsets: tuple[float, dict[str, float]] | None = None
         if engines is None:  # set by from_existing
             return

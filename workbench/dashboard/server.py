@@ -39,8 +39,8 @@ class DashboardServerError(WorkbenchError):
 class DashboardServer:
     """Bokeh apps ``/progress``, ``/throughput``, ``/timeline`` and ``/dashboard`` (all three) of one cluster.
 
-    Also ``GET /plots.json`` (the list of plots) and ``GET /summary.json`` (the newest job's
-    progress, ETA, notes and throughput now).
+    Also ``/profile`` (the cluster's latest op-level profile), ``GET /plots.json`` (the list of
+    plots) and ``GET /summary.json`` (the newest job's progress, ETA, notes and throughput now).
     """
 
     def __init__(self, cluster, port: int = 0, prefix: str = "", allow_websocket_origin: list[str] | None = None,
@@ -80,9 +80,34 @@ class DashboardServer:
 
         return Application(FunctionHandler(make_document))
 
+    def _profile_app(self):
+        """The cluster's latest op-level profile (``cluster.profile()``), replaced when a newer one is taken."""
+        from bokeh.application import Application
+        from bokeh.application.handlers.function import FunctionHandler
+        from bokeh.models import Div
+
+        def make_document(doc) -> None:
+            shown = {"profile": None}
+
+            def refresh() -> None:
+                profile = getattr(self.cluster, "last_profile", None)
+                if profile is shown["profile"] and doc.roots:
+                    return
+                shown["profile"] = profile
+                doc.clear()
+                doc.add_root(profile.plot() if profile is not None else Div(
+                    text="<div class='workbench-no-profile'>No profile yet: take one with "
+                         "<code>cluster.profile(seconds=2)</code> or <code>%wb profile 2</code>.</div>"))
+
+            refresh()
+            doc.title = f"workbench · {self.cluster.name} · profile"
+            doc.add_periodic_callback(refresh, 1000)
+
+        return Application(FunctionHandler(make_document))
+
     def plots(self) -> list[PlotEntry]:
-        names = [*PLOTS, "dashboard"]
-        titles = {**{k: v[0] for k, v in PLOTS.items()}, "dashboard": "All plots"}
+        names = [*PLOTS, "dashboard", "profile"]
+        titles = {**{k: v[0] for k, v in PLOTS.items()}, "dashboard": "All plots", "profile": "Latest op-level profile"}
         return [PlotEntry(n, titles[n], f"{self.prefix}/{n}", f"{self.url}/{n}") for n in names]
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -120,6 +145,7 @@ class DashboardServer:
         try:
             apps = {f"/{name}": self._app((name,)) for name in PLOTS}
             apps["/dashboard"] = self._app(tuple(PLOTS))
+            apps["/profile"] = self._profile_app()
             self._server = Server(apps, port=self.port, address="127.0.0.1", prefix=self.prefix,
                                   allow_websocket_origin=[f"127.0.0.1:{self.port}", f"localhost:{self.port}", *self._origins]
                                   if self.port else None,

@@ -150,4 +150,6 @@ def capture(cluster, seconds: float = 2.0, logdir: str | None = None) -> Profile
             raise ProfileError(f"the profiler on {record.name} (engine {record.engine_id}, port {port}) wrote no trace "
                                f"into {logdir}: the task may be busy or unreachable. Try again, or check cluster.status().")
         events.extend(parse_xspace(mine[0], record.name, record.task.device, offsets.get(record.name, 0.0)))
-    return Profile(events, [r.name for r in records], logdir, seconds, started)
+    profile = Profile(events, [r.name for r in records], logdir, seconds, started)
+    cluster.last_profile = profile  # the served /profile page shows the newest
+    return profile
