@@ -3,13 +3,13 @@
 import json
 import re
 import time
-import urllib.request
 
 import nbformat
 import pytest
 
 from conftest import ARTIFACTS
-from lab_browser import jupyter_lab, output_text, page, run_all_cells  # noqa: F401 - fixtures
+
+from .conftest import cell_output_text, run_notebook_in_lab
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
@@ -34,8 +34,8 @@ def test_the_dashboard_widget_renders_and_updates_while_a_job_trains(jupyter_lab
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, jupyter_lab.root_dir / "dashboard.ipynb")
-    run_all_cells(page, jupyter_lab, "dashboard.ipynb")
-    output_text(page, "training started")
+    panel = run_notebook_in_lab(page, jupyter_lab, "dashboard.ipynb")
+    assert "training started" in cell_output_text(panel, 1)
     page.locator(".workbench-steps").first.wait_for(timeout=120_000)  # the progress panel of the job
     deadline = time.monotonic() + 120
     first = _steps_shown(page)
@@ -51,7 +51,7 @@ def test_the_dashboard_widget_renders_and_updates_while_a_job_trains(jupyter_lab
     assert rows > 0
     assert page.locator(".workbench-throughput-now").first.inner_text() != ""
     # the server extension lists the cluster the notebook's kernel started (through the registry)
-    listing = json.loads(urllib.request.urlopen(jupyter_lab.page_url("workbench/api/clusters"), timeout=30).read())
+    listing = json.loads(jupyter_lab.api("workbench/api/clusters"))
     mine = next(c for c in listing["clusters"] if c["name"] == "wb-browser-test")
     assert [t["name"] for t in mine["tasks"]] == ["ps:0", "worker:0"] and mine["state"] == "running"
     time.sleep(1.0)
