@@ -44,6 +44,8 @@ def test_profile_traces_every_task_and_links_sends_between_them(cluster, tmp_pat
     assert len(complete) == len(profile.events) and all(e["dur"] >= 0 for e in complete)
     flows = [e for e in trace if e["ph"] in ("s", "f")]
     assert len(flows) == 2 * len(profile.transfers)
+    starts = {(e["pid"], e["tid"], e["ts"]) for e in complete}
+    assert all((f["pid"], f["tid"], f["ts"]) in starts for f in flows)  # each end on a traced op
     assert cluster.last_profile is profile
     server = wb.serve_dashboard(cluster)  # the served /profile page draws the newest profile
     page = urllib.request.urlopen(f"{server.url}/profile", timeout=60).read().decode()

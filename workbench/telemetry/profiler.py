@@ -21,10 +21,15 @@ from .trace import link_transfers, parse_xspace, save_chrome_trace
 
 MAX_SECONDS = 60.0
 SERVER_START_TIMEOUT = 60.0
+TRACE_SLACK = 60.0  # beyond the traced seconds: connecting, collecting and writing each task's trace
 
 
 class ProfileError(WorkbenchError):
     """A profile could not be captured or read; the message says which task and what to do."""
+
+
+class ProfileTimeout(ProfileError):
+    """A profiler service did not start, or the capture did not finish, within the time allowed."""
 
 
 class Profile:
@@ -89,33 +94,65 @@ def _check_seconds(seconds) -> float:
     return float(seconds)
 
 
-def _start_servers(cluster) -> dict[str, int]:
-    """The profiler port of each task's engine (started once per engine)."""
+def _start_servers(cluster, timeout: float) -> dict[str, int]:
+    """The profiler port of each task's engine.
+
+    Asked of the engines on every capture (an engine starts its service once and then answers
+    with the same port), so a task restarted on a new engine is traced on its new port.
+    """
     from ..cluster import engine_side
     from ..cluster.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
 
     records = cluster.tasks
     try:
         ports = run_on_engines(cluster.client, {r.engine_id: (engine_side.start_profiler_server,) for r in records},
-                               Deadline(SERVER_START_TIMEOUT))
+                               Deadline(timeout))
     except RemoteCallFailed as exc:
         task = next((r.name for r in records if r.engine_id == exc.engine), f"engine {exc.engine}")
         raise ProfileError(f"the profiler service did not start on {task}: {exc.reason}. Check cluster.status().") from None
     except RemoteCallsTimedOut as exc:
         tasks = ", ".join(r.name for r in records if r.engine_id in exc.pending)
-        raise ProfileError(f"{tasks} did not start the profiler service within {SERVER_START_TIMEOUT:.0f} s "
+        raise ProfileTimeout(f"{tasks} did not start the profiler service within {timeout:.0f} s "
                            "(busy or stalled engine): check cluster.status() and try again.") from None
     return {r.name: ports[r.engine_id] for r in records}
 
 
-def capture(cluster, seconds: float = 2.0, logdir: str | None = None) -> Profile:
-    """Trace every task of ``cluster`` for ``seconds``; see ``Cluster.profile``."""
+def _find_traces(logdir: str, records, ports: dict[str, int], since: float) -> dict[str, Path]:
+    """Each task's ``<host>_<profiler port>.xplane.pb`` written by this capture (newer than ``since``).
+
+    Older runs in a reused ``logdir`` are ignored, so a task that wrote nothing this time is
+    reported, not silently drawn from an earlier capture.
+    """
+    files = [f for f in Path(logdir).glob("plugins/profile/*/*.xplane.pb") if f.stat().st_mtime >= since]
+    if not files:
+        raise ProfileError(f"the capture wrote no trace files into {logdir}: the tasks may be busy or unreachable. "
+                           "Try again, or check cluster.status().")
+    found = {}
+    for record in records:
+        port = ports[record.name]
+        mine = sorted((f for f in files if f.name.endswith(f"_{port}.xplane.pb")), key=lambda f: f.stat().st_mtime)
+        if not mine:
+            raise ProfileError(f"the profiler on {record.name} (engine {record.engine_id}, port {port}) wrote no trace "
+                               f"into {logdir}: the task may be busy or unreachable. Try again, or check cluster.status().")
+        found[record.name] = mine[-1]
+    return found
+
+
+def capture(cluster, seconds: float = 2.0, logdir: str | None = None, timeout: float | None = None) -> Profile:
+    """Trace every task of ``cluster`` for ``seconds``; see ``Cluster.profile``.
+
+    ``timeout`` bounds the whole call (default: ``seconds`` + 60 s); ``ProfileTimeout`` past it.
+    """
     import tensorflow as tf
 
     seconds = _check_seconds(seconds)
+    timeout = seconds + TRACE_SLACK if timeout is None else float(timeout)
+    if not timeout > seconds:
+        raise ConfigurationError(f"timeout={timeout!r} must exceed seconds={seconds:g}: the trace alone takes that long.")
     if cluster.state != "running":
         raise ProfileError(f"cannot profile cluster {cluster.name!r}: it is {cluster.state}. Start it first.")
-    ports = _start_servers(cluster)
+    called = time.monotonic()
+    ports = _start_servers(cluster, min(SERVER_START_TIMEOUT, timeout - seconds))
     records = cluster.tasks
     addresses = {r.name: f"{r.address.rpartition(':')[0]}:{ports[r.name]}" for r in records}
     logdir = logdir or tempfile.mkdtemp(prefix=f"workbench-profile-{cluster.name}-")
@@ -132,24 +169,19 @@ def capture(cluster, seconds: float = 2.0, logdir: str | None = None) -> Profile
             failure.append(exc)
 
     started = time.time()
+    # The gRPC call cannot be cancelled from here: it runs in a daemon thread we stop waiting for.
     thread = threading.Thread(target=trace, daemon=True, name="workbench-profile")
     thread.start()
-    thread.join(seconds + 60.0)
+    thread.join(max(timeout - (time.monotonic() - called), 0.0))
     if thread.is_alive():
-        raise ProfileError(f"the profile of {', '.join(addresses)} did not finish within {seconds + 60:.0f} s: a task is "
-                           "stalled or unreachable. Check cluster.status().")
+        raise ProfileTimeout(f"the profile of {', '.join(addresses)} did not finish within {timeout:.0f} s: a task is "
+                             "stalled or unreachable. Check cluster.status(), or pass a longer timeout.")
     if failure:
         raise ProfileError(f"the profiler could not trace {', '.join(addresses)}: {failure[0]}") from None
-    runs = sorted(Path(logdir).glob("plugins/profile/*/"), key=lambda p: p.stat().st_mtime)
-    files = list(runs[-1].glob("*.xplane.pb")) if runs else []
+    traces = _find_traces(logdir, records, ports, since=started - 1.0)  # 1 s: coarse file-system clocks
     events: list[OpEvent] = []
     for record in records:
-        port = ports[record.name]
-        mine = [f for f in files if f.name.endswith(f"_{port}.xplane.pb")]
-        if not mine:
-            raise ProfileError(f"the profiler on {record.name} (engine {record.engine_id}, port {port}) wrote no trace "
-                               f"into {logdir}: the task may be busy or unreachable. Try again, or check cluster.status().")
-        events.extend(parse_xspace(mine[0], record.name, record.task.device, offsets.get(record.name, 0.0)))
+        events.extend(parse_xspace(traces[record.name], record.name, record.task.device, offsets.get(record.name, 0.0)))
     profile = Profile(events, [r.name for r in records], logdir, seconds, started)
     cluster.last_profile = profile  # the served /profile page shows the newest
     return profile

@@ -139,25 +139,39 @@ def link_transfers(events: Iterable[OpEvent]) -> list[tuple[OpEvent, OpEvent]]:
     return pairs
 
 
-def chrome_trace(events: Iterable[OpEvent], transfers: Iterable[tuple[OpEvent, OpEvent]] = ()) -> dict:
+_JOB_ORDER = {"chief": 0, "ps": 1, "worker": 2}  # processes listed as the cluster lists its tasks
+
+
+def _process_order(event: OpEvent) -> tuple:
+    job, _, index = event.task.partition(":")
+    return _JOB_ORDER.get(job, len(_JOB_ORDER)), job, int(index) if index.isdigit() else 0, event.device
+
+
+def chrome_trace(events: Iterable[OpEvent], transfers: Iterable[tuple[OpEvent, OpEvent]] | None = None) -> dict:
     """The Chrome trace event format (Perfetto, chrome://tracing): a process per device, a thread per row.
 
-    Times are microseconds from the first event; ``otherData.start_unix_s`` says when that was.
+    ``transfers`` become flow arrows from each send to its receiver; None links them here
+    (``link_transfers``). Times are microseconds from the first event; ``otherData.start_unix_s``
+    says when that was.
     """
     events = list(events)
+    transfers = link_transfers(events) if transfers is None else list(transfers)
     origin = min((e.start for e in events), default=0.0)
     pids: dict[str, int] = {}
     tids: dict[str, int] = {}
     trace: list[dict] = []
-    for event in events:
+    for event in sorted(events, key=lambda e: (_process_order(e), e.row)):
         if event.device not in pids:
-            pids[event.device] = len(pids) + 1
-            trace.append({"ph": "M", "name": "process_name", "pid": pids[event.device], "tid": 0,
+            pids[event.device] = pid = len(pids) + 1
+            trace.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                           "args": {"name": f"{event.task} {event.device}"}})
+            trace.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
         if event.row not in tids:
-            tids[event.row] = len(tids) + 1
-            trace.append({"ph": "M", "name": "thread_name", "pid": pids[event.device], "tid": tids[event.row],
+            tids[event.row] = tid = len(tids) + 1
+            pid = pids[event.device]
+            trace.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                           "args": {"name": event.row.split(" · ")[-1]}})
+            trace.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
 
     def at(event: OpEvent) -> dict:
         return {"pid": pids[event.device], "tid": tids[event.row], "ts": round((event.start - origin) * 1e6, 3)}
@@ -165,13 +179,16 @@ def chrome_trace(events: Iterable[OpEvent], transfers: Iterable[tuple[OpEvent, O
     for event in events:
         trace.append({"ph": "X", "name": event.name, "cat": event.op_type, **at(event),
                       "dur": round(max(event.duration, 0.0) * 1e6, 3), "args": {"op": event.op_type, "task": event.task}})
+    # A flow's ends bind to the slices that enclose them: the send itself, and the receiver ("bp": "e").
     for n, (send, receiver) in enumerate(transfers, start=1):
         trace.append({"ph": "s", "id": n, "name": "transfer", "cat": "transfer", **at(send)})
         trace.append({"ph": "f", "bp": "e", "id": n, "name": "transfer", "cat": "transfer", **at(receiver)})
     return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": {"start_unix_s": origin}}
 
 
-def save_chrome_trace(events: Iterable[OpEvent], path: str | Path, transfers: Iterable[tuple[OpEvent, OpEvent]] = ()) -> Path:
+def save_chrome_trace(events: Iterable[OpEvent], path: str | Path,
+                      transfers: Iterable[tuple[OpEvent, OpEvent]] | None = None) -> Path:
+    """Write ``chrome_trace(events, transfers)`` as JSON to ``path`` (folders created); return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(chrome_trace(events, transfers)))
