@@ -55,10 +55,23 @@ def measure_capture_slowdown(cluster, seconds: float = 2.0, repeats: int = 3) ->
             events.append(len(profile.events))
     finally:
         job.stop()
+    real_parse = measure_real_parse(profile)
     median = sorted(runs, key=lambda r: r["during"] / r["outside"])[len(runs) // 2]
     return {"steps_per_s_outside": median["outside"], "steps_per_s_during": median["during"],
             "ratio_during_over_outside": median["during"] / median["outside"], "capture_call_seconds": median["call_seconds"],
-            "ops_per_capture": events, "runs": runs}
+            "ops_per_capture": events, "real_capture_parse": real_parse, "runs": runs}
+
+
+def measure_real_parse(profile) -> dict:
+    """Parse time of a real capture's files (TensorFlow already imported: the parse alone)."""
+    from pathlib import Path
+
+    from workbench.telemetry.trace import parse_xspace
+
+    files = list(Path(profile.logdir).glob("plugins/profile/*/*.xplane.pb"))
+    started = time.perf_counter()
+    ops = sum(len(parse_xspace(path, "task", "/job:task/replica:0/task:0")) for path in files)
+    return {"files": len(files), "ops": ops, "parse_seconds": time.perf_counter() - started}
 
 
 def measure_parse(n_events: int = 100_000) -> dict:

@@ -301,6 +301,16 @@ _JS_STATE = "(path) => {" + _JS_PANEL + """
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def write_notebook(lab: Lab, name: str, cells: list[str]) -> str:
+    """A notebook of code ``cells`` (Python 3 kernel) in the lab's root; returns its relative path."""
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, lab.root_dir / name)
+    return name
+
+
 def run_notebook_in_lab(page, lab: Lab, relative_path: str, timeout: float = 240.0):
     """Open ``relative_path`` (under ``lab.root_dir``) in JupyterLab and run all its cells, like Run → Run All Cells.
 

@@ -4,12 +4,11 @@ import json
 import re
 import time
 
-import nbformat
 import pytest
 
 from conftest import ARTIFACTS
 
-from .conftest import cell_output_text, run_notebook_in_lab
+from .conftest import cell_output_text, run_notebook_in_lab, write_notebook
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
@@ -31,10 +30,7 @@ def _steps_shown(page) -> int:
 
 
 def test_the_dashboard_widget_renders_and_updates_while_a_job_trains(jupyter_lab, page):
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(notebook, jupyter_lab.root_dir / "dashboard.ipynb")
-    panel = run_notebook_in_lab(page, jupyter_lab, "dashboard.ipynb")
+    panel = run_notebook_in_lab(page, jupyter_lab, write_notebook(jupyter_lab, "dashboard.ipynb", CELLS))
     assert "training started" in cell_output_text(panel, 1)
     page.locator(".workbench-steps").first.wait_for(timeout=120_000)  # the progress panel of the job
     deadline = time.monotonic() + 120

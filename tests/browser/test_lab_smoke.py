@@ -1,13 +1,12 @@
 """The browser-test infrastructure end to end: a notebook with text, an ipywidget and a Bokeh plot runs in
 JupyterLab in headless Chromium, and all three render."""
 
-import nbformat
 import pytest
 from playwright.sync_api import expect
 
 from conftest import ARTIFACTS
 
-from .conftest import cell_output, cell_output_text, run_notebook_in_lab
+from .conftest import cell_output, cell_output_text, run_notebook_in_lab, write_notebook
 
 pytestmark = pytest.mark.browser
 
@@ -32,11 +31,7 @@ _INKED_PIXELS = """(canvas) => {
 
 
 def test_a_notebook_with_text_a_widget_and_a_bokeh_plot_renders_in_lab(jupyter_lab, page):
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in CELLS])
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(notebook, jupyter_lab.root_dir / "smoke.ipynb")
-
-    panel = run_notebook_in_lab(page, jupyter_lab, "smoke.ipynb")
+    panel = run_notebook_in_lab(page, jupyter_lab, write_notebook(jupyter_lab, "smoke.ipynb", CELLS))
 
     assert "sum of squares: 285" in cell_output_text(panel, 0)
     widgets = cell_output(panel, 2)

@@ -12,9 +12,9 @@ import math
 import time
 from collections import deque
 
-from ..telemetry.events import PHASES, StepDone, StepSpan
+from ..telemetry.events import PHASES, StepSpan
 from ..telemetry.log import EventLog
-from .data import TOTAL, ThroughputBins, current_rates, new_rows, row_name, span_columns
+from .data import RATE_WINDOW, TOTAL, RecentRates, ThroughputBins, new_rows, row_name, span_columns
 from .summary import JobSummary
 
 # The kernel's log keeps the newest 100,000 events, and a timeline keeps as many bars, in segments
@@ -27,7 +27,6 @@ FOLLOW_MS = 30_000.0  # the timeline follows the newest 30 s until the user pans
 EVENTS_PER_UPDATE = 20_000  # a long backlog is streamed over several updates, none of them long
 PHASE_COLOURS = ("#9467bd", "#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7")  # PHASES order
 SERIES_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-RATE_WINDOW = 2.0  # seconds behind the large current figures
 
 
 def _bokeh():
@@ -196,7 +195,7 @@ class ThroughputComponent:
         self.log = log
         self.cursor = 0
         self.bins = ThroughputBins(width=bin_seconds)
-        self.recent: deque = deque()  # (end, series, examples) within RATE_WINDOW of the newest
+        self.rates = RecentRates()
         self.source = ColumnDataSource(self._empty(), name="throughput")
         self.sources = [self.source]
         self.figure_div = Div(text=self._big(None), name="throughput_now")
@@ -242,14 +241,8 @@ class ThroughputComponent:
         self.cursor = batch.cursor
         known = list(self.bins.series)
         self.bins.add(batch.events)
-        for event in batch.events:
-            if isinstance(event, StepDone):
-                self.recent.append((event.end, TOTAL, event.examples))
-            elif isinstance(event, StepSpan) and event.phase == "compute" and event.end is not None:
-                self.recent.append((event.end, event.task, event.examples))
-        while self.recent and self.recent[0][0] < now - RATE_WINDOW:
-            self.recent.popleft()
-        self.figure_div.text = self._big(current_rates(self.recent, now, RATE_WINDOW))
+        self.rates.add(batch.events)
+        self.figure_div.text = self._big(self.rates.rates(now))
         if self.bins.series != known:  # a new worker: every row gets its columns (zeros before it appeared)
             emitted = self.bins.emitted
             data = self._empty()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -119,6 +120,29 @@ class ThroughputBins:
         return changed
 
 
+RATE_WINDOW = 2.0  # seconds behind the "now" figures
+
+
+class RecentRates:
+    """Steps that ended in the last ``window`` seconds: per worker (its computed gradients) and in total."""
+
+    def __init__(self, window: float = RATE_WINDOW):
+        self.window = window
+        self.recent: deque = deque()  # (end, series, examples), oldest first
+
+    def add(self, events: Iterable) -> None:
+        for event in events:
+            if isinstance(event, StepDone):
+                self.recent.append((event.end, TOTAL, event.examples))
+            elif isinstance(event, StepSpan) and event.phase == COMPUTE and event.end is not None:
+                self.recent.append((event.end, event.task, event.examples))
+
+    def rates(self, now: float) -> dict[str, tuple[float, float]]:
+        while self.recent and self.recent[0][0] < now - self.window:
+            self.recent.popleft()
+        return current_rates(self.recent, now, self.window)
+
+
 def current_rates(recent: Iterable[tuple[float, str, int]], now: float, window: float) -> dict[str, tuple[float, float]]:
     """``(end, series, examples)`` of the last ``window`` s -> series -> (examples/s, steps/s) now."""
     rates: dict[str, list[float]] = {}
@@ -142,7 +166,7 @@ class JobState:
     strategy: str = ""
     workers: tuple[str, ...] = ()
     last_step_end: dict[str, float] = field(default_factory=dict)  # worker -> end of its last computed step
-    durations: list[float] = field(default_factory=list)  # recent step durations (compute and the rest)
+    durations: deque = field(default_factory=lambda: deque(maxlen=500))  # recent step durations (compute and the rest)
 
     def add(self, event) -> None:
         if isinstance(event, JobProgress):
@@ -155,7 +179,6 @@ class JobState:
             if event.phase == COMPUTE:
                 self.last_step_end[event.task] = max(event.end, self.last_step_end.get(event.task, 0.0))
             self.durations.append(event.end - event.start)
-            del self.durations[:-500]
 
 
 def progress_info(job: JobState, in_progress: list[StepSpan], now: float, rate: float) -> dict:
@@ -188,5 +211,5 @@ def progress_info(job: JobState, in_progress: list[StepSpan], now: float, rate: 
     }
 
 
-__all__ = ["PHASES", "SPAN_COLUMNS", "TOTAL", "JobState", "ThroughputBins", "current_rates", "device_rows",
+__all__ = ["PHASES", "RATE_WINDOW", "SPAN_COLUMNS", "TOTAL", "JobState", "RecentRates", "ThroughputBins", "current_rates", "device_rows",
            "new_rows", "progress_info", "row_name", "span_columns"]

@@ -38,8 +38,6 @@ class Dashboard:
         self.interval = float(interval)
         self.rows = device_rows(cluster.tasks)
         self.components = make_components(cluster.telemetry, self.rows, tuple(plots))
-        self.update_seconds = 0.0  # CPU time the updates took (thread time), for the overhead figures
-        self.updates = 0
         self._widget = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -55,13 +53,10 @@ class Dashboard:
 
     def update(self) -> None:
         """One update of every component (the live thread calls this every ``interval``)."""
-        started = time.thread_time()
         now = time.time()
         with self._lock:
             for component in self.components.values():
                 component.update(now)
-        self.update_seconds += time.thread_time() - started
-        self.updates += 1
 
     def widget(self):
         """The ``jupyter_bokeh.BokehModel`` widget (made once; BokehJS comes inline, not from a CDN)."""

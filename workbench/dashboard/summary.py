@@ -9,11 +9,10 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from ..telemetry.events import JobProgress, StepDone, StepSpan
+from ..telemetry.events import JobProgress, StepDone
 from ..telemetry.log import EventLog
-from .data import TOTAL, JobState, current_rates, progress_info
+from .data import TOTAL, JobState, RecentRates, progress_info
 
-RATE_WINDOW = 2.0  # seconds behind the "now" figures
 ETA_WINDOW = 10.0  # seconds of steps behind the ETA
 
 
@@ -27,7 +26,7 @@ class JobSummary:
         self.jobs: dict[str, JobState] = {}
         self.latest: str | None = None
         self.done_ends: deque = deque()  # ends of the newest job's steps, for the ETA
-        self.recent: deque = deque()  # (end, series, examples) within RATE_WINDOW
+        self.rates = RecentRates()
         self.info: dict | None = None
 
     def update(self, now: float | None = None) -> dict | None:
@@ -42,19 +41,14 @@ class JobSummary:
                 self.done_ends.clear()
             if name in self.jobs:
                 self.jobs[name].add(event)
-            if isinstance(event, StepDone):
-                self.recent.append((event.end, TOTAL, event.examples))
-                if name == self.latest:
-                    self.done_ends.append(event.end)
-            elif isinstance(event, StepSpan) and event.phase == "compute" and event.end is not None:
-                self.recent.append((event.end, event.task, event.examples))
+            if isinstance(event, StepDone) and name == self.latest:
+                self.done_ends.append(event.end)
+        self.rates.add(batch.events)
         while self.done_ends and self.done_ends[0] < now - ETA_WINDOW:
             self.done_ends.popleft()
-        while self.recent and self.recent[0][0] < now - RATE_WINDOW:
-            self.recent.popleft()
+        rates = self.rates.rates(now)
         if self.latest is None:
             return None
-        rates = current_rates(self.recent, now, RATE_WINDOW)
         info = progress_info(self.jobs[self.latest], self.log.in_progress(), now, len(self.done_ends) / ETA_WINDOW)
         examples, steps = rates.get(TOTAL, (0.0, 0.0))
         info.update(examples_per_s=examples, steps_per_s=steps,

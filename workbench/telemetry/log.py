@@ -41,8 +41,6 @@ class EventLog:
         self._next = 0  # the index the next appended event gets
         self._open: dict[str, StepSpan] = {}
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self.enabled = True
 
     def __len__(self) -> int:
         with self._lock:
@@ -57,9 +55,9 @@ class EventLog:
     def extend(self, events: Iterable) -> None:
         """Append events; a completed ``StepSpan`` closes the in-progress span with its key."""
         events = list(events)
-        if not events or not self.enabled:
+        if not events:
             return
-        with self._changed:
+        with self._lock:
             for event in events:
                 if isinstance(event, StepSpan) and event.key:
                     if event.end is None:
@@ -68,16 +66,14 @@ class EventLog:
                     self._open.pop(event.key, None)
                 self._events.append(event)
                 self._next += 1
-            self._changed.notify_all()
 
     def append(self, event) -> None:
         self.extend([event])
 
     def close(self, key: str) -> None:
         """Forget an in-progress span that will not complete (its call failed or was given up on)."""
-        with self._changed:
-            if self._open.pop(key, None) is not None:
-                self._changed.notify_all()
+        with self._lock:
+            self._open.pop(key, None)
 
     def in_progress(self) -> list[StepSpan]:
         with self._lock:
@@ -99,13 +95,3 @@ class EventLog:
             else:
                 tail = list(islice(self._events, start - first, stop - first))
             return Batch(tail, stop, missed)
-
-    def wait(self, cursor: int, timeout: float) -> bool:
-        """Block until an event past ``cursor`` exists or ``timeout`` seconds pass; True if one does."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._next > cursor, timeout)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._events.clear()
-            self._open.clear()
