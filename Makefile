@@ -10,7 +10,9 @@ PYTEST_ARGS ?=
 
 .PHONY: install chromium lab test bench bench-training bench-dashboard demo clean
 
-$(VENV)/.installed: pyproject.toml
+EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
+
+$(VENV)/.installed: pyproject.toml $(EXTENSION_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
@@ -42,4 +44,4 @@ bench-dashboard: install chromium
 	$(PY) bench/dashboard.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info test-artifacts bench/results
+	rm -rf $(VENV) build dist *.egg-info test-artifacts bench/results workbench/labextension extension/lib extension/node_modules
