@@ -10,7 +10,11 @@ import tornado.httpclient
 from workbench.cluster import registry
 from workbench.server.models import ClusterInfo, ErrorBody, TaskInfo
 
-ROUTES = ["workbench/api/clusters", "workbench/api/clusters/some-name"]
+ROUTES = [("GET", "workbench/api/clusters"), ("POST", "workbench/api/clusters"), ("GET", "workbench/api/options"),
+          ("GET", "workbench/api/clusters/some-name"), ("PATCH", "workbench/api/clusters/some-name"),
+          ("DELETE", "workbench/api/clusters/some-name"), ("GET", "workbench/api/clusters/some-name/plots"),
+          ("GET", "workbench/api/clusters/some-name/summary"), ("GET", "workbench/dashboards/some-name/timeline"),
+          ("GET", "workbench/dashboards/some-name/static/js/bokeh.min.js")]
 
 
 @pytest.fixture
@@ -67,8 +71,19 @@ async def test_a_cluster_whose_owner_died_is_not_listed(jp_fetch):
     assert not os.path.exists(registry.registry_path("wb-route-dead"))  # the stale record was pruned
 
 
-@pytest.mark.parametrize("route", ROUTES)
-async def test_every_route_refuses_unauthenticated_requests(jp_fetch, route):
+@pytest.mark.parametrize("method, route", ROUTES)
+async def test_every_route_refuses_unauthenticated_requests(jp_fetch, method, route):
+    body = "{}" if method in ("POST", "PATCH") else None
     with pytest.raises(tornado.httpclient.HTTPClientError) as info:
-        await jp_fetch(*route.split("/"), headers={"Authorization": ""})  # no token
+        await jp_fetch(*route.split("/"), method=method, body=body, headers={"Authorization": ""},  # no token
+                       follow_redirects=False)
+    if route.startswith("workbench/dashboards/"):  # pages send the browser to the login page instead
+        assert info.value.code == 302 and "/login?next=" in info.value.response.headers["Location"]
+    else:
+        assert info.value.code == 403
+
+
+async def test_the_dashboard_websocket_refuses_unauthenticated_sessions(jp_ws_fetch):
+    with pytest.raises(tornado.httpclient.HTTPClientError) as info:
+        await jp_ws_fetch("workbench", "dashboards", "some-name", "timeline", "ws", headers={"Authorization": ""})
     assert info.value.code == 403

@@ -6,6 +6,7 @@ import atexit
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -24,6 +25,7 @@ from ..errors import (
 )
 from ..progress import ProgressSink, make_progress
 from . import engine_side, registry
+from .control import ControlServer
 from .gpus import assign_gpus, discover_gpus, validate_gpus_per_worker
 from .pool import (
     AttachedPool,
@@ -132,6 +134,8 @@ class Cluster:
         self._pool_factory: Callable[[], OwnedPool | AttachedPool]
         self.telemetry = EventLog()  # step spans and progress of every job on this cluster (wb.dashboard)
         self._dashboard_server = None
+        self._control: ControlServer | None = None  # how the Jupyter server's panel reaches this cluster
+        self._lifecycle = threading.RLock()  # start/scale/stop, from the kernel or the control thread
         self._dashboards: list = []  # live notebook dashboards: held here, stopped with the cluster
         self.last_profile = None  # the newest cluster.profile(), for the served /profile page
         self._clock_offsets: tuple[float, dict[str, float]] | None = None
@@ -249,6 +253,7 @@ class Cluster:
         self._state = "running"
         self._started_at = time.monotonic()
         _LIVE_CLUSTERS.add(self)
+        self._control = ControlServer(self).start()
         self._write_registry()
         progress.close(
             f"cluster {self.name!r} ready: {self._ps} ps + {self._workers} worker task(s) "
@@ -258,15 +263,19 @@ class Cluster:
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop every task and everything this cluster started. Safe to call twice."""
-        if self._state == "new":
-            return
-        if self._state in ("stopped", "failed"):
+        with self._lifecycle:
+            if self._state == "new":
+                return
+            if self._state in ("stopped", "failed"):
+                self._state = "stopped"
+                return
+            self._teardown(timeout)
             self._state = "stopped"
-            return
-        self._teardown(timeout)
-        self._state = "stopped"
 
     def _teardown(self, timeout: float = 60.0) -> None:
+        control, self._control = self._control, None
+        if control is not None:
+            control.stop()
         server, self._dashboard_server = self._dashboard_server, None
         if server is not None:
             server.stop()
@@ -299,6 +308,10 @@ class Cluster:
 
         The number of ps tasks is fixed while running: variables live on them.
         """
+        with self._lifecycle:
+            return self._scale(workers, ps)
+
+    def _scale(self, workers: int | None, ps: int | None) -> Cluster:
         self._require_running("scale")
         if ps is not None and ps != self._ps:
             raise ConfigurationError(
@@ -553,6 +566,7 @@ class Cluster:
             "spec": self.spec_dict,
             "tasks": [r.to_dict() for r in self.tasks],
             "gpus_per_worker": self._gpus_per_worker,
+            "control": self._control.record() if self._control is not None else None,
             "dashboard": ({"url": self._dashboard_server.url, "plots": f"{self._dashboard_server.url}/plots.json"}
                           if self._dashboard_server is not None else None),
             "updated": time.time(),

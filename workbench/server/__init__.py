@@ -1,4 +1,4 @@
-"""The Jupyter server extension: REST routes under ``/workbench/api/`` for the JupyterLab panel."""
+"""The Jupyter server extension: REST routes under ``/workbench/api/`` and the proxied dashboards."""
 
 from __future__ import annotations
 
@@ -12,5 +12,13 @@ def _load_jupyter_server_extension(server_app) -> None:
     from .manager import ClusterManager
 
     web_app = server_app.web_app
-    web_app.add_handlers(".*$", routes(web_app.settings["base_url"], ClusterManager()))
+    manager = web_app.settings["workbench_manager"] = ClusterManager()
+    web_app.add_handlers(".*$", routes(web_app.settings["base_url"], manager))
     server_app.log.info("workbench: REST routes under %sworkbench/api/", web_app.settings["base_url"])
+
+
+def _unload_jupyter_server_extension(server_app) -> None:
+    """The server stops: stop the clusters started from the panel (their engines and TF servers)."""
+    manager = server_app.web_app.settings.get("workbench_manager")
+    if manager is not None:
+        manager.stop_owned()

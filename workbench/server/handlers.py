@@ -1,45 +1,228 @@
-"""Thin, authenticated REST handlers over ``ClusterManager``: ``/workbench/api/...``."""
+"""Thin, authenticated handlers over ``ClusterManager``.
+
+- ``/workbench/api/...``: the REST routes the panel calls (JSON shapes in ``models.py``).
+- ``/workbench/dashboards/<cluster>/...``: the owner's Bokeh apps, proxied (HTTP and websocket)
+  so that the browser reaches them through this server, authenticated, with no extra port.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+from typing import Any, Callable
 
+import tornado.httpclient
 import tornado.web
-from jupyter_server.base.handlers import APIHandler
+import tornado.websocket
+from jupyter_core.utils import ensure_async
+from jupyter_server.auth.decorator import ws_authenticated
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import url_path_join
+from tornado.ioloop import IOLoop
 
-from .manager import BadRequest, ClusterManager, NotFound
-from .models import ErrorBody
+from ..errors import WorkbenchError
+from .manager import BadRequest, ClusterManager, NotFound, OwnerError
+from .models import ENGINE_LAUNCHERS, ErrorBody
+
+PROXY_TIMEOUT = 30.0
+_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
+
+
+def _status_of(exc: WorkbenchError) -> int:
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, BadRequest):
+        return 400
+    if isinstance(exc, OwnerError):
+        return 409
+    return 500  # a cluster that failed to start: its message says why and what to do
 
 
 class _Base(APIHandler):
     def initialize(self, manager: ClusterManager) -> None:
         self.manager = manager
 
-    def answer_error(self, exc: Exception) -> None:
-        status = 404 if isinstance(exc, NotFound) else 400
+    async def answer(self, call: Callable[[], Any], status: int = 200) -> None:
+        """Run a (blocking) manager call on a thread; answer its JSON, or an ``ErrorBody``."""
+        try:
+            result = await IOLoop.current().run_in_executor(None, call)
+        except WorkbenchError as exc:
+            code = _status_of(exc)
+            self.set_status(code)
+            self.finish(json.dumps(ErrorBody(str(exc), code).to_json()))
+            return
         self.set_status(status)
-        self.finish(json.dumps(ErrorBody(str(exc), status).to_json()))
+        self.finish(json.dumps(result))
+
+    def json_body(self) -> Any:
+        try:
+            return json.loads(self.request.body or b"{}")
+        except ValueError:
+            raise tornado.web.HTTPError(400, "the request body is not JSON") from None
+
+    def proxy_prefix(self, name: str) -> str:
+        return url_path_join(self.base_url, "workbench", "dashboards", name)
 
 
 class ClustersHandler(_Base):
     @tornado.web.authenticated
-    def get(self) -> None:
-        self.finish(json.dumps({"clusters": [c.to_json() for c in self.manager.clusters()]}))
+    async def get(self) -> None:
+        await self.answer(lambda: {"clusters": [c.to_json() for c in self.manager.clusters()]})
+
+    @tornado.web.authenticated
+    async def post(self) -> None:
+        """Start a cluster owned by this server, from the panel's form (``StartForm``)."""
+        form = self.json_body()
+        await self.answer(lambda: self.manager.start(form).to_json(), status=201)
 
 
 class ClusterHandler(_Base):
     @tornado.web.authenticated
-    def get(self, name: str) -> None:
+    async def get(self, name: str) -> None:
+        await self.answer(lambda: self.manager.cluster(name).to_json())
+
+    @tornado.web.authenticated
+    async def patch(self, name: str) -> None:
+        """Scale: ``{"workers": n}``."""
+        body = self.json_body()
+        workers = body.get("workers") if isinstance(body, dict) else None
+        await self.answer(lambda: self.manager.scale(name, workers).to_json())
+
+    @tornado.web.authenticated
+    async def delete(self, name: str) -> None:
+        """Stop; answered once the owner has stopped it."""
+        await self.answer(lambda: (self.manager.stop(name), {"stopped": name})[1])
+
+
+class PlotsHandler(_Base):
+    @tornado.web.authenticated
+    async def get(self, name: str) -> None:
+        prefix = self.proxy_prefix(name)
+        await self.answer(lambda: {"cluster": name, "plots": [p.to_json() for p in self.manager.plots(name, prefix)]})
+
+
+class SummaryHandler(_Base):
+    @tornado.web.authenticated
+    async def get(self, name: str) -> None:
+        await self.answer(lambda: {"cluster": name, "job": self.manager.summary(name)})
+
+
+class OptionsHandler(_Base):
+    """What the "new cluster" form offers: launchers and the ipyparallel profiles found."""
+
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        await self.answer(lambda: {"engines": list(ENGINE_LAUNCHERS), "profiles": _ipython_profiles()})
+
+
+def _ipython_profiles() -> list[str]:
+    from IPython.paths import get_ipython_dir
+
+    root = get_ipython_dir()
+    if not os.path.isdir(root):
+        return []
+    return sorted(d[len("profile_"):] for d in os.listdir(root) if d.startswith("profile_"))
+
+
+# -- the dashboards, proxied -------------------------------------------------------------------
+
+
+class DashboardProxy(JupyterHandler):
+    """``GET <base>/workbench/dashboards/<cluster>/<path>`` -> the owner's Bokeh server, same path."""
+
+    def initialize(self, manager: ClusterManager) -> None:
+        self.manager = manager
+
+    @tornado.web.authenticated
+    async def get(self, name: str, path: str) -> None:
+        prefix = url_path_join(self.base_url, "workbench", "dashboards", name)
         try:
-            self.finish(json.dumps(self.manager.cluster(name).to_json()))
-        except (BadRequest, NotFound) as exc:
-            self.answer_error(exc)
+            upstream = await IOLoop.current().run_in_executor(None, self.manager.upstream, name, prefix)
+        except WorkbenchError as exc:
+            self.set_status(_status_of(exc))
+            self.set_header("Content-Type", "text/plain; charset=utf-8")
+            self.finish(f"workbench: {exc}\n")
+            return
+        url = f"{upstream}/{path}" + (f"?{self.request.query}" if self.request.query else "")
+        response = await tornado.httpclient.AsyncHTTPClient().fetch(url, raise_error=False,
+                                                                    request_timeout=PROXY_TIMEOUT)
+        if response.code == 599:  # no answer at all
+            self.manager.forget_upstream(name)
+            self.set_status(502)
+            self.finish(f"workbench: the dashboards of {name!r} did not answer ({response.error}); reload to retry.\n")
+            return
+        self.set_status(response.code)
+        for key, value in response.headers.get_all():
+            if key.lower() not in _HOP_HEADERS:
+                self.set_header(key, value)
+        self.finish(response.body)
+
+
+class DashboardSocketProxy(JupyterHandler, tornado.websocket.WebSocketHandler):
+    """The Bokeh session's websocket (``.../<plot>/ws``), relayed both ways to the owner."""
+
+    def initialize(self, manager: ClusterManager) -> None:
+        self.manager = manager
+        self.upstream: tornado.websocket.WebSocketClientConnection | None = None
+
+    async def pre_get(self, name: str, path: str) -> None:
+        prefix = url_path_join(self.base_url, "workbench", "dashboards", name)
+        try:
+            base = await IOLoop.current().run_in_executor(None, self.manager.upstream, name, prefix)
+        except WorkbenchError as exc:
+            raise tornado.web.HTTPError(_status_of(exc), str(exc)) from None
+        host = base.split("/", 3)[2]
+        url = "ws://" + base.split("://", 1)[1] + f"/{path}" + (f"?{self.request.query}" if self.request.query else "")
+        protocols = [p.strip() for p in self.request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
+        request = tornado.httpclient.HTTPRequest(url, headers={"Origin": f"http://{host}"},
+                                                 connect_timeout=PROXY_TIMEOUT, request_timeout=PROXY_TIMEOUT)
+        try:
+            self.upstream = await tornado.websocket.websocket_connect(
+                request, subprotocols=protocols or None, on_message_callback=self._from_upstream)
+        except (OSError, tornado.httpclient.HTTPClientError) as exc:
+            self.manager.forget_upstream(name)
+            raise tornado.web.HTTPError(502, f"the dashboards of {name!r} did not accept the session: {exc}") from None
+
+    @ws_authenticated
+    async def get(self, name: str, path: str) -> None:
+        await ensure_async(self.pre_get(name, path))
+        result = super().get(name, path)
+        if result is not None:
+            await result
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        return subprotocols[0] if subprotocols else None
+
+    def on_message(self, message: str | bytes) -> None:
+        if self.upstream is not None:
+            self.upstream.write_message(message, binary=isinstance(message, bytes))
+
+    def _from_upstream(self, message: str | bytes | None) -> None:
+        if message is None:  # the owner closed the session (or stopped)
+            self.close()
+            return
+        try:
+            self.write_message(message, binary=isinstance(message, bytes))
+        except tornado.websocket.WebSocketClosedError:
+            self.on_close()
+
+    def on_close(self) -> None:
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            upstream.close()
 
 
 def routes(base_url: str, manager: ClusterManager) -> list[tuple]:
     api = url_path_join(base_url, "workbench", "api")
+    boards = url_path_join(base_url, "workbench", "dashboards")
+    name = r"([^/]+)"
+    kwargs = {"manager": manager}
     return [
-        (url_path_join(api, "clusters"), ClustersHandler, {"manager": manager}),
-        (url_path_join(api, "clusters", r"([^/]+)"), ClusterHandler, {"manager": manager}),
+        (url_path_join(api, "options"), OptionsHandler, kwargs),
+        (url_path_join(api, "clusters"), ClustersHandler, kwargs),
+        (url_path_join(api, "clusters", name), ClusterHandler, kwargs),
+        (url_path_join(api, "clusters", name, "plots"), PlotsHandler, kwargs),
+        (url_path_join(api, "clusters", name, "summary"), SummaryHandler, kwargs),
+        (url_path_join(boards, name, r"(.*/ws)"), DashboardSocketProxy, kwargs),
+        (url_path_join(boards, name, r"(.*)"), DashboardProxy, kwargs),
     ]

@@ -1,14 +1,29 @@
-"""What the panel manages, as plain Python (no web framework): tested on its own, wrapped by handlers."""
+"""What the panel manages, as plain Python (no web framework): tested on its own, wrapped by handlers.
+
+Clusters are listed from the registry every ``Cluster`` writes. Acting on one (scale, stop, serve
+its dashboards) goes to its owner, the process that started it (a notebook kernel, a script, or
+this Jupyter server for clusters started from the panel), through the owner's control endpoint
+(``workbench.cluster.control``). Methods block; the handlers run them on a thread.
+"""
 
 from __future__ import annotations
 
+import json
 import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
 
 from ..cluster import registry
-from ..errors import WorkbenchError
-from .models import ClusterInfo
+from ..errors import ConfigurationError, WorkbenchError
+from .models import ClusterInfo, PlotLink, StartForm
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+CONTROL_TIMEOUT = 15.0  # one call to an owner (scaling waits for engines: see SCALE_TIMEOUT)
+SCALE_TIMEOUT = 300.0
+STOP_TIMEOUT = 90.0
 
 
 class BadRequest(WorkbenchError):
@@ -19,18 +34,143 @@ class NotFound(WorkbenchError):
     """No such cluster (answered with 404)."""
 
 
+class OwnerError(WorkbenchError):
+    """The cluster's owner refused or failed the operation (answered with 409, its message passed on)."""
+
+
 class ClusterManager:
-    """The clusters running on this machine, from the registry every ``Cluster`` writes."""
+    """The clusters running on this machine; the ones started from the panel are owned here."""
+
+    def __init__(self) -> None:
+        self._owned: dict[str, Any] = {}  # name -> Cluster started from the panel (this process owns it)
+        self._starting: set[str] = set()
+        self._lock = threading.Lock()
+        self._upstreams: dict[tuple[str, str], tuple[str, str]] = {}  # (name, prefix) -> (owner, dashboards URL)
+
+    # -- reading ------------------------------------------------------------------------------
 
     def clusters(self) -> list[ClusterInfo]:
-        """Every cluster whose owner (a kernel, a terminal, a script) is alive, by name."""
-        return [ClusterInfo.from_record(r) for r in registry.list_clusters()]
+        """Every cluster whose owner (a kernel, a terminal, a script, this server) is alive, by name."""
+        return [ClusterInfo.from_record(r, owned_here=r["name"] in self._owned) for r in registry.list_clusters()]
 
     def cluster(self, name: str) -> ClusterInfo:
-        if not _NAME_RE.match(name or ""):
+        record = self._record(name)
+        return ClusterInfo.from_record(record, owned_here=name in self._owned)
+
+    def summary(self, name: str) -> dict | None:
+        """The newest job's progress and throughput now (``None`` before the first job)."""
+        return self._call(self._record(name), "GET", "summary")
+
+    def plots(self, name: str, proxy_prefix: str) -> list[PlotLink]:
+        """The cluster's plots, served by its owner under ``proxy_prefix`` (the Jupyter server's proxy path)."""
+        served = self._call(self._record(name), "POST", "dashboards", {"prefix": proxy_prefix})
+        return [PlotLink(name=p["name"], title=p["title"], path=f"{proxy_prefix}/{p['name']}") for p in served["plots"]]
+
+    def upstream(self, name: str, proxy_prefix: str) -> str:
+        """Where the owner serves the dashboards of ``name`` for ``proxy_prefix`` (started on first use)."""
+        record = self._record(name)
+        owner = (record.get("control") or {}).get("url")
+        cached = self._upstreams.get((name, proxy_prefix))
+        if cached is not None and cached[0] == owner:
+            return cached[1]
+        url = self._call(record, "POST", "dashboards", {"prefix": proxy_prefix})["url"]
+        self._upstreams[(name, proxy_prefix)] = (owner, url)
+        return url
+
+    def forget_upstream(self, name: str) -> None:
+        """The proxy could not reach it: ask the owner again next time."""
+        for key in [k for k in self._upstreams if k[0] == name]:
+            self._upstreams.pop(key, None)
+
+    # -- acting -------------------------------------------------------------------------------
+
+    def start(self, form: dict) -> ClusterInfo:
+        """Start a cluster owned by this server (it stops with the server, or from the panel)."""
+        from ..cluster.cluster import Cluster
+
+        try:
+            spec = StartForm.parse(form)
+        except ConfigurationError as exc:
+            raise BadRequest(str(exc)) from None
+        name = spec.name or Cluster._validate_name(None)
+        with self._lock:
+            taken = {r["name"] for r in registry.list_clusters()} | set(self._owned) | self._starting
+            if name in taken:
+                raise BadRequest(f"a cluster named {name!r} is already running: choose another name.")
+            self._starting.add(name)
+        try:
+            try:
+                cluster = Cluster(spec.ps, spec.workers, engines=spec.engines, gpus_per_worker=spec.gpus_per_worker,
+                                  name=name, progress=False, **({"profile": spec.profile} if spec.profile else {}))
+            except ConfigurationError as exc:
+                raise BadRequest(str(exc)) from None
+            cluster.start()  # its own errors say what failed; the handler passes them on
+            self._owned[name] = cluster
+        finally:
+            self._starting.discard(name)
+        return self.cluster(name)
+
+    def scale(self, name: str, workers: Any) -> ClusterInfo:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise BadRequest(f"workers={workers!r}: send the new number of worker tasks, an integer >= 1.")
+        self._call(self._record(name), "POST", "scale", {"workers": workers}, timeout=SCALE_TIMEOUT)
+        return self.cluster(name)
+
+    def stop(self, name: str, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop the cluster through its owner; return once its record is gone (the owner cleaned up)."""
+        record = self._record(name)
+        self._call(record, "POST", "stop")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not registry.registry_path(name).exists():
+                self._owned.pop(name, None)
+                return
+            time.sleep(0.2)
+        raise OwnerError(f"cluster {name!r} did not stop within {timeout:.0f} s; its owner (pid "
+                         f"{record.get('client_pid')}) may be busy. Try again, or stop it from that process.")
+
+    def stop_owned(self) -> None:
+        """Stop the clusters started from the panel (the server is shutting down)."""
+        for cluster in list(self._owned.values()):
+            cluster.stop()
+        self._owned.clear()
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _record(self, name: str) -> dict:
+        if not isinstance(name, str) or not _NAME_RE.match(name):
             raise BadRequest(f"{name!r} is not a cluster name: names are letters, digits, '.', '_' and '-' (at most 64).")
-        for info in self.clusters():
-            if info.name == name:
-                return info
-        known = ", ".join(c.name for c in self.clusters()) or "none"
-        raise NotFound(f"no running cluster named {name!r} (running: {known}); start one with wb.Cluster(...).start().")
+        records = registry.list_clusters()
+        for record in records:
+            if record["name"] == name:
+                return record
+        known = ", ".join(r["name"] for r in records) or "none"
+        raise NotFound(f"no running cluster named {name!r} (running: {known}); start one from the panel or with "
+                       "wb.Cluster(...).start().")
+
+    def _call(self, record: dict, method: str, op: str, body: dict | None = None,
+              timeout: float = CONTROL_TIMEOUT) -> Any:
+        control = record.get("control")
+        if not isinstance(control, dict):
+            raise OwnerError(f"cluster {record['name']!r} was started by a workbench without a control endpoint "
+                             f"(version {record.get('workbench_version') or 'unknown'}): act on it from its owner "
+                             f"(pid {record.get('client_pid')}).")
+        request = urllib.request.Request(f"{control['url']}/{op}", method=method,
+                                         data=json.dumps(body).encode() if body is not None else None,
+                                         headers={"Authorization": f"token {control['token']}",
+                                                  "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            try:
+                message = json.loads(exc.read())["error"]
+            except (ValueError, KeyError, TypeError):
+                message = f"HTTP {exc.code}"
+            if exc.code == 400:
+                raise BadRequest(message) from None
+            raise OwnerError(f"cluster {record['name']!r}: {message}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise OwnerError(f"cluster {record['name']!r}: its owner (pid {record.get('client_pid')}) did not answer "
+                             f"within {timeout:.0f} s ({reason}). It may be busy or stopping; try again.") from None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -30,11 +30,13 @@ class ClusterInfo:
     tasks: list[TaskInfo]
     dashboard: str | None  # URL of the owner's dashboard server (127.0.0.1), or None
     updated: float
+    controllable: bool = False  # the owner answers scale/stop/dashboards (workbench >= 0.1 with a control endpoint)
+    owned_here: bool = False  # started from the panel: this Jupyter server owns it
     workbench_version: str = ""
     spec: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> ClusterInfo:
+    def from_record(cls, record: dict[str, Any], owned_here: bool = False) -> ClusterInfo:
         """A registry record (written by ``Cluster``) -> the panel's view of it."""
         tasks = [TaskInfo(name=f"{t['job']}:{t['index']}", job=t["job"], index=int(t["index"]),
                           engine_id=int(t.get("engine_id", -1)), host=t.get("host", ""), address=t.get("address", ""),
@@ -45,10 +47,64 @@ class ClusterInfo:
                    owned=bool(record.get("owned", False)), client_pid=int(record.get("client_pid", 0)), tasks=tasks,
                    dashboard=dashboard.get("url") if isinstance(dashboard, dict) else None,
                    updated=float(record.get("updated", 0.0)), workbench_version=record.get("workbench_version", ""),
-                   spec=dict(record.get("spec", {})))
+                   spec=dict(record.get("spec", {})), controllable=isinstance(record.get("control"), dict),
+                   owned_here=owned_here)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class PlotLink:
+    """One plot of a cluster, as the panel opens it: ``path`` is served through this Jupyter server."""
+
+    name: str  # timeline, throughput, progress, dashboard, profile
+    title: str
+    path: str  # <base_url>workbench/dashboards/<cluster>/<name>
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+ENGINE_LAUNCHERS = ("local", "mpi", "slurm", "ssh", "pbs", "sge", "lsf", "htcondor")
+
+
+@dataclass(frozen=True)
+class StartForm:
+    """The panel's "new cluster" form (``POST /workbench/api/clusters``)."""
+
+    ps: int = 1
+    workers: int = 2
+    gpus_per_worker: int = 0
+    engines: str = "local"  # an ipyparallel engine launcher
+    profile: str = ""  # an ipyparallel profile holding that launcher's configuration
+    name: str | None = None
+
+    @classmethod
+    def parse(cls, body: Any) -> StartForm:
+        """Check the form's fields; raise ``ConfigurationError`` naming the field and what is allowed."""
+        from ..errors import ConfigurationError
+
+        if not isinstance(body, dict):
+            raise ConfigurationError("send the form as a JSON object: {\"ps\": 1, \"workers\": 2, ...}.")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(body) - known)
+        if unknown:
+            raise ConfigurationError(f"unknown field(s) {unknown}: the form has {sorted(known)}.")
+        values = {**asdict(cls()), **body}
+        for key, low in (("ps", 0), ("workers", 1), ("gpus_per_worker", 0)):
+            value = values[key]
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 64:
+                raise ConfigurationError(f"{key}={value!r}: an integer from {low} to 64.")
+        if values["engines"] not in ENGINE_LAUNCHERS:
+            raise ConfigurationError(f"engines={values['engines']!r}: one of {', '.join(ENGINE_LAUNCHERS)}.")
+        if not isinstance(values["profile"], str):
+            raise ConfigurationError(f"profile={values['profile']!r}: the name of an ipyparallel profile, or ''.")
+        if values["name"] in ("", None):
+            values["name"] = None
+        elif not isinstance(values["name"], str):
+            raise ConfigurationError(f"name={values['name']!r}: a cluster name, or leave it empty for a random one.")
+        return cls(**values)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,171 @@
+"""The owner's control endpoint: how other processes (the Jupyter server's panel) act on a cluster.
+
+Every running ``Cluster`` serves a few token-protected routes on 127.0.0.1, on its own thread,
+and writes their URL and token into its registry record (a file only this user can read):
+
+- ``GET  /summary``     the newest job's progress and throughput now (``JobSummary``);
+- ``POST /scale``       ``{"workers": n}``: ``cluster.scale(workers=n)``;
+- ``POST /stop``        ``cluster.stop()``, answered at once (202): the record disappears when done;
+- ``POST /dashboards``  ``{"prefix": "/..."}``: serve the Bokeh apps under that path prefix (for the
+  Jupyter server's authenticated proxy) and answer their URL.
+
+Operations run one at a time on a worker thread, never on the kernel's main thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import json
+import secrets
+import threading
+from typing import Any
+
+from ..errors import ConfigurationError, WorkbenchError
+
+START_TIMEOUT = 10.0
+
+
+class ControlServer:
+    """Token-protected routes on 127.0.0.1 that act on one cluster (see the module docstring)."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.token = secrets.token_urlsafe(24)
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._work = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"workbench-control-{cluster.name}")
+        self._dashboards: dict[str, Any] = {}  # prefix -> DashboardServer, for the Jupyter server's proxy
+        self._summary = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def record(self) -> dict[str, str]:
+        """What the registry record holds so that the Jupyter server can reach this endpoint."""
+        return {"url": self.url, "token": self.token}
+
+    # -- operations (on the worker thread) --------------------------------------------------
+
+    def summary(self) -> dict | None:
+        from ..dashboard.summary import JobSummary
+
+        if self._summary is None:
+            self._summary = JobSummary(self.cluster.telemetry)
+        return self._summary.update()
+
+    def scale(self, body: dict) -> dict:
+        workers = body.get("workers")
+        if not isinstance(workers, int) or isinstance(workers, bool):
+            raise ConfigurationError(f"workers={workers!r}: send the new number of worker tasks as an integer >= 1.")
+        self.cluster.scale(workers=workers)
+        return {"workers": len([t for t in self.cluster.tasks if t.job == "worker"])}
+
+    def dashboards(self, body: dict) -> dict:
+        from ..dashboard.server import DashboardServer
+        from ..optional import require
+
+        prefix = body.get("prefix")
+        if not isinstance(prefix, str) or not prefix.startswith("/") or prefix.endswith("/"):
+            raise ConfigurationError(f"prefix={prefix!r}: send a path like '/workbench/dashboards/NAME'.")
+        require("bokeh", "the dashboards")
+        server = self._dashboards.get(prefix)
+        if server is None:
+            server = self._dashboards[prefix] = DashboardServer(self.cluster, prefix=prefix).start()
+        return {"url": server.url, "plots": [{"name": p.name, "title": p.title} for p in server.plots()]}
+
+    # -- serving ------------------------------------------------------------------------------
+
+    def start(self) -> ControlServer:
+        self._thread = threading.Thread(target=self._serve, daemon=True, name=f"workbench-control-{self.cluster.name}")
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT) or self._error is not None:
+            raise WorkbenchError(f"the control endpoint of cluster {self.cluster.name!r} did not start: "
+                                 f"{self._error or 'timed out'}")
+        return self
+
+    def _serve(self) -> None:
+        import tornado.httpserver
+        import tornado.netutil
+        import tornado.web
+
+        owner = self
+
+        class Route(tornado.web.RequestHandler):
+            def initialize(self, op: str) -> None:
+                self.op = op
+
+            def prepare(self) -> None:
+                given = self.request.headers.get("Authorization", "")
+                if not hmac.compare_digest(given.encode(), f"token {owner.token}".encode()):
+                    self._answer(403, {"error": "this endpoint needs the token from the cluster's registry record"})
+
+            def _answer(self, status: int, body: Any) -> None:
+                self.set_status(status)
+                self.set_header("Content-Type", "application/json")
+                self.finish(json.dumps(body))
+
+            async def _run(self, call) -> None:
+                loop = asyncio.get_running_loop()
+                try:
+                    result = await loop.run_in_executor(owner._work, call)
+                except WorkbenchError as exc:
+                    self._answer(400 if isinstance(exc, ConfigurationError) else 409, {"error": str(exc)})
+                    return
+                self._answer(200, result)
+
+            def _body(self) -> dict:
+                try:
+                    body = json.loads(self.request.body or b"{}")
+                except ValueError:
+                    body = None
+                if not isinstance(body, dict):
+                    raise tornado.web.HTTPError(400, "send a JSON object")
+                return body
+
+            async def get(self) -> None:
+                if self.op != "summary":
+                    raise tornado.web.HTTPError(405)
+                await self._run(owner.summary)
+
+            async def post(self) -> None:
+                if self.op == "stop":  # answered first: stopping ends this server too
+                    self._answer(202, {"stopping": owner.cluster.name})
+                    threading.Thread(target=owner.cluster.stop, daemon=True, name="workbench-stop").start()
+                    return
+                body = self._body()
+                await self._run(lambda: getattr(owner, self.op)(body))
+
+        app = tornado.web.Application([(f"/{op}", Route, {"op": op}) for op in ("summary", "scale", "stop", "dashboards")])
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        try:
+            sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+            server = tornado.httpserver.HTTPServer(app)
+            server.add_sockets(sockets)
+            self.port = sockets[0].getsockname()[1]
+        except Exception as exc:  # noqa: BLE001 - reported by start() in the caller's thread
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+        server.stop()
+        self._loop.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the proxied dashboard servers and this endpoint (safe from any thread but its own)."""
+        for server in self._dashboards.values():
+            server.stop()
+        self._dashboards.clear()
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._thread is not threading.current_thread():
+                self._thread.join(timeout)
+        self._thread = None
+        self._work.shutdown(wait=False)
