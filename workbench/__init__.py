@@ -17,6 +17,8 @@ from .training import (  # noqa: E402
     run_spmd,
     train,
 )
+attach = Cluster.attach
+
 from .errors import (  # noqa: E402
     ClusterStartError,
     ClusterStateError,
@@ -30,6 +32,7 @@ from .errors import (  # noqa: E402
 )
 
 __all__ = [
+    "attach",
     "Dashboard",
     "DashboardServer",
     "dashboard",

@@ -139,7 +139,8 @@ class Cluster:
         self._dashboards: list = []  # live notebook dashboards: held here, stopped with the cluster
         self.last_profile = None  # the newest cluster.profile(), for the served /profile page
         self._clock_offsets: tuple[float, dict[str, float]] | None = None
-        if engines is None:  # set by from_existing
+        self._owner_pid = 0  # set by attach(): the process that runs this cluster
+        if engines is None:  # set by from_existing or attach
             return
         launcher_cls = engine_launcher_class(engines)
         cluster_kwargs, launcher_kwargs = split_launcher_options(launcher_cls, launcher_options)
@@ -219,6 +220,50 @@ class Cluster:
         cluster._pool_factory = factory
         return cluster
 
+    @classmethod
+    def attach(cls, name: str, *, timeout: float = 60.0) -> Cluster:
+        """Use, from this process, a cluster that another one runs (a notebook kernel, the Workbench panel).
+
+        The attached object trains, places ops, profiles and shows dashboards like the owner's.
+        It does not own the cluster: ``stop()`` only disconnects this process, and scaling or
+        stopping the cluster is done by its owner (or from the Workbench panel).
+        """
+        import ipyparallel as ipp
+
+        records = {r["name"]: r for r in registry.list_clusters()}
+        record = records.get(name)
+        if record is None:
+            running = ", ".join(records) or "none"
+            raise ClusterStateError(f"no running cluster named {name!r} on this machine (running: {running}). Start "
+                                    "one with wb.Cluster(...).start() or from the Workbench panel.")
+        if record.get("client_pid") == os.getpid():
+            raise ClusterStateError(f"cluster {name!r} runs in this very process: use that object "
+                                    f"(wb.running_clusters() lists it).")
+        if not record.get("cluster_file"):
+            raise ClusterStateError(f"cluster {name!r} borrows the engines of an ipyparallel cluster it does not own: "
+                                    "connect to that one with wb.Cluster.from_existing(...) instead.")
+        spec = record.get("spec", {})
+        cluster = cls(len(spec.get("ps", [])), len(spec.get("worker", [])), engines=None, name=name, progress=False)
+        try:
+            client = ipp.Cluster.from_file(record["cluster_file"]).connect_client_sync(timeout=timeout)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise ClusterStateError(f"could not connect to cluster {name!r}'s controller ({exc}); its owner (pid "
+                                    f"{record.get('client_pid')}) may be stopping it.") from None
+        cluster._launcher = record.get("engines", "")
+        cluster._owner_pid = int(record.get("client_pid") or 0)
+        cluster._pool = AttachedPool(client, close_client=True, launcher=cluster._launcher)
+        cluster._tasks = {TaskId(t["job"], int(t["index"])): TaskRecord(**t) for t in record.get("tasks", [])}
+        cluster._client_tf_version = client_tensorflow_version()
+        cluster._state = "running"
+        cluster._started_at = time.monotonic()
+        _LIVE_CLUSTERS.add(cluster)
+        return cluster
+
+    @property
+    def attached(self) -> bool:
+        """True for a cluster from ``attach()``: another process owns it."""
+        return bool(self._owner_pid)
+
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> Cluster:
@@ -283,6 +328,11 @@ class Cluster:
             board.stop_updates()  # they keep showing the final state
         self._dashboards.clear()
         pool, self._pool = self._pool, None
+        if self.attached:  # only this process's connection ends; the owner keeps the cluster
+            if pool is not None:
+                pool.close(timeout)
+            _LIVE_CLUSTERS.discard(self)
+            return
         if pool is not None:
             if not pool.owned and self._tasks:
                 try:
@@ -313,6 +363,9 @@ class Cluster:
 
     def _scale(self, workers: int | None, ps: int | None) -> Cluster:
         self._require_running("scale")
+        if self.attached:
+            raise ClusterStateError(f"cluster {self.name!r} is attached: process {self._owner_pid} owns it. Scale it "
+                                    "there, or from the Workbench panel.")
         if ps is not None and ps != self._ps:
             raise ConfigurationError(
                 f"ps={ps}: the number of ps tasks cannot change while the cluster runs (model variables live on "
@@ -553,6 +606,8 @@ class Cluster:
         return ClusterStatus(self.name, self._state, self._launcher, self.tasks)
 
     def _write_registry(self) -> None:
+        if self.attached:  # the owner's record stays the owner's
+            return
         proc = psutil.Process()
         registry.write_record({
             "name": self.name,

@@ -104,7 +104,11 @@ class PlotsHandler(_Base):
 class SummaryHandler(_Base):
     @tornado.web.authenticated
     async def get(self, name: str) -> None:
-        await self.answer(lambda: {"cluster": name, "job": self.manager.summary(name)})
+        def summary() -> dict:
+            job = self.manager.summary(name)
+            return {"cluster": name, "job": job.to_json() if job is not None else None}
+
+        await self.answer(summary)
 
 
 class OptionsHandler(_Base):

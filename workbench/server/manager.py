@@ -18,7 +18,7 @@ from typing import Any
 
 from ..cluster import registry
 from ..errors import ConfigurationError, WorkbenchError
-from .models import ClusterInfo, PlotLink, StartForm
+from .models import ClusterInfo, JobNow, PlotLink, StartForm
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 CONTROL_TIMEOUT = 15.0  # one call to an owner (scaling waits for engines: see SCALE_TIMEOUT)
@@ -57,9 +57,10 @@ class ClusterManager:
         record = self._record(name)
         return ClusterInfo.from_record(record, owned_here=name in self._owned)
 
-    def summary(self, name: str) -> dict | None:
+    def summary(self, name: str) -> JobNow | None:
         """The newest job's progress and throughput now (``None`` before the first job)."""
-        return self._call(self._record(name), "GET", "summary")
+        body = self._call(self._record(name), "GET", "summary")
+        return JobNow.from_json(body) if body is not None else None
 
     def plots(self, name: str, proxy_prefix: str) -> list[PlotLink]:
         """The cluster's plots, served by its owner under ``proxy_prefix`` (the Jupyter server's proxy path)."""

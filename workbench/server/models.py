@@ -108,6 +108,41 @@ class StartForm:
 
 
 @dataclass(frozen=True)
+class WorkerRates:
+    examples_per_s: float
+    steps_per_s: float
+
+
+@dataclass(frozen=True)
+class JobNow:
+    """The newest job of a cluster at a glance (``GET .../clusters/<name>/summary``, the panel's live figure)."""
+
+    job: str
+    strategy: str
+    state: str  # running | done | failed | cancelled
+    steps_done: int
+    steps_total: int
+    fraction: float
+    eta_s: float | None
+    elapsed_s: float
+    notes: list[str]
+    examples_per_s: float
+    steps_per_s: float
+    workers: dict[str, WorkerRates]
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> JobNow:
+        """Checks an owner's answer against this shape (a ``KeyError``/``TypeError`` if it drifted)."""
+        known = {f.name for f in fields(cls)}
+        if set(body) != known:
+            raise TypeError(f"summary fields {sorted(body)} differ from JobNow's {sorted(known)}")
+        return cls(**{**body, "workers": {w: WorkerRates(**r) for w, r in body["workers"].items()}})
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class ErrorBody:
     """Every 4xx answer: what failed, and what to do."""
 

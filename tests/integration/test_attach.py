@@ -1,0 +1,61 @@
+"""wb.attach: a second process uses a cluster that another one owns (what the panel's connection code runs)."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import workbench as wb
+from workbench.cluster import registry
+from training_helpers import train
+
+pytestmark = pytest.mark.cluster
+
+OWNER = textwrap.dedent("""
+    import sys, workbench as wb
+    cluster = wb.Cluster(ps=1, workers=2, name="wb-test-owner", progress=False).start()
+    print("ready", flush=True)
+    sys.stdin.read()  # until the test closes our stdin
+    cluster.stop()
+""")
+
+
+@pytest.fixture(scope="module")
+def owner():
+    process = subprocess.Popen([sys.executable, "-c", OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        yield process
+    finally:
+        process.stdin.close()
+        try:
+            process.wait(90)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def test_an_attached_cluster_trains_on_the_owners_tasks_and_detaches(owner):
+    owners = next(r for r in registry.list_clusters() if r["name"] == "wb-test-owner")
+    cluster = wb.attach("wb-test-owner")
+    try:
+        assert cluster.attached and cluster.state == "running"
+        assert [t.name for t in cluster.tasks] == ["ps:0", "worker:0", "worker:1"]
+        assert cluster.spec_dict == owners["spec"]
+        job = train(cluster, strategy="async-ps", steps=30, steps_per_call=5).wait(300)
+        assert job.state == "done" and len(job.history) == 30
+        with pytest.raises(wb.ClusterStateError, match="is attached: process .* owns it"):
+            cluster.scale(workers=3)
+    finally:
+        cluster.stop()
+    assert cluster.state == "stopped"
+    time.sleep(0.5)
+    record = next(r for r in registry.list_clusters() if r["name"] == "wb-test-owner")
+    assert record["client_pid"] == owner.pid and len(record["tasks"]) == 3  # the owner's cluster runs on
+
+
+def test_attaching_to_an_unknown_cluster_says_what_runs():
+    with pytest.raises(wb.ClusterStateError, match="no running cluster named 'nosuch'.*Workbench panel"):
+        wb.attach("nosuch")
