@@ -36,8 +36,9 @@ class PlotPane extends MainAreaWidget<IFrame> {
     this.title.icon = workbenchIcon;
     this.title.closable = true;
     this.content.url = plot.path;
-    this.content.node.dataset.cluster = plot.cluster;
-    this.content.node.dataset.plot = plot.name;
+    const frame = this.content.node.querySelector('iframe');
+    frame?.setAttribute('data-cluster', plot.cluster);
+    frame?.setAttribute('data-plot', plot.name);
   }
 }
 

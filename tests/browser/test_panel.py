@@ -1,0 +1,123 @@
+"""The Workbench panel in a real JupyterLab and Chromium.
+
+It lists a cluster that a notebook kernel started; opens its timeline as a main-area pane that
+updates (through the Jupyter server's proxy); starts, scales and stops a cluster of its own;
+inserts the connection code into the notebook; restores the pane after a reload; and forgets
+the kernel's cluster once the kernel restarts.
+"""
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from conftest import ARTIFACTS
+
+from .conftest import cell_output_text, run_notebook_in_lab, write_notebook
+
+pytestmark = [pytest.mark.cluster, pytest.mark.browser]
+
+KERNEL_CLUSTER = "wb-panel-kernel"
+PANEL_CLUSTER = "wb-panel-started"
+CELLS = [
+    "import keras\nimport workbench as wb\n"
+    f"cluster = wb.Cluster(ps=1, workers=1, name={KERNEL_CLUSTER!r}, progress=False).start()",
+    "def make_model():\n"
+    "    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation='relu'), keras.layers.Dense(10)])\n"
+    "job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
+    "               steps=100_000, steps_per_call=5)\n"
+    "print('training started')",
+]
+# every bar in the timeline's Bokeh documents, in the frame of the pane
+JS_TIMELINE_BARS = """() => [...(window.Bokeh ? Bokeh.documents : [])].flatMap((d) => [...d._all_models.values()])
+    .filter((m) => m.name && m.name.startsWith("timeline_steps_")).reduce((n, s) => n + s.data.right.length, 0)"""
+
+
+def _listing(lab) -> dict:
+    return {c["name"]: c for c in json.loads(lab.api("workbench/api/clusters"))["clusters"]}
+
+
+def _card(page, name: str):
+    return page.locator(f".wb-card[data-cluster='{name}']")
+
+
+def _pane_frame(page, plot: str, timeout: float = 60.0):
+    """The frame of the main-area pane that shows ``plot`` of the kernel's cluster."""
+    frame_element = page.locator(f".wb-plot-pane iframe[data-cluster='{KERNEL_CLUSTER}'][data-plot='{plot}']")
+    frame_element.wait_for(state="attached", timeout=timeout * 1000)
+    frame = frame_element.element_handle().content_frame()
+    frame.wait_for_load_state("load", timeout=timeout * 1000)
+    assert frame.url.endswith(f"/workbench/dashboards/{KERNEL_CLUSTER}/{plot}"), frame.url
+    return frame
+
+
+def _bars_grow(frame, timeout: float = 90.0) -> tuple[int, int]:
+    frame.wait_for_function(JS_TIMELINE_BARS.replace("() =>", "() => 0 <"), timeout=timeout * 1000, polling=250)
+    first = frame.evaluate(JS_TIMELINE_BARS)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and frame.evaluate(JS_TIMELINE_BARS) <= first:
+        time.sleep(0.5)
+    return first, frame.evaluate(JS_TIMELINE_BARS)
+
+
+def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page):
+    notebook = write_notebook(jupyter_lab, "panel.ipynb", CELLS)
+    panel = run_notebook_in_lab(page, jupyter_lab, notebook)
+    assert "training started" in cell_output_text(panel, 1)
+
+    # the panel lists the kernel's cluster: tasks, health, live throughput
+    page.locator(".jp-SideBar [data-id='workbench-panel']").click()
+    card = _card(page, KERNEL_CLUSTER)
+    card.wait_for(timeout=30_000)
+    assert card.locator("tr[data-task]").all_inner_texts()[0].split("\t")[0] == "ps:0"
+    assert "running" in card.locator("tr[data-task='worker:0']").inner_text()
+    page.wait_for_function(f"""() => {{ const r = document.querySelector(".wb-card[data-cluster='{KERNEL_CLUSTER}'] .wb-rate");
+        return r && parseFloat(r.textContent) > 0; }}""", timeout=120_000, polling=500)
+
+    # the timeline opens as a main-area pane, served through Jupyter, and updates
+    card.locator(".wb-plot[data-plot='timeline']").click()
+    first, second = _bars_grow(_pane_frame(page, "timeline"))
+    assert second > first, f"the timeline pane did not update: {first} then {second} bars"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "panel-timeline.png"))
+
+    # connection code goes into the last active notebook, below its active cell (the pane is in front)
+    card.locator(".wb-insert").click()
+    expect_code = f'cluster = wb.attach("{KERNEL_CLUSTER}")'
+    page.wait_for_function(f"""() => [...document.querySelectorAll(".jp-Notebook .jp-Cell .jp-InputArea-editor")]
+        .some((e) => e.textContent.includes({json.dumps(expect_code)}))""", timeout=10_000)
+
+    # start, scale and stop a cluster from the panel's form
+    page.locator(".wb-start summary").click()
+    form = page.locator(".wb-start-form")
+    form.locator("select[name='engines'] option[value='local']").wait_for(state="attached", timeout=10_000)
+    form.locator("input[name='workers']").fill("1")
+    form.locator("input[name='name']").fill(PANEL_CLUSTER)
+    form.locator(".wb-start-button").click()
+    started = _card(page, PANEL_CLUSTER)
+    started.wait_for(timeout=180_000)
+    assert "started from this panel" in started.locator(".wb-owner").inner_text()
+    assert _listing(jupyter_lab)[PANEL_CLUSTER]["owned_here"]
+    started.locator(".wb-workers").fill("2")
+    started.locator(".wb-scale").click()
+    started.locator("tr[data-task='worker:1']").wait_for(timeout=180_000)
+    assert "Now 2 worker(s)" in started.locator(".wb-feedback").inner_text()
+    page.screenshot(path=str(ARTIFACTS / "panel-clusters.png"))
+    started.locator(".wb-stop").click()
+    page.locator(".jp-Dialog .jp-mod-warn").click()
+    started.wait_for(state="detached", timeout=120_000)
+    assert PANEL_CLUSTER not in _listing(jupyter_lab)
+
+    # a reload restores the open pane, which keeps updating
+    page.reload(wait_until="domcontentloaded")
+    first, second = _bars_grow(_pane_frame(page, "timeline"))
+    assert second > first, f"the restored pane did not update: {first} then {second} bars"
+
+    # a kernel restart ends the kernel's cluster: the panel shows what still runs
+    kernel_id = json.loads(jupyter_lab.api("api/sessions"))[0]["kernel"]["id"]
+    jupyter_lab.api(f"api/kernels/{kernel_id}/restart", method="POST", timeout=60)
+    page.evaluate("() => window.jupyterapp.commands.execute('workbench:show-panel')")
+    _card(page, KERNEL_CLUSTER).wait_for(state="detached", timeout=90_000)
+    assert KERNEL_CLUSTER not in _listing(jupyter_lab)
+    assert page.locator(".wb-empty").is_visible()
