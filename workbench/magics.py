@@ -32,6 +32,7 @@ workbench magics (each one calls the Python API shown on the right)
   %wb scale --workers N [--name NAME]     cluster.scale(workers=N)
   %wb stop [--name NAME]                  cluster.stop()
   %wb list                                every cluster this kernel runs, the default first
+  %wb attach NAME                         wb.attach(NAME): use a cluster another kernel (or the panel) runs
   %%wb on worker:1 [--name NAME]          with cluster.device("worker:1"): <the cell>
   %%wb spmd [--name NAME] [--timeout S]   wb.run_spmd(cluster, <the cell>): on every worker at once, with
                                           `strategy` (MultiWorkerMirroredStrategy), `worker_index`, TF_CONFIG
@@ -78,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     scale.add_argument("--workers", type=int, required=True)
     scale.add_argument("--name")
     commands.add_parser("list", prog="%wb list", add_help=False)
+    commands.add_parser("attach", prog="%wb attach", add_help=False).add_argument("name")
     commands.add_parser("help", prog="%wb help", add_help=False)
     spmd = commands.add_parser("spmd", prog="%%wb spmd", add_help=False)
     spmd.add_argument("--name")
@@ -111,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-SUBCOMMANDS = ("start", "status", "scale", "stop", "list", "on", "spmd", "train", "placement", "dashboard", "profile",
+SUBCOMMANDS = ("start", "status", "scale", "stop", "list", "attach", "on", "spmd", "train", "placement", "dashboard", "profile",
                "help")
 CELL_SUBCOMMANDS = ("on", "spmd")
 
@@ -187,6 +189,9 @@ class WorkbenchMagics(Magics):
         cluster = self._cluster(args.name)
         cluster.stop()
         return cluster.status()
+
+    def _do_attach(self, args, cell):
+        return Cluster.attach(args.name).status()
 
     def _do_list(self, args, cell):
         clusters = running_clusters()

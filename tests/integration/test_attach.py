@@ -59,3 +59,17 @@ def test_an_attached_cluster_trains_on_the_owners_tasks_and_detaches(owner):
 def test_attaching_to_an_unknown_cluster_says_what_runs():
     with pytest.raises(wb.ClusterStateError, match="no running cluster named 'nosuch'.*Workbench panel"):
         wb.attach("nosuch")
+
+
+def test_the_attach_magic_makes_the_owners_cluster_this_kernels_default(owner):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.extension_manager.load_extension("workbench")
+    status = shell.run_line_magic("wb", "attach wb-test-owner")
+    try:
+        assert "wb-test-owner" in str(status) and "worker:1" in str(status)
+        assert wb.running_clusters()[-1].name == "wb-test-owner"
+    finally:
+        shell.run_line_magic("wb", "stop --name wb-test-owner")  # detaches this kernel only
+    assert any(r["name"] == "wb-test-owner" for r in registry.list_clusters())
