@@ -8,7 +8,6 @@ the kernel's cluster once the kernel restarts.
 
 import json
 import time
-import urllib.request
 
 import pytest
 

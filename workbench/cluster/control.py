@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 from ..errors import ConfigurationError, WorkbenchError
+from ..serving import ServingThread
 
 START_TIMEOUT = 10.0
 
@@ -34,10 +35,7 @@ class ControlServer:
         self.cluster = cluster
         self.token = secrets.token_urlsafe(24)
         self.port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
+        self._serving = ServingThread(f"workbench-control-{cluster.name}")
         self._work = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"workbench-control-{cluster.name}")
         self._dashboards: dict[str, Any] = {}  # prefix -> DashboardServer, for the Jupyter server's proxy
         self._summary = None
@@ -82,14 +80,13 @@ class ControlServer:
     # -- serving ------------------------------------------------------------------------------
 
     def start(self) -> ControlServer:
-        self._thread = threading.Thread(target=self._serve, daemon=True, name=f"workbench-control-{self.cluster.name}")
-        self._thread.start()
-        if not self._ready.wait(START_TIMEOUT) or self._error is not None:
-            raise WorkbenchError(f"the control endpoint of cluster {self.cluster.name!r} did not start: "
-                                 f"{self._error or 'timed out'}")
+        try:
+            self._serving.start(self._serve, START_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            raise WorkbenchError(f"the control endpoint of cluster {self.cluster.name!r} did not start: {exc}") from None
         return self
 
-    def _serve(self) -> None:
+    def _serve(self):
         import tornado.httpserver
         import tornado.netutil
         import tornado.web
@@ -142,30 +139,16 @@ class ControlServer:
                 await self._run(lambda: getattr(owner, self.op)(body))
 
         app = tornado.web.Application([(f"/{op}", Route, {"op": op}) for op in ("summary", "scale", "stop", "dashboards")])
-        self._loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self._loop)
-        try:
-            sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
-            server = tornado.httpserver.HTTPServer(app)
-            server.add_sockets(sockets)
-            self.port = sockets[0].getsockname()[1]
-        except Exception as exc:  # noqa: BLE001 - reported by start() in the caller's thread
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        self._loop.run_forever()
-        server.stop()
-        self._loop.close()
+        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+        server = tornado.httpserver.HTTPServer(app)
+        server.add_sockets(sockets)
+        self.port = sockets[0].getsockname()[1]
+        return server.stop
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the proxied dashboard servers and this endpoint (safe from any thread but its own)."""
         for server in self._dashboards.values():
             server.stop()
         self._dashboards.clear()
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            if self._thread is not threading.current_thread():
-                self._thread.join(timeout)
-        self._thread = None
+        self._serving.stop(timeout)
         self._work.shutdown(wait=False)

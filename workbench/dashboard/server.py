@@ -8,12 +8,11 @@ JupyterLab panel renders buttons from that list and opens each route in a frame.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from dataclasses import asdict, dataclass
 
 from ..errors import ConfigurationError, WorkbenchError
+from ..serving import ServingThread
 from .components import PLOTS, make_components
 from .data import device_rows
 from .live import DEFAULT_INTERVAL
@@ -49,11 +48,7 @@ class DashboardServer:
             raise ConfigurationError(f"prefix={prefix!r}: pass '' or a path like '/proxy/absolute/5006'.")
         self.cluster, self.port, self.prefix, self.interval = cluster, int(port), prefix, float(interval)
         self._origins = list(allow_websocket_origin or [])
-        self._server = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
+        self._serving = ServingThread(f"workbench-bokeh-{cluster.name}")
         self.sessions_opened = 0
         self._summary = JobSummary(cluster.telemetry)  # read only in the server's thread
 
@@ -113,18 +108,18 @@ class DashboardServer:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> DashboardServer:
-        if self._thread is not None:
+        if self._serving.running:
             return self
-        self._thread = threading.Thread(target=self._serve, daemon=True, name=f"workbench-bokeh-{self.cluster.name}")
-        self._thread.start()
-        if not self._ready.wait(START_TIMEOUT):
-            raise DashboardServerError(f"the dashboard server did not start within {START_TIMEOUT:.0f} s.")
-        if self._error is not None:
-            raise DashboardServerError(f"the dashboard server could not start on port {self.port}: {self._error}. "
+        try:
+            self._serving.start(self._serve, START_TIMEOUT)
+        except TimeoutError:
+            raise DashboardServerError(f"the dashboard server did not start within {START_TIMEOUT:.0f} s.") from None
+        except Exception as exc:  # noqa: BLE001 - Bokeh and tornado raise many kinds; the message says what to do
+            raise DashboardServerError(f"the dashboard server could not start on port {self.port}: {exc}. "
                                        "Pass another port, or port=0 for a free one.") from None
         return self
 
-    def _serve(self) -> None:
+    def _serve(self):
         from bokeh.server.server import Server
         from tornado.web import RequestHandler
 
@@ -140,28 +135,19 @@ class DashboardServer:
                 self.set_header("Content-Type", "application/json")
                 self.write(json.dumps({"cluster": owner.cluster.name, "job": owner._summary.update()}))
 
-        self._loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self._loop)
-        try:
-            apps = {f"/{name}": self._app((name,)) for name in PLOTS}
-            apps["/dashboard"] = self._app(tuple(PLOTS))
-            apps["/profile"] = self._profile_app()
-            self._server = Server(apps, port=self.port, address="127.0.0.1", prefix=self.prefix,
-                                  allow_websocket_origin=[f"127.0.0.1:{self.port}", f"localhost:{self.port}", *self._origins]
-                                  if self.port else None,
-                                  extra_patterns=[(f"{self.prefix}/plots.json", PlotsHandler),
-                                                  (f"{self.prefix}/summary.json", SummaryHandler)])
-            self._server.start()
-            self.port = self._server.port
-            if not self._origins:  # port 0 chose a port: allow pages from it
-                self._server._tornado._websocket_origins.update({f"127.0.0.1:{self.port}", f"localhost:{self.port}"})
-        except Exception as exc:  # noqa: BLE001 - reported by start() in the caller's thread
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.close()
+        apps = {f"/{name}": self._app((name,)) for name in PLOTS}
+        apps["/dashboard"] = self._app(tuple(PLOTS))
+        apps["/profile"] = self._profile_app()
+        self._server = Server(apps, port=self.port, address="127.0.0.1", prefix=self.prefix,
+                              allow_websocket_origin=[f"127.0.0.1:{self.port}", f"localhost:{self.port}", *self._origins]
+                              if self.port else None,
+                              extra_patterns=[(f"{self.prefix}/plots.json", PlotsHandler),
+                                              (f"{self.prefix}/summary.json", SummaryHandler)])
+        self._server.start()
+        self.port = self._server.port
+        if not self._origins:  # port 0 chose a port: allow pages from it
+            self._server._tornado._websocket_origins.update({f"127.0.0.1:{self.port}", f"localhost:{self.port}"})
+        return self._server.stop
 
     @property
     def url(self) -> str:
@@ -169,18 +155,7 @@ class DashboardServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving and end the server's thread."""
-        if self._loop is None or self._thread is None:
-            return
-        server, loop = self._server, self._loop
-
-        def shutdown() -> None:
-            if server is not None:
-                server.stop()
-            loop.stop()
-
-        loop.call_soon_threadsafe(shutdown)
-        self._thread.join(timeout)
-        self._thread = None
+        self._serving.stop(timeout)
 
     def __repr__(self) -> str:
         return f"<workbench.DashboardServer {self.url}: {', '.join(p.name for p in self.plots())}>"
