@@ -87,3 +87,16 @@ async def test_the_dashboard_websocket_refuses_unauthenticated_sessions(jp_ws_fe
     with pytest.raises(tornado.httpclient.HTTPClientError) as info:
         await jp_ws_fetch("workbench", "dashboards", "some-name", "timeline", "ws", headers={"Authorization": ""})
     assert info.value.code == 403
+
+
+async def test_a_task_whose_engine_died_on_this_host_shows_as_lost(jp_fetch):
+    import socket
+
+    record = _record("wb-route-lost")
+    record["tasks"][0].update(host=socket.gethostname(), pid=2**22 + 11)  # no such process
+    registry.write_record(record)
+    try:
+        body = json.loads((await jp_fetch("workbench", "api", "clusters", "wb-route-lost")).body)
+        assert body["tasks"][0]["state"] == "lost"
+    finally:
+        registry.remove_record("wb-route-lost")

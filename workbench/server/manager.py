@@ -16,6 +16,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import psutil
+
 from ..cluster import registry
 from ..errors import ConfigurationError, WorkbenchError
 from .models import ClusterInfo, JobNow, PlotLink, StartForm
@@ -51,11 +53,24 @@ class ClusterManager:
 
     def clusters(self) -> list[ClusterInfo]:
         """Every cluster whose owner (a kernel, a terminal, a script, this server) is alive, by name."""
-        return [ClusterInfo.from_record(r, owned_here=r["name"] in self._owned) for r in registry.list_clusters()]
+        return [self._info(r) for r in registry.list_clusters()]
 
     def cluster(self, name: str) -> ClusterInfo:
-        record = self._record(name)
-        return ClusterInfo.from_record(record, owned_here=name in self._owned)
+        return self._info(self._record(name))
+
+    def _info(self, record: dict) -> ClusterInfo:
+        """The record as the panel shows it, with the health of each task on this host checked now.
+
+        The owner writes its record when the cluster starts or scales; an engine that died since
+        shows here as "lost" (its process is gone), without asking the owner.
+        """
+        from ..cluster.pool import local_hostnames
+
+        here = local_hostnames()
+        for task in record.get("tasks", []):
+            if task.get("state") == "running" and task.get("host") in here and not psutil.pid_exists(int(task.get("pid", 0))):
+                task["state"] = "lost"
+        return ClusterInfo.from_record(record, owned_here=record["name"] in self._owned)
 
     def summary(self, name: str) -> JobNow | None:
         """The newest job's progress and throughput now (``None`` before the first job)."""
