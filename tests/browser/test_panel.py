@@ -98,6 +98,9 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     started.wait_for(timeout=180_000)
     assert "started from this panel" in started.locator(".wb-owner").inner_text()
     assert _listing(jupyter_lab)[PANEL_CLUSTER]["owned_here"]
+    form.locator(".wb-start-button").click()  # the same name again: the server's reason, in the panel
+    page.locator(".wb-status.wb-error").wait_for(timeout=30_000)
+    assert f"a cluster named '{PANEL_CLUSTER}' is already running" in page.locator(".wb-status").inner_text()
     started.locator(".wb-workers").fill("2")
     started.locator(".wb-scale").click()
     started.locator("tr[data-task='worker:1']").wait_for(timeout=180_000)
