@@ -13,6 +13,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -123,3 +124,38 @@ def run_tf_client(spec: dict, body: str, timeout: float = 120.0) -> dict:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"TF client failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
     return json.loads(lines[-1][len("RESULT "):])
+
+
+@dataclass(frozen=True)
+class BinderEnv:
+    """A virtual environment built only from ``binder/``'s files, the way Binder builds its image."""
+
+    python: Path
+    workspaces: Path  # where postBuild imported the JupyterLab workspace
+    kernels: Path  # a kernelspec "binder" that runs this environment's Python
+
+    @property
+    def bin(self) -> Path:
+        return self.python.parent
+
+
+@pytest.fixture(scope="session")
+def binder_env(tmp_path_factory) -> BinderEnv:
+    """``pip install -r binder/requirements.txt`` then ``binder/postBuild`` (which ends with ``pip check``)."""
+    base = tmp_path_factory.mktemp("binder")
+    venv = base / "venv"
+    built = BinderEnv(venv / "bin" / "python", base / "workspaces", base / "kernels")
+    env = {**os.environ, "PATH": f"{built.bin}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": str(venv),
+           "JUPYTERLAB_WORKSPACES_DIR": str(built.workspaces)}
+    for command, timeout in [([sys.executable, "-m", "venv", str(venv)], 120),
+                             ([str(built.python), "-m", "pip", "install", "--quiet", "-r", "binder/requirements.txt"], 1500),
+                             (["bash", "binder/postBuild"], 900)]:
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        if result.returncode != 0:
+            pytest.fail(f"building the Binder environment failed at {command}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    spec = built.kernels / "binder"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [str(built.python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (Binder environment)", "language": "python"}))
+    return built

@@ -305,6 +305,19 @@ class Job:
         with self._lock:
             return len(self._history)
 
+    def throughput(self, warmup: int = 0) -> dict[str, float]:
+        """Steps/s and examples/s over the steps done, after the first ``warmup`` steps (tracing, caches).
+
+        Measured on the workers' clocks, from the first counted step's start to the last one's end.
+        """
+        records = sorted(self.history, key=lambda r: r["end"])[warmup:]
+        if len(records) < 2:
+            raise TrainingError(f"throughput needs at least 2 steps after warmup={warmup}; the job has "
+                                f"{self.steps_done}: train longer or lower warmup.")
+        seconds = max(records[-1]["end"] - min(r["start"] for r in records), 1e-9)
+        return {"steps_per_s": len(records) / seconds, "examples_per_s": sum(r["examples"] for r in records) / seconds,
+                "seconds": seconds, "steps": len(records)}
+
     def wait(self, timeout: float | None = None) -> Job:
         """Block until the job ends; raise its error if it failed."""
         self._thread.join(timeout)
