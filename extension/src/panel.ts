@@ -63,6 +63,10 @@ export class WorkbenchPanel extends Widget {
     this.timer = window.setInterval(() => void this.refresh(), REFRESH_MS);
   }
 
+  protected onAfterShow(): void {
+    void this.refresh(); // at once when the user opens the panel, not at the next tick
+  }
+
   protected onBeforeDetach(): void {
     window.clearInterval(this.timer);
   }

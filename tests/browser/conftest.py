@@ -18,6 +18,7 @@ Playwright's CSS selectors pierce open shadow roots: Bokeh 3 draws its canvases 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -96,10 +97,11 @@ def _lab_dirs(base: Path) -> dict[str, Path]:
     return dirs
 
 
-def _start_lab(dirs: dict[str, Path], log_path: Path, token: str) -> tuple[subprocess.Popen, Lab]:
+def _start_lab(dirs: dict[str, Path], log_path: Path, token: str, python: str | Path = sys.executable
+               ) -> tuple[subprocess.Popen, Lab]:
     port = _free_port()
     command = [
-        sys.executable, "-m", "jupyter", "lab", "--no-browser",
+        str(python), "-m", "jupyter", "lab", "--no-browser",
         "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={dirs['root']}",
         f"--LabApp.user_settings_dir={dirs['settings']}", f"--LabApp.workspaces_dir={dirs['workspaces']}",
@@ -174,13 +176,14 @@ def _stop_lab(lab: Lab, process: subprocess.Popen) -> list[str]:
     return _kill_leftovers([p for p in started if p.pid != process.pid], timeout=30)
 
 
-@pytest.fixture(scope="module")
-def jupyter_lab(tmp_path_factory):
-    """``jupyter lab`` on 127.0.0.1 with a token, private dirs, no toasts; stopped with every kernel it started."""
-    base = tmp_path_factory.mktemp("lab")
+@contextlib.contextmanager
+def running_lab(base: Path, python: str | Path = sys.executable, prepare=None):
+    """``jupyter lab`` of ``python`` with private dirs under ``base``; ``prepare(dirs)`` runs before it starts."""
     dirs, log_path, token = _lab_dirs(base), base / "lab.log", secrets.token_hex(16)
+    if prepare is not None:
+        prepare(dirs)
     for attempt in range(3):
-        process, lab = _start_lab(dirs, log_path, token)
+        process, lab = _start_lab(dirs, log_path, token, python)
         if _wait_until_serving(lab, process, LAB_START_TIMEOUT):
             break
         _stop_lab(lab, process)
@@ -193,6 +196,13 @@ def jupyter_lab(tmp_path_factory):
     finally:
         killed = _stop_lab(lab, process)
     assert not killed, f"JupyterLab left processes running (killed now): {killed}\n{lab.log_tail(20)}"
+
+
+@pytest.fixture(scope="module")
+def jupyter_lab(tmp_path_factory):
+    """``jupyter lab`` on 127.0.0.1 with a token, private dirs, no toasts; stopped with every kernel it started."""
+    with running_lab(tmp_path_factory.mktemp("lab")) as lab:
+        yield lab
 
 
 # --------------------------------------------------------------------------------------------- the browser

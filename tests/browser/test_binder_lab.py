@@ -1,0 +1,30 @@
+"""JupyterLab of the Binder environment opens the first tutorial with the Workbench panel visible."""
+
+import shutil
+
+import pytest
+
+from conftest import ARTIFACTS, ROOT
+
+from .conftest import running_lab
+
+pytestmark = pytest.mark.browser
+
+
+def test_binder_opens_the_first_tutorial_with_the_panel_visible(binder_env, tmp_path, page):
+    def prepare(dirs):
+        shutil.copytree(ROOT / "notebooks", dirs["root"] / "notebooks")
+        for workspace in binder_env.workspaces.iterdir():  # what binder/postBuild imported
+            shutil.copy(workspace, dirs["workspaces"])
+
+    (tmp_path / "lab").mkdir()
+    with running_lab(tmp_path / "lab", python=binder_env.python, prepare=prepare) as lab:
+        page.goto(lab.url_for("lab"), wait_until="domcontentloaded")
+        page.locator(".wb-panel").wait_for(state="visible", timeout=60_000)
+        current = page.locator(".jp-MainAreaWidget .lm-TabBar-tab.lm-mod-current, #jp-main-dock-panel .lm-TabBar-tab.lm-mod-current")
+        current.filter(has_text="01-quickstart.ipynb").wait_for(timeout=60_000)
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+        assert "Quick start" in page.locator(".jp-Notebook").first.inner_text()
+        assert page.locator(".wb-panel h2").inner_text() == "Workbench clusters"
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "binder-start.png"))
