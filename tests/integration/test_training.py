@@ -86,3 +86,12 @@ def test_resume_without_checkpoints_and_bad_data(cluster, tmp_path):
 def test_training_needs_a_running_cluster_with_ps():
     with pytest.raises(wb.ClusterStateError, match="Call cluster.start"):
         train(wb.Cluster(ps=1, workers=2))
+
+
+def test_throughput_counts_the_steps_after_warmup_on_the_workers_clocks(cluster):
+    job = train(cluster, strategy="async-ps", steps=40, steps_per_call=5, batch_size=32).wait(300)
+    rate = job.throughput(warmup=10)
+    assert rate["steps"] == 30 and rate["seconds"] > 0
+    assert rate["examples_per_s"] == pytest.approx(rate["steps_per_s"] * 16)  # 32 over 2 workers, per step
+    with pytest.raises(wb.TrainingError, match="at least 2 steps after warmup=39"):
+        job.throughput(warmup=39)
