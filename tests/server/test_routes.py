@@ -100,3 +100,10 @@ async def test_a_task_whose_engine_died_on_this_host_shows_as_lost(jp_fetch):
         assert body["tasks"][0]["state"] == "lost"
     finally:
         registry.remove_record("wb-route-lost")
+
+
+async def test_a_body_that_is_not_json_gets_a_400_error_body(jp_fetch):
+    with pytest.raises(tornado.httpclient.HTTPClientError) as info:
+        await jp_fetch("workbench", "api", "clusters", method="POST", body="{not json")
+    body = json.loads(info.value.response.body)
+    assert info.value.code == 400 and body == {"error": "the request body is not JSON: send a JSON object.", "status": 400}

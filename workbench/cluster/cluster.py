@@ -288,6 +288,7 @@ class Cluster:
                 len(layout), deadline, lambda done, total: progress.update("engines registered", done, total)
             )
             self._assign_tasks(dict(zip(layout, ids)), deadline, progress)
+            self._control = ControlServer(self).start()
         except BaseException as exc:
             progress.close(f"cluster {self.name!r} failed to start", ok=False)
             self._teardown()
@@ -298,7 +299,6 @@ class Cluster:
         self._state = "running"
         self._started_at = time.monotonic()
         _LIVE_CLUSTERS.add(self)
-        self._control = ControlServer(self).start()
         self._write_registry()
         progress.close(
             f"cluster {self.name!r} ready: {self._ps} ps + {self._workers} worker task(s) "

@@ -55,10 +55,11 @@ class _Base(APIHandler):
         self.finish(json.dumps(result))
 
     def json_body(self) -> Any:
+        """The request's JSON (called inside ``answer``, so that a bad body is a 400 ``ErrorBody``)."""
         try:
             return json.loads(self.request.body or b"{}")
         except ValueError:
-            raise tornado.web.HTTPError(400, "the request body is not JSON") from None
+            raise BadRequest("the request body is not JSON: send a JSON object.") from None
 
     def proxy_prefix(self, name: str) -> str:
         return url_path_join(self.base_url, "workbench", "dashboards", name)
@@ -72,8 +73,7 @@ class ClustersHandler(_Base):
     @tornado.web.authenticated
     async def post(self) -> None:
         """Start a cluster owned by this server, from the panel's form (``StartForm``)."""
-        form = self.json_body()
-        await self.answer(lambda: self.manager.start(form).to_json(), status=201)
+        await self.answer(lambda: self.manager.start(self.json_body()).to_json(), status=201)
 
 
 class ClusterHandler(_Base):
@@ -84,9 +84,11 @@ class ClusterHandler(_Base):
     @tornado.web.authenticated
     async def patch(self, name: str) -> None:
         """Scale: ``{"workers": n}``."""
-        body = self.json_body()
-        workers = body.get("workers") if isinstance(body, dict) else None
-        await self.answer(lambda: self.manager.scale(name, workers).to_json())
+        def scale() -> dict:
+            body = self.json_body()
+            return self.manager.scale(name, body.get("workers") if isinstance(body, dict) else None).to_json()
+
+        await self.answer(scale)
 
     @tornado.web.authenticated
     async def delete(self, name: str) -> None:
