@@ -37,6 +37,9 @@ def test_profile_traces_every_task_and_links_sends_between_them(cluster, tmp_pat
         assert receiver.start >= send.start
     summary = profile.summary()
     assert summary["events"]["ps:0"] > 0 and summary["transfers"]
+    sends = [e for e in profile.events if e.is_transfer and "Send" in e.op_type and e.target_device != e.device]
+    assert len(profile.transfers) + sum(summary["unlinked_sends"].values()) == len(sends)  # every Send accounted for
+    assert len({id(send) for send, _ in profile.transfers}) == len(profile.transfers)
 
     path = profile.save_chrome_trace(tmp_path / "trace.json")
     trace = json.loads(path.read_text())["traceEvents"]

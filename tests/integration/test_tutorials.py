@@ -83,6 +83,8 @@ def test_02_graph_and_devices_finds_send_recv_pairs(binder_env, no_leftover_proc
     assert sends > 0 and linked > 0
     for source, target in [("ps:0", "worker:0"), ("worker:0", "ps:0"), ("ps:0", "worker:1"), ("worker:1", "ps:0")]:
         assert int(re.search(rf"{source}\s+-> {target}\s+(\d+) transfers", pairs).group(1)) > 0
+    unlinked = [int(n) for n in re.findall(r"^\s+(\d+) [a-z]", pairs.split("not linked:")[1], re.M)]
+    assert linked + sum(unlinked) == sends and linked > sends / 3, pairs  # every Send accounted for, a good share linked
     assert "application/vnd.bokehjs_exec.v0+json" in _mimes(cells[5])  # the trace, drawn
     assert "stopped" in _text(cells[6])
 

@@ -13,10 +13,12 @@ from workbench.dashboard.profile_view import link_columns, op_columns, op_kind
 from workbench.errors import ConfigurationError
 from workbench.telemetry.events import OpEvent
 from workbench.telemetry.profiler import ProfileError, _find_traces, capture
-from workbench.telemetry.trace import chrome_trace, link_transfers, parse_xspace, save_chrome_trace
+from workbench.telemetry.trace import (UNLINKED_NOT_TRACED, UNLINKED_OUTSIDE, UNLINKED_TO_CLIENT, chrome_trace,
+                                      explain_unlinked, link_transfers, parse_xspace, save_chrome_trace)
 
 PS = "/job:ps/replica:0/task:0/device:CPU:0"
 W0 = "/job:worker/replica:0/task:0/device:CPU:0"
+W1 = "/job:worker/replica:0/task:1/device:CPU:0"
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +101,26 @@ def test_a_send_links_to_its_consumer_on_the_other_task_after_it_started():
     assert op_kind(events[1]) == "send" and op_kind(events[2]) == "op"
     assert op_columns(events)["duration_us"][1] == pytest.approx(1e5)
     assert link_columns(pairs)["y1"] == [events[2].row]
+
+
+def test_a_missing_consumer_run_leaves_one_send_unlinked_without_shifting_the_later_pairs():
+    kernel, bias = f"{PS};1;{W0};edge_1_kernel;0:0", f"{PS};1;{W0};edge_2_bias;0:0"
+    events = [
+        op("ps:0", PS, "kernel/_1", "_Send", 1.0, 1.01, kernel, W0, to="dense/Relu"),
+        op("ps:0", PS, "bias/_2", "_Send", 1.0, 1.01, bias, W0, to="dense/Relu"),
+        op("worker:0", W0, "dense/Relu", "_FusedMatMul", 1.02, 1.03),  # one fused run reads both
+        op("ps:0", PS, "kernel/_1", "_Send", 2.0, 2.01, kernel, W0, to="dense/Relu"),  # its run is not in the trace
+        op("ps:0", PS, "kernel/_1", "_Send", 3.0, 3.01, kernel, W0, to="dense/Relu"),
+        op("worker:0", W0, "dense/Relu", "_FusedMatMul", 3.02, 3.03),
+        op("worker:1", W1, "ctrl/_3", "_Send", 3.5, 3.51, f"{W1};1;{PS};edge_3_ctrl;0:0", PS, to="Func/input/_9"),
+        op("worker:1", W1, "out/_4", "_Send", 3.6, 3.61, f"{W1};1;/job:localhost/replica:0/task:0/device:CPU:0;r;0:0",
+           "/job:localhost/replica:0/task:0/device:CPU:0"),
+        op("ps:0", PS, "kernel/_1", "_Send", 4.0, 4.01, kernel, W0, to="dense/Relu"),  # the capture ended first
+    ]
+    pairs = link_transfers(events)
+    assert [(s.name, s.start, r.start) for s, r in pairs] == [
+        ("kernel/_1", 1.0, 1.02), ("bias/_2", 1.0, 1.02), ("kernel/_1", 3.0, 3.02)]
+    assert explain_unlinked(events, pairs) == {UNLINKED_OUTSIDE: 2, UNLINKED_NOT_TRACED: 1, UNLINKED_TO_CLIENT: 1}
 
 
 def test_chrome_trace_links_a_send_and_its_recv_itself_and_lists_ps_first():

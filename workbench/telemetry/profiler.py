@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import ConfigurationError, WorkbenchError
 from .events import OpEvent
-from .trace import link_transfers, parse_xspace, save_chrome_trace
+from .trace import explain_unlinked, link_transfers, parse_xspace, save_chrome_trace
 
 MAX_SECONDS = 60.0
 SERVER_START_TIMEOUT = 60.0
@@ -56,14 +56,19 @@ class Profile:
         """Write the trace as Chrome trace JSON (with flow arrows for the transfers); return the path."""
         return save_chrome_trace(self.events, path, self.transfers)
 
+    def unlinked(self) -> dict[str, int]:
+        """How many Sends between devices have no receiver in the trace, by reason (``explain_unlinked``)."""
+        return explain_unlinked(self.events, self.transfers)
+
     def summary(self) -> dict:
-        """Events per task, transfers per pair of tasks, and the ops with the most total time."""
+        """Events per task, transfers per pair of tasks, Sends left unlinked (by reason), and the ops with the most total time."""
         per_op: dict[str, float] = defaultdict(float)
         for event in self.events:
             per_op[event.op_type] += event.duration
         return {
             "events": dict(Counter(e.task for e in self.events)),
             "transfers": {f"{a} -> {b}": n for (a, b), n in Counter((s.task, r.task) for s, r in self.transfers).items()},
+            "unlinked_sends": self.unlinked(),
             "top_ops_ms": {op: round(t * 1000, 3) for op, t in sorted(per_op.items(), key=lambda kv: -kv[1])[:10]},
             "seconds": self.seconds,
         }

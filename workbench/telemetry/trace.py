@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable
 
 from .events import OpEvent
 
-# Threads whose events are the profiler's and the thread pools' own bookkeeping, not TF ops.
-_NOISE_PREFIXES = ("ThreadpoolListener", "ExecutorState", "Iterator::", "EagerKernelExecute")
+# Threads whose events are the profiler's and the thread pools' own bookkeeping, and the eager
+# runtime's spans around remote requests and op dispatch: they wrap ops that are traced on their own.
+_NOISE_PREFIXES = ("ThreadpoolListener", "ExecutorState", "Iterator::", "EagerKernelExecute", "EagerLocalExecute",
+                   "EagerService")
 LINK_WINDOW_S = 1.0  # a consumer that runs later than this after the send is not its receiver
 
 
@@ -108,35 +110,76 @@ def parse_xspace(source: str | Path | bytes, task: str, device_prefix: str, cloc
 def link_transfers(events: Iterable[OpEvent]) -> list[tuple[OpEvent, OpEvent]]:
     """Pair each traced transfer with its receiving side on another device.
 
-    A ``_Recv`` with the same rendezvous key is the receiver when one was traced (GPU captures
-    have them); otherwise the first run of the send's consumer node (``to``) on the destination
-    device that starts after the send started and within ``LINK_WINDOW_S``.
+    The receiver is a ``_Recv`` with the same rendezvous key when one was traced (GPU captures have
+    them), otherwise a run of the send's consumer node (``to``) on the destination device: the
+    first one that starts after the send, within ``LINK_WINDOW_S``, and before the next send of the
+    same edge (a run after that belongs to the later send; when the trace lacks a run, its send stays
+    unlinked instead of shifting every later pair). One run may receive several edges, as a fused
+    op reads a kernel and a bias.
     """
     events = list(events)
-    recvs: dict[str, list[OpEvent]] = defaultdict(list)
-    by_node: dict[tuple[str, str], list[OpEvent]] = defaultdict(list)
+    receivers: dict[tuple[str, str], list[OpEvent]] = defaultdict(list)
     for event in events:
         if event.is_transfer and "Recv" in event.op_type:
-            recvs[event.transfer_key].append(event)
-        by_node[(event.device, event.name)].append(event)
-    for group in (*recvs.values(), *by_node.values()):
+            receivers[("recv", event.transfer_key)].append(event)
+        receivers[(event.device, event.name)].append(event)
+    edges: dict[tuple[str, str, str], list[OpEvent]] = defaultdict(list)
+    for send in _sends_between_devices(events):
+        edges[(send.device, send.name, send.target_device)].append(send)
+    for group in (*receivers.values(), *edges.values()):
         group.sort(key=lambda e: e.start)
-    starts = {k: [e.start for e in v] for k, v in (*recvs.items(), *by_node.items())}
+    starts = {key: [e.start for e in group] for key, group in receivers.items()}
 
-    def after(groups: dict, key, t: float) -> list[OpEvent]:
-        return groups.get(key, [])[bisect.bisect_left(starts.get(key, []), t):]
+    def first_after(key: tuple[str, str], t: float) -> OpEvent | None:
+        i = bisect.bisect_left(starts.get(key, []), t)
+        return receivers[key][i] if i < len(starts.get(key, [])) else None
 
     pairs = []
-    used: set[int] = set()
-    for send in (e for e in events if e.is_transfer and "Send" in e.op_type and e.target_device != e.device):
-        consumer = (send.target_device, send.args.get("to", ""))
-        for candidates in (after(recvs, send.transfer_key, send.start), after(by_node, consumer, send.start)):
-            match = next((r for r in candidates if id(r) not in used), None)
-            if match is not None and match.start - send.start <= LINK_WINDOW_S:
-                used.add(id(match))
-                pairs.append((send, match))
-                break
+    for sends in edges.values():
+        for send, following in zip(sends, [*sends[1:], None]):
+            before = following.start if following is not None else float("inf")
+            consumer = (send.target_device, send.args.get("to", ""))
+            for receiver in (first_after(("recv", send.transfer_key), send.start), first_after(consumer, send.start)):
+                if receiver is not None and receiver.start < before and receiver.start - send.start <= LINK_WINDOW_S:
+                    pairs.append((send, receiver))
+                    break
+    pairs.sort(key=lambda pair: pair[0].start)
     return pairs
+
+
+def _sends_between_devices(events: Iterable[OpEvent]) -> Iterable[OpEvent]:
+    return (e for e in events if e.is_transfer and "Send" in e.op_type and e.target_device != e.device)
+
+
+UNLINKED_TO_CLIENT = "to the client (this kernel is not traced)"
+UNLINKED_NOT_TRACED = "consumer never traced (a control edge, or an op the profiler does not record)"
+UNLINKED_OUTSIDE = "no run of the consumer between this send and the next of its edge"
+
+
+def explain_unlinked(events: Iterable[OpEvent], transfers: Iterable[tuple[OpEvent, OpEvent]]) -> dict[str, int]:
+    """Why each Send between devices that ``link_transfers`` left unpaired has no receiver in the trace.
+
+    ``UNLINKED_TO_CLIENT``: results sent to the client (``/job:localhost``), whose process is not
+    profiled. ``UNLINKED_NOT_TRACED``: the consumer node never appears on the destination device;
+    control edges end in ``NoOp``/``Identity`` nodes that TensorFlow runs without a traced kernel.
+    ``UNLINKED_OUTSIDE``: the consumer ran, but not after this send and before the next send of its
+    edge (within ``LINK_WINDOW_S``): the capture ended before the receiver ran, or the profiler
+    dropped that run.
+    """
+    events = list(events)
+    linked = {id(send) for send, _ in transfers}
+    traced_nodes = {(e.device, e.name) for e in events}
+    reasons: Counter[str] = Counter()
+    for send in _sends_between_devices(events):
+        if id(send) in linked:
+            continue
+        if "/job:localhost/" in send.target_device:
+            reasons[UNLINKED_TO_CLIENT] += 1
+        elif (send.target_device, send.args.get("to", "")) not in traced_nodes:
+            reasons[UNLINKED_NOT_TRACED] += 1
+        else:
+            reasons[UNLINKED_OUTSIDE] += 1
+    return dict(reasons.most_common())
 
 
 _JOB_ORDER = {"chief": 0, "ps": 1, "worker": 2}  # processes listed as the cluster lists its tasks
