@@ -132,6 +132,6 @@ def test_06_laptop_to_cluster(binder_env, no_leftover_processes):
     cells = _execute(binder_env, "06-laptop-to-cluster.ipynb")
     assert "engines='slurm'" in _text(cells[0]) and "new" in _text(cells[0])
     assert "unknown launcher option(s) 'queues'" in _text(cells[1]) and "queue" in _text(cells[1])
-    assert "need 2 GPU(s)" in _text(cells[2])
+    assert "need 2 GPU(s), but this machine has none" in _text(cells[2])
     result = _text(cells[3])
     assert "worker:1" in result and float(re.search(r"test accuracy ([\d.]+)", result).group(1)) >= 0.85

@@ -186,7 +186,7 @@ class Cluster:
         if needed > len(available):
             raise ConfigurationError(
                 f"{workers} worker(s) x gpus_per_worker={self._gpus_per_worker} need {needed} GPU(s), but this "
-                f"machine has {len(available)} {available}: lower gpus_per_worker or workers, or use "
+                f"machine has {f'{len(available)} {available}' if available else 'none'}: lower gpus_per_worker or workers, or use "
                 "gpus_per_worker=0 to train on CPUs."
             )
 
