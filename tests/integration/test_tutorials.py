@@ -96,7 +96,7 @@ def test_03_data_parallelism_compares_strategies_and_shows_what_backup_workers_b
             for m in re.finditer(r"^(async-ps|sync-ps|allreduce)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", _text(cells[1]), re.M)}
     assert set(rows) == {"async-ps", "sync-ps", "allreduce"}
     assert all(accuracy >= 0.85 for *_, accuracy in rows.values()), rows
-    assert "application/vnd.bokehjs_exec.v0+json" in _mimes(cells[2])  # the loss curves
+    assert "application/vnd.bokehjs_exec.v0+json" in _mimes(cells[2])  # throughput bars and loss curves
     assert "application/vnd.jupyter.widget-view+json" in _mimes(cells[3])  # the live dashboard
     straggler = _text(cells[4])
     waiting = float(re.search(r"no backup worker:\s+(\d+) ms", straggler).group(1))
