@@ -47,3 +47,7 @@ class UnknownTaskError(WorkbenchError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class LowMemoryWarning(UserWarning):
+    """Starting local engines would likely use more memory than this machine or container has free."""

@@ -8,6 +8,7 @@ import re
 import secrets
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from ..errors import (
     ClusterStartError,
     ClusterStateError,
     ConfigurationError,
+    LowMemoryWarning,
     ServerStartError,
     TensorFlowImportError,
     UnknownTaskError,
@@ -27,6 +29,7 @@ from ..progress import ProgressSink, make_progress
 from . import engine_side, registry
 from .control import ControlServer
 from .gpus import assign_gpus, discover_gpus, validate_gpus_per_worker
+from .memory import available_memory, engine_memory_warning
 from .pool import (
     AttachedPool,
     Deadline,
@@ -177,6 +180,13 @@ class Cluster:
         env.update(self._env)
         return env
 
+    def _warn_if_memory_short(self, engines: int, stacklevel: int = 3) -> None:
+        """Warn, pointing at the user's call (``stacklevel`` for ``warnings.warn``), when local engines may not fit in memory."""
+        if self._launcher == "local":  # engines elsewhere use their nodes' memory
+            message = engine_memory_warning(engines, *available_memory())
+            if message:
+                warnings.warn(f"cluster {self.name!r}: {message}", LowMemoryWarning, stacklevel=stacklevel)
+
     def _check_local_gpus(self, workers: int) -> None:
         if not self._gpus_per_worker:
             return
@@ -269,7 +279,9 @@ class Cluster:
     def start(self) -> Cluster:
         """Start the engines and one TF server per task; return when every server is up.
 
-        On any failure everything already started is stopped before the error is raised.
+        On any failure everything already started is stopped before the error is raised. Local
+        engines that may not fit in the memory left (machine or container) raise a
+        ``LowMemoryWarning`` first.
         """
         if self._state != "new":
             raise ClusterStateError(
@@ -280,10 +292,11 @@ class Cluster:
         self._state = "starting"
         self._client_tf_version = client_tensorflow_version()
         try:
+            layout = role_layout(self._ps, self._workers)
+            self._warn_if_memory_short(len(layout))
             self._pool = self._pool_factory()
             self._pool.start(deadline)
             self._pool.remove_on_death(str(registry.registry_path(self.name)))
-            layout = role_layout(self._ps, self._workers)
             ids = self._pool.add_engines(
                 len(layout), deadline, lambda done, total: progress.update("engines registered", done, total)
             )
@@ -378,6 +391,7 @@ class Cluster:
             if self._launcher == "local":
                 self._check_local_gpus(workers)
             new_tasks = [TaskId("worker", i) for i in range(self._workers, workers)]
+            self._warn_if_memory_short(len(new_tasks), stacklevel=4)
             progress = make_progress(self._progress_option)
             try:
                 ids = self._add_engines(len(new_tasks), deadline, progress)

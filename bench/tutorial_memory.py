@@ -1,0 +1,104 @@
+"""Peak memory of each tutorial: the kernel and everything it starts (controller, engines, nannies).
+
+Binder gives a session a fixed memory limit (mybinder.org: 1 GB guaranteed, at most 2 GB), and every
+TensorFlow process costs several hundred MB, so the tutorials' cluster sizes are a memory question.
+Each notebook runs top to bottom in a fresh kernel of this environment while a sampler sums the
+proportional set size (PSS: shared library pages split between the processes that map them, the
+closest per-process figure to what a container's memory limit counts) over the kernel's process
+tree every 0.25 s. The Jupyter server itself (about 100-150 MB) is not included.
+
+    python bench/tutorial_memory.py [--only 03] [--json bench/results/tutorial_memory.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+from jupyter_client import KernelManager
+from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+MiB = 2**20
+
+
+def tree_pss(root: psutil.Process) -> tuple[float, int]:
+    """Summed PSS (bytes) of ``root`` and its descendants, and how many processes that is."""
+    total, count = 0, 0
+    try:
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0, 0
+    for process in processes:
+        try:
+            total += process.memory_full_info().pss
+            count += 1
+        except psutil.Error:  # exited between the listing and the reading
+            pass
+    return total, count
+
+
+def run_notebook(path: Path, interval: float = 0.25) -> dict:
+    notebook = nbformat.read(path, as_version=4)
+    manager = KernelManager(kernel_name="python3")
+    client = NotebookClient(notebook, km=manager, timeout=600, resources={"metadata": {"path": str(NOTEBOOKS)}})
+    peak = {"bytes": 0.0, "processes": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(interval):
+            if not manager.has_kernel or manager.provisioner is None:
+                continue
+            pid = getattr(manager.provisioner, "pid", None) or getattr(manager.provisioner.process, "pid", None)
+            if pid is None:
+                continue
+            try:
+                total, count = tree_pss(psutil.Process(pid))
+            except psutil.Error:
+                continue
+            if total > peak["bytes"]:
+                peak.update(bytes=total, processes=count)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.perf_counter()
+    try:
+        client.execute()
+    finally:
+        done.set()
+        sampler.join(5)
+        if manager.has_kernel:
+            manager.shutdown_kernel(now=False)
+    return {"notebook": path.name, "peak_mib": round(peak["bytes"] / MiB), "processes_at_peak": peak["processes"],
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", help="run the notebooks whose name starts with this, e.g. 03")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    paths = sorted(NOTEBOOKS.glob("[0-9][0-9]-*.ipynb"))
+    if args.only:
+        paths = [p for p in paths if p.name.startswith(args.only)]
+    if not paths:
+        sys.exit(f"no tutorial matches --only {args.only!r} in {NOTEBOOKS}")
+    results = []
+    for path in paths:
+        result = run_notebook(path)
+        results.append(result)
+        print(f"{result['notebook']:32s} peak {result['peak_mib']:5d} MiB PSS over {result['processes_at_peak']:2d} "
+              f"processes ({result['seconds']:.0f} s)", flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The memory estimate for local engines: cgroup limits read from real files laid out as the kernel does."""
+
+import warnings
+
+import psutil
+import pytest
+
+import workbench as wb
+from workbench.cluster.memory import ENGINE_BYTES, GiB, MiB, container_available, engine_memory_warning
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_a_v2_container_with_its_own_namespace_reads_the_mount_itself(tmp_path):
+    write(tmp_path / "cgroup.procs", "1\n")
+    write(tmp_path / "memory.max", f"{2 * GiB}\n")
+    write(tmp_path / "memory.current", f"{GiB}\n")
+    write(tmp_path / "memory.stat", f"anon 1\ninactive_file {256 * MiB}\n")
+    write(tmp_path / "self", "0::/\n")
+    assert container_available(tmp_path, tmp_path / "self") == GiB + 256 * MiB
+
+
+def test_a_v2_job_cgroup_on_a_host_takes_the_tightest_limit_on_its_path(tmp_path):
+    write(tmp_path / "cgroup.procs", "1\n")
+    job = tmp_path / "slurm" / "job_7"
+    write(tmp_path / "slurm" / "memory.max", f"{8 * GiB}\n")
+    write(tmp_path / "slurm" / "memory.current", f"{GiB}\n")
+    write(job / "memory.max", "max\n")  # the job itself is unlimited; its parent is not
+    write(job / "memory.current", f"{GiB}\n")
+    write(tmp_path / "self", "0::/slurm/job_7\n")
+    assert container_available(tmp_path, tmp_path / "self") == 7 * GiB
+
+
+def test_v1_unlimited_and_no_cgroup_at_all_mean_no_container_limit(tmp_path):
+    memory = tmp_path / "memory"
+    write(memory / "memory.usage_in_bytes", f"{GiB}\n")
+    write(memory / "memory.limit_in_bytes", "9223372036854771712\n")
+    write(tmp_path / "self", "4:memory:/\n0::/\n")
+    assert container_available(tmp_path, tmp_path / "self") is None
+    write(memory / "memory.limit_in_bytes", f"{3 * GiB}\n")
+    write(memory / "memory.stat", f"total_inactive_file {GiB}\n")
+    assert container_available(tmp_path, tmp_path / "self") == 3 * GiB
+    assert container_available(tmp_path / "absent", tmp_path / "absent-self") is None
+
+
+def test_the_warning_says_what_is_needed_what_is_free_and_what_to_do():
+    assert engine_memory_warning(3, 3 * ENGINE_BYTES) is None
+    message = engine_memory_warning(4, GiB, "container")
+    assert f"starting 4 engine(s) needs about {4 * ENGINE_BYTES / GiB:.1f} GiB" in message
+    assert "this container has 1.0 GiB free" in message and "Start fewer tasks" in message
+
+
+@pytest.mark.cluster
+def test_a_local_cluster_that_cannot_fit_warns_before_anything_starts(no_leftover_processes):
+    too_many = psutil.virtual_memory().available // ENGINE_BYTES + 1  # one engine more than fits here
+    cluster = wb.Cluster(ps=0, workers=too_many, name="too-big", progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", wb.LowMemoryWarning)  # as a user who turns warnings into errors
+        with pytest.raises(wb.ClusterStartError, match=rf"starting {too_many} engine\(s\) needs about"):
+            cluster.start()
+    assert cluster.state == "failed"

@@ -1,0 +1,97 @@
+"""Memory that local engines need, against what this machine, or the container it runs in, has left.
+
+Every engine imports TensorFlow and runs a server: about ``ENGINE_BYTES`` each (proportional set
+size of an engine that trained a small model, TF 2.21 on CPU; ``bench/tutorial_memory.py`` measures
+whole tutorials). A container (Binder, Docker, a batch job's cgroup) can have far less memory than
+its host, and its limit is what the kernel enforces, by killing the largest process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+
+MiB = 2**20
+GiB = 2**30
+ENGINE_BYTES = 420 * MiB
+CGROUP_MOUNT = Path("/sys/fs/cgroup")
+# (directory under the mount, limit, usage, memory.stat key of reclaimable page cache): cgroup v2, then v1
+_LAYOUTS = (("", "memory.max", "memory.current", "inactive_file"),
+            ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" (v2 unlimited) reads as None
+
+
+def _reclaimable(stat_file: Path, key: str) -> int:
+    try:
+        for line in stat_file.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+def _own_cgroup(proc_cgroup: str, v1: bool) -> str:
+    """This process's cgroup path from ``/proc/self/cgroup`` ("4:memory:/a/b" in v1, "0::/a/b" in v2)."""
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if (v1 and "memory" in controllers.split(",")) or (not v1 and controllers == ""):
+            return path
+    return "/"
+
+
+def container_available(mount: Path = CGROUP_MOUNT, proc_cgroup: Path = Path("/proc/self/cgroup")) -> int | None:
+    """Bytes left under the tightest cgroup memory limit on this process's cgroup path; None if unlimited.
+
+    Reclaimable page cache counts as free. In a container with its own cgroup namespace the path is
+    "/" and the mount shows the container's own cgroup; on a host (a batch job's cgroup) the limit
+    sits on the process's path under the mount, or on one of its parents.
+    """
+    try:
+        own = proc_cgroup.read_text()
+    except OSError:
+        own = ""
+    for subdir, limit_name, usage_name, cache_key in _LAYOUTS:
+        base = mount / subdir
+        if not (base / usage_name).exists() and not (base / "cgroup.procs").exists():
+            continue
+        directory = base / _own_cgroup(own, v1=bool(subdir)).strip("/")
+        tightest = None
+        for level in (directory, *directory.parents):
+            limit, usage = _read_int(level / limit_name), _read_int(level / usage_name)
+            if limit is not None and usage is not None and limit < 2**60:  # v1 says "unlimited" with a huge number
+                left = max(limit - usage + _reclaimable(level / "memory.stat", cache_key), 0)
+                tightest = left if tightest is None else min(tightest, left)
+            if level == base:
+                break
+        return tightest
+    return None
+
+
+def available_memory() -> tuple[int, str]:
+    """Bytes new processes can still use here, and where that limit comes from ("machine" or "container")."""
+    machine = psutil.virtual_memory().available
+    container = container_available()
+    if container is not None and container < machine:
+        return container, "container"
+    return machine, "machine"
+
+
+def engine_memory_warning(engines: int, available: int, where: str = "machine") -> str | None:
+    """The warning for starting ``engines`` more engines with ``available`` bytes left, or None if they fit."""
+    needed = engines * ENGINE_BYTES
+    if engines <= 0 or needed <= available:
+        return None
+    return (f"starting {engines} engine(s) needs about {needed / GiB:.1f} GiB (each imports TensorFlow: about "
+            f"{ENGINE_BYTES / MiB:.0f} MiB), but this {where} has {available / GiB:.1f} GiB free. The system may kill "
+            "engines or this kernel when memory runs out. Start fewer tasks, stop other clusters or kernels, or run "
+            "where there is more memory (engines=... on a cluster).")
