@@ -279,9 +279,9 @@ class Cluster:
     def start(self) -> Cluster:
         """Start the engines and one TF server per task; return when every server is up.
 
-        On any failure everything already started is stopped before the error is raised. Local
-        engines that may not fit in the memory left (machine or container) raise a
-        ``LowMemoryWarning`` first.
+        On any failure everything already started is stopped before the error is raised. When local
+        engines may not fit in the memory left (machine or container), a ``LowMemoryWarning`` is
+        issued before the first one starts.
         """
         if self._state != "new":
             raise ClusterStateError(
