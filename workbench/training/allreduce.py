@@ -216,6 +216,7 @@ class AllReduceJob(Job):
 
 
 INTERRUPT_GRACE = 30.0  # seconds the workers get to stop an interrupted SPMD cell
+OUTPUT_GRACE = 10.0  # seconds a finished cell's printed output may trail its reply (it comes on another channel)
 
 
 def _wait_for(results: dict, deadline: Deadline) -> bool:
@@ -270,7 +271,9 @@ def run_spmd(cluster, source: str, timeout: float = 600.0) -> list[WorkerOutput]
             f"the SPMD cell did not finish on {', '.join(late)} within {timeout:.0f} s; it may still run there (an "
             "all-reduce waits for every worker). Interrupt the kernel to stop it, or restart the cluster.")
     outputs = []
+    trailing = Deadline(OUTPUT_GRACE)
     for engine, result in running.items():
+        result.wait_for_output(trailing.remaining(0.01))  # complete stdout/stderr, or what arrived by then
         error = None
         try:
             result.get(timeout=0)
