@@ -8,7 +8,7 @@ EXTRAS ?= cpu,notebook,test
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install chromium lab test bench bench-training bench-dashboard demo clean
+.PHONY: install chromium lab test bench bench-training bench-dashboard bench-memory demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 
@@ -42,6 +42,9 @@ bench-training: install
 
 bench-dashboard: install chromium
 	$(PY) bench/dashboard.py
+
+bench-memory: install
+	$(PY) bench/tutorial_memory.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info test-artifacts bench/results workbench/labextension extension/lib extension/node_modules

@@ -56,10 +56,23 @@ def measure_capture_slowdown(cluster, seconds: float = 2.0, repeats: int = 3) ->
     finally:
         job.stop()
     real_parse = measure_real_parse(profile)
+    links = measure_links(profile)
     median = sorted(runs, key=lambda r: r["during"] / r["outside"])[len(runs) // 2]
     return {"steps_per_s_outside": median["outside"], "steps_per_s_during": median["during"],
             "ratio_during_over_outside": median["during"] / median["outside"], "capture_call_seconds": median["call_seconds"],
-            "ops_per_capture": events, "real_capture_parse": real_parse, "runs": runs}
+            "ops_per_capture": events, "real_capture_parse": real_parse, "links": links, "runs": runs}
+
+
+def measure_links(profile) -> dict:
+    """Of a real capture: Sends between devices, how many were linked, the Send->receiver delays, and why the rest were not."""
+    import statistics
+
+    delays_ms = sorted(1000 * (receiver.start - send.start) for send, receiver in profile.transfers)
+    unlinked = profile.unlinked()
+    return {"sends": len(profile.transfers) + sum(unlinked.values()), "linked": len(profile.transfers),
+            "delay_ms_median": statistics.median(delays_ms) if delays_ms else None,
+            "delay_ms_p95": delays_ms[int(0.95 * (len(delays_ms) - 1))] if delays_ms else None,
+            "delay_ms_max": delays_ms[-1] if delays_ms else None, "unlinked": unlinked}
 
 
 def measure_real_parse(profile) -> dict:

@@ -7,13 +7,18 @@ proportional set size (PSS: shared library pages split between the processes tha
 closest per-process figure to what a container's memory limit counts) over the kernel's process
 tree every 0.25 s. The Jupyter server itself (about 100-150 MB) is not included.
 
+Also printed, at each peak: the kernel's PSS and each engine's mean PSS and USS (USS: pages no
+other process shares, what one more engine adds).
+
     python bench/tutorial_memory.py [--only 03] [--json bench/results/tutorial_memory.json]
+    make bench-memory
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import threading
 import time
@@ -28,42 +33,49 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 MiB = 2**20
 
 
-def tree_pss(root: psutil.Process) -> tuple[float, int]:
-    """Summed PSS (bytes) of ``root`` and its descendants, and how many processes that is."""
-    total, count = 0, 0
+def _kind(process: psutil.Process) -> str:
+    command = " ".join(process.cmdline())
+    for marker, kind in (("workbench.cluster.engine_main", "engine"), ("ipyparallel.engine.nanny", "nanny"),
+                         ("ipykernel", "kernel")):
+        if marker in command:
+            return kind
+    return "other"
+
+
+def tree_memory(root: psutil.Process) -> list[tuple[str, int, int]]:
+    """(kind, PSS, USS) in bytes of ``root`` and each of its descendants still running."""
     try:
         processes = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return 0.0, 0
+        return []
+    rows = []
     for process in processes:
         try:
-            total += process.memory_full_info().pss
-            count += 1
+            info = process.memory_full_info()
+            rows.append((_kind(process), info.pss, info.uss))
         except psutil.Error:  # exited between the listing and the reading
             pass
-    return total, count
+    return rows
 
 
 def run_notebook(path: Path, interval: float = 0.25) -> dict:
     notebook = nbformat.read(path, as_version=4)
     manager = KernelManager(kernel_name="python3")
     client = NotebookClient(notebook, km=manager, timeout=600, resources={"metadata": {"path": str(NOTEBOOKS)}})
-    peak = {"bytes": 0.0, "processes": 0}
+    peak: list[tuple[str, int, int]] = []
     done = threading.Event()
 
     def sample() -> None:
         while not done.wait(interval):
-            if not manager.has_kernel or manager.provisioner is None:
-                continue
-            pid = getattr(manager.provisioner, "pid", None) or getattr(manager.provisioner.process, "pid", None)
+            pid = getattr(manager.provisioner, "pid", None) if manager.has_kernel else None
             if pid is None:
                 continue
             try:
-                total, count = tree_pss(psutil.Process(pid))
+                rows = tree_memory(psutil.Process(pid))
             except psutil.Error:
                 continue
-            if total > peak["bytes"]:
-                peak.update(bytes=total, processes=count)
+            if sum(pss for _, pss, _ in rows) > sum(pss for _, pss, _ in peak):
+                peak[:] = rows
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -75,7 +87,12 @@ def run_notebook(path: Path, interval: float = 0.25) -> dict:
         sampler.join(5)
         if manager.has_kernel:
             manager.shutdown_kernel(now=False)
-    return {"notebook": path.name, "peak_mib": round(peak["bytes"] / MiB), "processes_at_peak": peak["processes"],
+    engines = [(pss, uss) for kind, pss, uss in peak if kind == "engine"]
+    return {"notebook": path.name, "peak_mib": round(sum(pss for _, pss, _ in peak) / MiB),
+            "processes_at_peak": len(peak), "engines_at_peak": len(engines),
+            "engine_pss_mib": round(statistics.mean(p for p, _ in engines) / MiB) if engines else None,
+            "engine_uss_mib": round(statistics.mean(u for _, u in engines) / MiB) if engines else None,
+            "kernel_pss_mib": round(sum(pss for kind, pss, _ in peak if kind == "kernel") / MiB),
             "seconds": round(time.perf_counter() - started, 1)}
 
 
@@ -94,7 +111,9 @@ def main() -> None:
         result = run_notebook(path)
         results.append(result)
         print(f"{result['notebook']:32s} peak {result['peak_mib']:5d} MiB PSS over {result['processes_at_peak']:2d} "
-              f"processes ({result['seconds']:.0f} s)", flush=True)
+              f"processes; kernel {result['kernel_pss_mib']} MiB; {result['engines_at_peak']} engine(s), each "
+              f"{result['engine_pss_mib']} MiB PSS / {result['engine_uss_mib']} MiB USS ({result['seconds']:.0f} s)",
+              flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))
