@@ -201,6 +201,7 @@ class ClusterCard {
   private readonly rates: number[] = [];
   private plotsLoaded = false;
   private busy = false;
+  private workersEdited = false; // the user typed a count: refreshes must not overwrite it before Scale
 
   constructor(
     private readonly name: string,
@@ -221,6 +222,9 @@ class ClusterCard {
     scale.addEventListener('click', () => void this.scale());
     const stop = el('button', { class: 'jp-mod-styled jp-mod-warn wb-stop' }, 'Stop');
     stop.addEventListener('click', () => void this.stop());
+    this.workers.addEventListener('input', () => {
+      this.workersEdited = true;
+    });
     const workersLabel = el('label', {}, 'workers ');
     workersLabel.append(this.workers);
     actionsRow.append(insert, workersLabel, scale, stop);
@@ -250,7 +254,7 @@ class ClusterCard {
       return row;
     });
     this.tasks.replaceChildren(head, ...rows);
-    if (document.activeElement !== this.workers && !this.busy) {
+    if (!this.workersEdited && document.activeElement !== this.workers && !this.busy) {
       this.workers.value = String(info.tasks.filter(t => t.job === 'worker').length);
     }
     for (const button of this.node.querySelectorAll<HTMLButtonElement>('.wb-scale, .wb-stop')) {
@@ -322,6 +326,7 @@ class ClusterCard {
       this.tell(`Could not scale: ${errorText(error)}`, true);
     } finally {
       this.busy = false;
+      this.workersEdited = false; // from now on the field shows the cluster's count again
       await this.changed();
     }
   }

@@ -51,6 +51,14 @@ def _pane_frame(page, plot: str, timeout: float = 60.0):
     return frame
 
 
+def _wait_for_card_text(card, selector: str, text: str, timeout: float) -> None:
+    """Wait for ``text`` in ``selector`` within ``card``; on a timeout, say what the card showed instead."""
+    try:
+        card.locator(selector, has_text=text).wait_for(timeout=timeout * 1000)
+    except Exception:  # noqa: BLE001 - re-raised with the card's own words
+        pytest.fail(f"no {selector!r} with {text!r} after {timeout:.0f} s; the card shows: {card.inner_text()!r}")
+
+
 def _bars_grow(frame, timeout: float = 90.0) -> tuple[int, int]:
     frame.wait_for_function(JS_TIMELINE_BARS.replace("() =>", "() => 0 <"), timeout=timeout * 1000, polling=250)
     first = frame.evaluate(JS_TIMELINE_BARS)
@@ -101,10 +109,16 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     form.locator(".wb-start-button").click()  # the same name again: the server's reason, in the panel
     page.locator(".wb-status.wb-error").wait_for(timeout=30_000)
     assert f"a cluster named '{PANEL_CLUSTER}' is already running" in page.locator(".wb-status").inner_text()
-    started.locator(".wb-workers").fill("2")
+    workers = started.locator(".wb-workers")
+    workers.fill("2")
+    workers.blur()  # a refresh of the list while the user moves to Scale keeps the typed count
+    with page.expect_response(lambda r: r.url.split("?")[0].endswith("/workbench/api/clusters"), timeout=30_000):
+        pass
+    page.wait_for_timeout(300)  # the refreshed list is drawn
+    assert workers.input_value() == "2", "a refresh overwrote the worker count the user typed"
     started.locator(".wb-scale").click()
-    started.locator("tr[data-task='worker:1']").wait_for(timeout=180_000)
-    assert "Now 2 worker(s)" in started.locator(".wb-feedback").inner_text()
+    _wait_for_card_text(started, ".wb-feedback", "Now 2 worker(s)", timeout=180.0)  # the PATCH's answer
+    _wait_for_card_text(started, "tr[data-task='worker:1']", "worker:1", timeout=30.0)  # the next list refresh
     page.screenshot(path=str(ARTIFACTS / "panel-clusters.png"))
     started.locator(".wb-stop").click()
     page.locator(".jp-Dialog .jp-mod-warn").click()
