@@ -29,8 +29,9 @@ import psutil
 from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
+from workbench.cluster.memory import MiB
+
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-MiB = 2**20
 
 
 def _kind(process: psutil.Process) -> str:

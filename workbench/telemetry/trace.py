@@ -131,8 +131,9 @@ def link_transfers(events: Iterable[OpEvent]) -> list[tuple[OpEvent, OpEvent]]:
     starts = {key: [e.start for e in group] for key, group in receivers.items()}
 
     def first_after(key: tuple[str, str], t: float) -> OpEvent | None:
-        i = bisect.bisect_left(starts.get(key, []), t)
-        return receivers[key][i] if i < len(starts.get(key, [])) else None
+        times = starts.get(key, [])
+        i = bisect.bisect_left(times, t)
+        return receivers[key][i] if i < len(times) else None
 
     pairs = []
     for sends in edges.values():
