@@ -51,3 +51,7 @@ class UnknownTaskError(WorkbenchError, KeyError):
 
 class LowMemoryWarning(UserWarning):
     """Starting local engines would likely use more memory than this machine or container has free."""
+
+
+class EngineForkWarning(UserWarning):
+    """Local engines were started as separate processes instead of forks of the warm process (the message says why)."""

@@ -18,6 +18,7 @@ from ..errors import (
     ClusterStartError,
     ClusterStateError,
     ConfigurationError,
+    EngineForkWarning,
     LowMemoryWarning,
     ServerStartError,
     TensorFlowImportError,
@@ -31,6 +32,8 @@ from .control import ControlServer
 from .gpus import assign_gpus, discover_gpus, validate_gpus_per_worker
 from .memory import available_memory, engine_memory_warning
 from .pool import (
+    FORK_LAUNCHER,
+    LOCAL_LAUNCHERS,
     AttachedPool,
     Deadline,
     OwnedPool,
@@ -143,18 +146,23 @@ class Cluster:
         self.last_profile = None  # the newest cluster.profile(), for the served /profile page
         self._clock_offsets: tuple[float, dict[str, float]] | None = None
         self._owner_pid = 0  # set by attach(): the process that runs this cluster
+        self._forks = False  # local engines are forked from a warm process (unless that is refused)
         if engines is None:  # set by from_existing or attach
             return
-        launcher_cls = engine_launcher_class(engines)
+        # "local" engines are forked from a warm process that imported TensorFlow (fork_launcher.py)
+        ipp_launcher = FORK_LAUNCHER if engines == "local" else engines
+        launcher_cls = engine_launcher_class(ipp_launcher)
         cluster_kwargs, launcher_kwargs = split_launcher_options(launcher_cls, launcher_options)
+        local = engines in LOCAL_LAUNCHERS
         if controller_ip is None:
-            controller_ip = "127.0.0.1" if engines == "local" else ""
-        if engines == "local":
+            controller_ip = "127.0.0.1" if local else ""
+        if local:
             self._check_local_gpus(workers)
         self._launcher = engines
+        self._forks = ipp_launcher == FORK_LAUNCHER and launcher_kwargs.get("fork", True)
         self._pool_factory = lambda: OwnedPool(
             name=self.name,
-            launcher=engines,
+            launcher=ipp_launcher,
             controller_ip=controller_ip,
             engine_env=self._engine_env(),
             preimport=self._gpus_per_worker == 0,
@@ -182,10 +190,19 @@ class Cluster:
 
     def _warn_if_memory_short(self, engines: int, stacklevel: int = 3) -> None:
         """Warn, pointing at the user's call (``stacklevel`` for ``warnings.warn``), when local engines may not fit in memory."""
-        if self._launcher == "local":  # engines elsewhere use their nodes' memory
-            message = engine_memory_warning(engines, *available_memory())
+        if self._launcher in LOCAL_LAUNCHERS:  # engines elsewhere use their nodes' memory
+            forked = self._forks and not (self._pool is not None and self._pool.fork_notice)
+            first = self._pool is None  # start(): the warm process is yet to come
+            message = engine_memory_warning(engines, *available_memory(), forked=forked, with_warm=forked and first)
             if message:
                 warnings.warn(f"cluster {self.name!r}: {message}", LowMemoryWarning, stacklevel=stacklevel)
+
+    def _warn_if_not_forked(self, known: str, stacklevel: int = 3) -> None:
+        """The one-line notice when local engines were started as new processes instead of forks."""
+        notice = getattr(self._pool, "fork_notice", "")
+        if notice and notice != known:
+            warnings.warn(f"cluster {self.name!r}: engines start as separate processes, each importing TensorFlow "
+                          f"(more memory, slower start), because {notice}", EngineForkWarning, stacklevel=stacklevel)
 
     def _check_local_gpus(self, workers: int) -> None:
         if not self._gpus_per_worker:
@@ -300,6 +317,7 @@ class Cluster:
             ids = self._pool.add_engines(
                 len(layout), deadline, lambda done, total: progress.update("engines registered", done, total)
             )
+            self._warn_if_not_forked("")
             self._assign_tasks(dict(zip(layout, ids)), deadline, progress)
             self._control = ControlServer(self).start()
         except BaseException as exc:
@@ -388,13 +406,15 @@ class Cluster:
         validate_counts(self._ps, workers)
         deadline = Deadline(self._start_timeout)
         if workers > self._workers:
-            if self._launcher == "local":
+            if self._launcher in LOCAL_LAUNCHERS:
                 self._check_local_gpus(workers)
             new_tasks = [TaskId("worker", i) for i in range(self._workers, workers)]
             self._warn_if_memory_short(len(new_tasks), stacklevel=4)
             progress = make_progress(self._progress_option)
             try:
+                known = getattr(self._pool, "fork_notice", "")
                 ids = self._add_engines(len(new_tasks), deadline, progress)
+                self._warn_if_not_forked(known, stacklevel=4)
                 self._assign_tasks(dict(zip(new_tasks, ids)), deadline, progress)
             except BaseException:
                 progress.close("scaling failed", ok=False)
@@ -426,7 +446,7 @@ class Cluster:
     def _run_each(self, calls: dict[int, tuple], phase: str, deadline: Deadline, progress: ProgressSink) -> dict[int, Any]:
         """Run ``{engine_id: (function, *args)}`` on the engines in parallel; results by engine id."""
         try:
-            return run_on_engines(self._pool.client, calls, deadline, lambda done, total: progress.update(phase, done, total), 0.05)
+            return run_on_engines(self._pool.client, calls, deadline, lambda done, total: progress.update(phase, done, total), 0.005)
         except RemoteCallFailed as exc:
             raise ClusterStartError(f"engine {exc.engine} failed while {phase}: {exc.reason}") from None
         except RemoteCallsTimedOut as exc:
@@ -437,8 +457,9 @@ class Cluster:
 
     def _assign_tasks(self, assignment: dict[TaskId, int], deadline: Deadline, progress: ProgressSink) -> None:
         by_engine = {eid: task for task, eid in assignment.items()}
-        controller_ip = self._pool.controller_ip
-        probes = self._run_each({e: (engine_side.probe, controller_ip) for e in by_engine}, "probing engines", deadline, progress)
+        controller_ip, lifeline = self._pool.controller_ip, self._pool.lifeline
+        probes = self._run_each({e: (engine_side.probe, controller_ip, lifeline) for e in by_engine}, "probing engines",
+                                deadline, progress)
         for eid, task in by_engine.items():
             info = probes[eid]
             if info["workbench_version"] != workbench_version():
@@ -449,21 +470,16 @@ class Cluster:
             self._tasks[task] = TaskRecord(task.job, task.index, eid, info["host"], pid=info["pid"])
             if self._is_local(self._tasks[task]):
                 self._pool.watch([info["pid"]])
-        if self._pool.lifeline:
-            self._run_each({e: (engine_side.ensure_lifeline, self._pool.lifeline) for e in by_engine}, "linking engines", deadline, progress)
 
         visible = self._plan_gpus(assignment, probes)
         imports = self._run_each(
-            {eid: (engine_side.import_tensorflow, visible[task]) for task, eid in assignment.items()},
+            {eid: (engine_side.prepare_tensorflow, visible[task]) for task, eid in assignment.items()},
             "TensorFlow imported", deadline, progress,
         )
         for task, eid in assignment.items():
             self._check_import(eid, probes[eid], imports[eid])
             self._tasks[task].tensorflow = imports[eid]["version"]
-
-        ports = self._run_each({e: (engine_side.reserve_port,) for e in by_engine}, "reserving ports", deadline, progress)
-        for task, eid in assignment.items():
-            self._tasks[task].address = _format_address(probes[eid]["address"], ports[eid])
+            self._tasks[task].address = _format_address(probes[eid]["address"], imports[eid]["port"])
         spec = self.spec_dict
         servers = self._run_each(
             {eid: (engine_side.start_server, spec, task.job, task.index) for task, eid in assignment.items()},

@@ -1,4 +1,4 @@
-"""Entry point of a workbench engine: ipyparallel's ``ipengine`` with two things done first.
+"""Entry point of a workbench engine: ipyparallel's ``ipengine`` with three things done first.
 
 1. **Lifeline.** The engine connects to its client's reaper and exits as soon as that
    connection closes, so an engine never outlives a client that was killed (SIGKILL, a
@@ -6,13 +6,18 @@
 2. **Early TensorFlow import.** For CPU-only pools the engine starts ``import tensorflow``
    in a thread while it registers with the controller, so the 5-30 s import overlaps
    start-up instead of following it. Pools that assign GPUs skip this: ``CUDA_VISIBLE_DEVICES``
-   has to be set per engine before TensorFlow loads.
+   has to be set per engine before TensorFlow loads. (An engine forked from the warm process
+   has TensorFlow already; the thread then finds it imported.)
+3. **Nanny from the warm process.** An engine forked from the warm process (``WARM_SOCKET_ENV``
+   set) has its ipyparallel nanny forked there too, instead of starting a fresh Python for it.
 
-Run as ``python -m workbench.cluster.engine_main [ipengine arguments]``.
+Run as ``python -m workbench.cluster.engine_main [ipengine arguments]``; the warm process calls
+``main(args)`` in each engine it forks.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -20,6 +25,8 @@ import threading
 from .gpus import ORIGINAL_VISIBLE_ENV
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV, hold_lifeline
 
+WARM_SOCKET_ENV = "WORKBENCH_WARM_SOCKET"
+ENGINE_MAIN = [sys.executable, "-m", "workbench.cluster.engine_main"]  # the command of an engine that is not forked
 # gRPC honours these; cluster traffic must never go through a proxy.
 _PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY")
 
@@ -39,6 +46,31 @@ def hide_gpus_for_cpu_pool() -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
+@functools.cache
+def engine_app_class() -> type:
+    """ipyparallel's ``IPEngine``, or a subclass whose nanny is forked by the warm process."""
+    from ipyparallel.engine.app import IPEngine
+
+    from .warm import WarmError, start_forked_nanny
+
+    class ForkedEngine(IPEngine):
+        def start_nanny(self, control_url):
+            from traitlets.config import Config
+
+            config = Config()
+            config.Session = self.config.Session
+            kwargs = dict(engine_id=self.id, identity=self.bident, control_url=control_url,
+                          curve_serverkey=self.curve_serverkey, curve_secretkey=self.curve_secretkey,
+                          curve_publickey=self.curve_publickey, registration_url=self.registration_url, config=config)
+            try:
+                return start_forked_nanny(os.environ[WARM_SOCKET_ENV], kwargs)
+            except (WarmError, OSError) as exc:
+                self.log.warning("starting the nanny as a new process: %s", exc)
+                return super().start_nanny(control_url)
+
+    return ForkedEngine if os.environ.get(WARM_SOCKET_ENV) else IPEngine
+
+
 def main(argv: list[str] | None = None) -> None:
     for name in _PROXY_VARIABLES:
         os.environ.pop(name, None)
@@ -49,13 +81,14 @@ def main(argv: list[str] | None = None) -> None:
     lifeline = os.environ.get(LIFELINE_ENV)
     if lifeline:
         hold_lifeline(lifeline)
-    from ipyparallel.engine.app import main as ipengine_main
-
+    app_class = engine_app_class()
     if os.environ.get(PREIMPORT_ENV) == "1":
         hide_gpus_for_cpu_pool()
-        threading.Thread(target=_preimport_tensorflow, name="workbench-preimport", daemon=True).start()
-    sys.argv = [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]
-    ipengine_main()
+        if "tensorflow" not in sys.modules:
+            threading.Thread(target=_preimport_tensorflow, name="workbench-preimport", daemon=True).start()
+    args = sys.argv[1:] if argv is None else list(argv)
+    sys.argv = [sys.argv[0], *args]
+    app_class.launch_instance(args)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,10 @@ def route_address(controller_ip: str) -> str:
             return socket.gethostname()
 
 
-def probe(controller_ip: str) -> dict[str, Any]:
-    """Who and where this engine is, before TensorFlow is imported."""
+def probe(controller_ip: str, lifeline: str = "") -> dict[str, Any]:
+    """Who and where this engine is, before TensorFlow is used; holds the client's ``lifeline`` if given."""
+    if lifeline:
+        ensure_lifeline(lifeline)
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -57,10 +59,22 @@ def probe(controller_ip: str) -> dict[str, Any]:
     }
 
 
+def devices_untouched() -> bool:
+    """True while TensorFlow has not set up devices in this process, so ``CUDA_VISIBLE_DEVICES`` still applies.
+
+    An engine forked from the warm process has TensorFlow imported but no device initialised: the
+    warm process never runs an op, lists devices or starts a server.
+    """
+    if "server" in _SERVER:
+        return False
+    context = sys.modules.get("tensorflow.python.eager.context")
+    return context is None or getattr(context, "_context", None) is None
+
+
 def import_tensorflow(visible_gpus: list[str] | None) -> dict[str, Any]:
     """Import TensorFlow with ``visible_gpus`` as ``CUDA_VISIBLE_DEVICES`` (``None``: leave as is)."""
     started = time.monotonic()
-    if visible_gpus is not None and "tensorflow" not in sys.modules:
+    if visible_gpus is not None and devices_untouched():
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible_gpus)
     try:
         import tensorflow as tf
@@ -77,6 +91,14 @@ def import_tensorflow(visible_gpus: list[str] | None) -> dict[str, Any]:
         "seconds": time.monotonic() - started,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
+
+
+def prepare_tensorflow(visible_gpus: list[str] | None) -> dict[str, Any]:
+    """``import_tensorflow(visible_gpus)``, and a port reserved for the TF server when that worked."""
+    result = import_tensorflow(visible_gpus)
+    if result["ok"]:
+        result["port"] = reserve_port()
+    return result
 
 
 def reserve_port() -> int:

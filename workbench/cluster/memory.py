@@ -1,9 +1,11 @@
 """Memory that local engines need, against what this machine, or the container it runs in, has left.
 
-Every engine imports TensorFlow and runs a server: about ``ENGINE_BYTES`` each (proportional set
-size of an engine that trained a small model, TF 2.21 on CPU; ``bench/tutorial_memory.py`` measures
-whole tutorials). A container (Binder, Docker, a batch job's cgroup) can have far less memory than
-its host, and its limit is what the kernel enforces, by killing the largest process.
+Local engines are forked from one warm process that imported TensorFlow: the warm process costs
+``WARM_BYTES`` once, and each engine ``FORKED_ENGINE_BYTES`` (its own pages and its nanny's, after
+training a small model). An engine started as a new process (no fork) imports TensorFlow itself:
+``ENGINE_BYTES``. Figures from ``bench/tutorial_memory.py`` (TF 2.21 on CPU). A container (Binder,
+Docker, a batch job's cgroup) can have far less memory than its host, and its limit is what the
+kernel enforces, by killing the largest process.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import psutil
 MiB = 2**20
 GiB = 2**30
 ENGINE_BYTES = 420 * MiB
+WARM_BYTES = 400 * MiB
+FORKED_ENGINE_BYTES = 120 * MiB
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 # (directory under the mount, limit, usage, memory.stat key of reclaimable page cache): cgroup v2, then v1
 _LAYOUTS = (("", "memory.max", "memory.current", "inactive_file"),
@@ -86,12 +90,24 @@ def available_memory() -> tuple[int, str]:
     return machine, "machine"
 
 
-def engine_memory_warning(engines: int, available: int, where: str = "machine") -> str | None:
+def engines_need(engines: int, forked: bool = True, with_warm: bool = True) -> int:
+    """Bytes that ``engines`` more local engines need: forks of a warm process (started now if ``with_warm``) or not."""
+    if not forked:
+        return engines * ENGINE_BYTES
+    return engines * FORKED_ENGINE_BYTES + (WARM_BYTES if with_warm else 0)
+
+
+def engine_memory_warning(engines: int, available: int, where: str = "machine", forked: bool = True,
+                          with_warm: bool = True) -> str | None:
     """The warning for starting ``engines`` more engines with ``available`` bytes left, or None if they fit."""
-    needed = engines * ENGINE_BYTES
+    needed = engines_need(engines, forked, with_warm)
     if engines <= 0 or needed <= available:
         return None
-    return (f"starting {engines} engine(s) needs about {needed / GiB:.1f} GiB (each imports TensorFlow: about "
-            f"{ENGINE_BYTES / MiB:.0f} MiB), but this {where} has {available / GiB:.1f} GiB free. The system may kill "
-            "engines or this kernel when memory runs out. Start fewer tasks, stop other clusters or kernels, or run "
-            "where there is more memory (engines=... on a cluster).")
+    if forked:
+        how = (f"{FORKED_ENGINE_BYTES / MiB:.0f} MiB each, forked from a process that imported TensorFlow"
+               + (f", which takes {WARM_BYTES / MiB:.0f} MiB" if with_warm else ""))
+    else:
+        how = f"each imports TensorFlow: about {ENGINE_BYTES / MiB:.0f} MiB"
+    return (f"starting {engines} engine(s) needs about {needed / GiB:.1f} GiB ({how}), but this {where} has "
+            f"{available / GiB:.1f} GiB free. The system may kill engines or this kernel when memory runs out. Start "
+            "fewer tasks, stop other clusters or kernels, or run where there is more memory (engines=... on a cluster).")

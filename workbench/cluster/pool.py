@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import sys
 import threading
@@ -20,12 +21,15 @@ from typing import Any
 import psutil
 
 from ..errors import ClusterStartError, ClusterStateError, ConfigurationError, EngineStartTimeout
+from .engine_main import ENGINE_MAIN
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV
 from .reaper import Reaper, kill_process_trees
 
-ENGINE_MAIN = [sys.executable, "-m", "workbench.cluster.engine_main"]
-POLL_SECONDS = 0.1
-HEARTBEAT_ARGS = ["--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=60"]
+POLL_SECONDS = 0.02
+HEARTBEAT_ARGS = ["--HeartMonitor.period=100", "--HeartMonitor.max_heartmonitor_misses=300", "--IPController.use_threads=True"]
+# ipyparallel's local launcher, and the workbench's (entry point "fork") that wb.Cluster(engines="local") uses
+LOCAL_LAUNCHERS = ("local", "fork")
+FORK_LAUNCHER = "fork"
 
 
 class Deadline:
@@ -224,6 +228,8 @@ class OwnedPool:
         self._ipp: Any = None
         self.client: Any = None
         self._watched: set[int] = set()
+        self._warm: Any = None  # the warm process engines are forked from (fork launcher only)
+        self.fork_notice = ""  # why engines were started as new processes instead of forks ("" if they were not)
 
     @property
     def lifeline(self) -> str:
@@ -243,13 +249,16 @@ class OwnedPool:
     def start(self, deadline: Deadline) -> None:
         from ipyparallel import Cluster as IPPCluster
 
+        self._start_warm()  # first: it imports TensorFlow while everything else starts
         lifeline_host = self.controller_ip if self.controller_ip not in ("", "*", "0.0.0.0") else "0.0.0.0"
         self._reaper = Reaper(lifeline_host)
+        if self._warm is not None:
+            self.watch([self._warm.pid])
         self._loop = LoopThread()
         kwargs = dict(self._cluster_kwargs)
-        # The hub confirms a new engine only on the heartbeat after its first reply: with the
-        # default 3 s period that adds 3-6 s to every start. Beat faster, and allow as many
-        # seconds of missed beats (30) as the default before declaring an engine dead.
+        # The hub confirms a new engine on the heartbeat after the one it first answered: one or two
+        # periods. Beat every 100 ms (the default 3 s alone added 3-6 s to every start), and allow as
+        # many seconds of missed beats (30) as the default before declaring an engine dead.
         kwargs["controller_args"] = [*HEARTBEAT_ARGS, *kwargs.get("controller_args", [])]
         if self.controller_ip:
             kwargs["controller_ip"] = self.controller_ip
@@ -260,20 +269,40 @@ class OwnedPool:
             # Local engines read the controller's connection file themselves, so they can be
             # launched while the controller is still starting (their TF import overlaps it).
             # Engines elsewhere get the connection info in their environment instead.
-            send_engines_connection_env=self.launcher != "local",
+            send_engines_connection_env=self.launcher not in LOCAL_LAUNCHERS,
             log=_quiet_logger(),
             **kwargs,
         )
         self._loop.run(self._ipp.start_controller(), deadline.remaining(1))
         self.watch(_launcher_pids(self._ipp.controller))
+        if self._warm is not None:  # connect while the warm process still imports
+            self.client = self._loop.run(self._ipp.connect_client(), deadline.remaining(1))
 
-    def _engine_kwargs(self) -> dict[str, Any]:
+    def _start_warm(self) -> None:
+        if self.launcher != FORK_LAUNCHER or not self._launcher_kwargs.get("fork", True):
+            return
+        from .fork_launcher import WarmProcess, fork_unsupported_reason
+
+        if fork_unsupported_reason():
+            return  # the launcher says so when it starts the engines
+        # Only the variables read when TensorFlow loads must match the engines'; each fork gets the rest.
+        self._warm = WarmProcess.start({**os.environ, **self._engine_env}, list(self._launcher_kwargs.get("preload", [])))
+
+    def _engine_environment(self) -> dict[str, str]:
         env = {LIFELINE_ENV: self.lifeline, **self._engine_env}
         if self._preimport:
             env[PREIMPORT_ENV] = "1"
-        kwargs: dict[str, Any] = {"environment": env, **self._launcher_kwargs}
-        if self.launcher == "local":
+        return env
+
+    def _engine_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"environment": self._engine_environment(), **self._launcher_kwargs}
+        if self.launcher in LOCAL_LAUNCHERS:
             kwargs.setdefault("engine_args", ["--IPEngine.wait_for_url_file=120"])
+        if self.launcher == FORK_LAUNCHER:
+            if self._warm is not None:
+                kwargs["warm"] = self._warm
+            else:
+                kwargs["fork"] = False  # refused before: no second warm process, no second notice
         # Launchers that run engines with this Python get the workbench bootstrap. Others (SSH
         # computes a remote command) keep theirs; the lifeline is then attached after registration.
         cls = self._ipp.engine_launcher_class
@@ -289,6 +318,7 @@ class OwnedPool:
         set_id = self._loop.run(self._ipp.start_engines(n, **self._engine_kwargs()), deadline.remaining(1))
         engine_set = self._ipp.engines[set_id]
         self.watch(_launcher_pids(engine_set))
+        self._after_fallback(getattr(engine_set, "fallback_reason", ""))
         if self.client is None:
             self.client = self._loop.run(self._ipp.connect_client(), deadline.remaining(1))
         while True:
@@ -306,6 +336,15 @@ class OwnedPool:
                     "pass a larger start_timeout."
                 )
             time.sleep(POLL_SECONDS)
+
+    def _after_fallback(self, reason: str) -> None:
+        """Engines were started as new processes: say why once, and free the warm process's memory."""
+        if not reason:
+            return
+        self.fork_notice = self.fork_notice or reason
+        warm, self._warm = self._warm, None
+        if warm is not None:
+            warm.close()
 
     def log_tail(self, set_id: str | None = None) -> str:
         sets = [self._ipp.engines[set_id]] if set_id else list(self._ipp.engines.values())
@@ -348,6 +387,9 @@ class OwnedPool:
                 self._loop.run(self._ipp.stop_cluster(), deadline.remaining(5))
             except Exception:  # noqa: BLE001 - the processes are gone already; files are secondary
                 pass
+        if self._warm is not None:
+            self._warm.close(timeout=deadline.remaining(1))
+            self._warm = None
         if self._reaper is not None:
             self._reaper.close(release=True)
             self._reaper = None

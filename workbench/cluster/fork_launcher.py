@@ -1,0 +1,206 @@
+"""An ipyparallel engine launcher that forks engines from one warm process (entry point ``fork``).
+
+``wb.Cluster(engines="local")`` uses it. ``ipyparallel.Cluster(engines="fork")`` works too: every
+ipyparallel feature of the local launcher (``engine_args``, ``environment``, signals, stop, the
+cluster file) is kept; only how an engine process comes to exist changes. The warm process
+(``workbench.cluster.warm``) imports TensorFlow once; each engine is a fork of it, sharing that
+memory, and ready in a fraction of a second.
+
+Engines are started the ordinary way (a new Python each, as ipyparallel's ``local`` launcher does)
+when forking cannot work, with a one-line notice saying why (``fallback_reason``): not Linux, a
+warm process that loaded a GPU driver or runs threads, an environment the warm process was not
+started with. ``fork=False`` asks for that explicitly; a custom ``engine_cmd`` implies it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
+from traitlets import Bool, Float, Instance, List, Unicode
+
+from .engine_main import ENGINE_MAIN, WARM_SOCKET_ENV
+from .warm import WarmError, request
+
+STATUS_POLL = 0.05
+
+
+def fork_unsupported_reason() -> str:
+    """Why this platform cannot fork engines, or ``""``."""
+    if not sys.platform.startswith("linux"):
+        return f"engines are forked on Linux only (this is {sys.platform})"
+    return ""
+
+
+class WarmProcess:
+    """The client's handle on one warm process: start it, ask it to fork, stop it."""
+
+    def __init__(self, proc: subprocess.Popen, socket_path: str, log_path: str):
+        self._proc = proc
+        self.socket_path = socket_path
+        self.log_path = log_path
+        self._status: dict | None = None
+
+    @classmethod
+    def start(cls, env: dict[str, str], preload: list[str] = (), cwd: str | None = None) -> WarmProcess:
+        """Start a warm process with the engines' environment; returns at once (it imports in the background).
+
+        Its socket and log live in a new private directory (mode 0700: only this user reaches the socket),
+        removed by ``close()``.
+        """
+        directory = tempfile.mkdtemp(prefix="wb-warm-")
+        socket_path = os.path.join(directory, "socket")
+        log_path = os.path.join(directory, "warm.log")
+        command = [sys.executable, "-m", "workbench.cluster.warm", "--socket", socket_path]
+        for module in preload:
+            command += ["--preload", module]
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                start_new_session=True,  # a Ctrl-C in the client's terminal is not for it
+            )
+        return cls(proc, socket_path, log_path)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def running(self) -> bool:
+        return self._proc.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            with open(self.log_path, errors="replace") as handle:
+                kept = [line.rstrip() for line in handle if line.strip()][-lines:]
+        except OSError:
+            return "(no log)"
+        return "\n".join(kept) or "(empty log)"
+
+    def status(self, timeout: float) -> dict:
+        """The warm process's answer once its imports are done (raises ``WarmError`` on death or timeout)."""
+        if self._status is not None:
+            return self._status
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.running():
+                raise WarmError(f"the warm process (pid {self.pid}) exited with code {self._proc.returncode}; "
+                                f"the end of its log ({self.log_path}):\n{self.log_tail()}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WarmError(f"the warm process (pid {self.pid}) did not finish importing within {timeout:.0f} s")
+            if os.path.exists(self.socket_path):
+                try:
+                    self._status = request(self.socket_path, {"op": "status"}, timeout=remaining)
+                    return self._status
+                except WarmError:
+                    if not self.running() or time.monotonic() >= deadline:
+                        continue  # reported above, with the log
+            time.sleep(STATUS_POLL)
+
+    def fork_engine(self, args: list[str], env: dict[str, str], cwd: str, log: str) -> int:
+        """Fork one engine running ``engine_main`` with ipengine ``args``; its pid."""
+        env = {**env, WARM_SOCKET_ENV: self.socket_path}
+        return int(request(self.socket_path, {"op": "engine", "args": args, "env": env, "cwd": cwd, "log": log})["pid"])
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the warm process (engines it forked keep running: stop them first) and remove its directory."""
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.close()  # it exits when its client closes stdin (once its imports are done)
+                self._proc.wait(timeout=min(timeout, 1.0))
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()  # it holds nothing worth a graceful exit
+                self._proc.wait(timeout=timeout)
+        elif self._proc.stdin:
+            self._proc.stdin.close()
+        shutil.rmtree(os.path.dirname(self.socket_path), ignore_errors=True)
+
+
+class ForkEngineLauncher(LocalEngineLauncher):
+    """One engine forked from the parent set's warm process (a new Python if the fork is refused)."""
+
+    def start(self):
+        warm = getattr(self.parent, "active_warm", None)
+        if warm is None or self.state != "before":
+            return super().start()
+        env = os.environ.copy()
+        env.update(self.get_env())
+        try:
+            pid = warm.fork_engine(self.args[len(ENGINE_MAIN):], env, self.work_dir, self.output_file)
+        except WarmError as exc:
+            self.parent.note_fallback(str(exc))
+            return super().start()
+        self.pid = pid
+        self.process = psutil.Process(pid)
+        self.notify_start(pid)
+        self._start_waiting()
+        return pid
+
+
+class ForkEngineSetLauncher(LocalEngineSetLauncher):
+    """Engines forked from one warm process that imported TensorFlow (see the module docstring)."""
+
+    launcher_class = ForkEngineLauncher
+    engine_cmd = List(list(ENGINE_MAIN), config=True, help="command of an engine started without forking")
+    delay = Float(0.0, config=True, help="seconds between starting two engines (forks need none)")
+    fork = Bool(True, config=True, help="fork engines from a warm process; False starts each as a new Python")
+    preload = List(Unicode(), config=True, help="more modules for a warm process this launcher starts to import")
+    warm_timeout = Float(300.0, config=True, help="seconds allowed for the warm process's imports")
+    warm = Instance(WarmProcess, allow_none=True,
+                    help="a running warm process to fork from, owned by the caller (default: start one, owned here)")
+    fallback_reason = Unicode("", help="why these engines were not forked ('' when they were)")
+
+    active_warm: WarmProcess | None = None  # the warm process forks come from, once it answered
+    _own_warm: WarmProcess | None = None
+
+    def note_fallback(self, reason: str) -> None:
+        """Record (once) and log why engines start as new processes."""
+        if not self.fallback_reason:
+            self.fallback_reason = reason
+            self.log.warning("starting engines as new processes instead of forking them: %s", reason)
+
+    def _warm_process(self) -> WarmProcess:
+        if self.warm is not None:
+            return self.warm
+        env = os.environ.copy()
+        env.update(self.get_env())
+        self._own_warm = WarmProcess.start(env, list(self.preload), cwd=self.work_dir)
+        return self._own_warm
+
+    async def start(self, n):
+        custom = list(self.engine_cmd) != ENGINE_MAIN  # the user's own engine command: run it, no notice
+        if self.fork and not custom:
+            reason = fork_unsupported_reason()
+            if not reason:
+                warm = self._warm_process()
+                try:
+                    status = await asyncio.get_running_loop().run_in_executor(None, warm.status, self.warm_timeout)
+                    reason = status["fork_problem"]
+                except WarmError as exc:
+                    reason = str(exc)
+                if not reason:
+                    self.active_warm = warm
+            if reason:
+                self.note_fallback(reason)
+                self._stop_own_warm()
+        return super().start(n)
+
+    def _stop_own_warm(self) -> None:
+        own, self._own_warm = self._own_warm, None
+        if own is not None:
+            own.close()
+
+    async def stop(self):
+        await super().stop()
+        self._stop_own_warm()
+
+    def notify_stop(self, data):
+        self._stop_own_warm()  # every engine of this set is gone
+        return super().notify_stop(data)
