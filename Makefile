@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make lab    install into .venv and open JupyterLab on notebooks/ (LAB_ARGS=--no-browser for a server)
-#   make test   install with test dependencies and run the whole test suite
+#   make test   install with test dependencies, lint (ruff, configured in pyproject.toml), run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +8,7 @@ EXTRAS ?= cpu,notebook,test
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install chromium lab test bench bench-training bench-dashboard bench-memory demo clean
+.PHONY: install chromium lab test bench bench-training bench-dashboard bench-memory bench-controller demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 
@@ -29,6 +29,7 @@ lab: install
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
 test: install chromium
+	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: install
@@ -45,6 +46,9 @@ bench-dashboard: install chromium
 
 bench-memory: install
 	$(PY) bench/tutorial_memory.py
+
+bench-controller: install
+	$(PY) bench/controller.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info test-artifacts bench/results workbench/labextension extension/lib extension/node_modules

@@ -46,7 +46,8 @@ BASELINE = textwrap.dedent("""
         optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     def dataset_fn():
-        return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y), seed=0).repeat().batch(per_worker, drop_remainder=True).prefetch(2)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y), seed=0).repeat()
+        return dataset.batch(per_worker, drop_remainder=True).prefetch(2)
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     @tf.function
     def step(it):

@@ -2,10 +2,13 @@
 
 __version__ = "0.1.0"
 
-from . import datasets  # noqa: E402
-from .cluster import Cluster, ClusterStatus, TaskId, TaskRecord, list_clusters, running_clusters  # noqa: E402
-from .dashboard import Dashboard, DashboardServer, dashboard, serve_dashboard  # noqa: E402
-from .training import (  # noqa: E402
+from . import (
+    control,  # noqa: F401 - imported for its effect: clusters this process starts serve their control endpoint
+    datasets,
+)
+from .cluster import Cluster, ClusterStatus, TaskId, TaskRecord, list_clusters, running_clusters
+from .dashboard import Dashboard, DashboardServer, dashboard, serve_dashboard
+from .training import (
     DataContext,
     Job,
     ParameterServerLost,
@@ -17,6 +20,7 @@ from .training import (  # noqa: E402
     run_spmd,
     train,
 )
+
 attach = Cluster.attach
 
 from .errors import (  # noqa: E402
@@ -35,6 +39,7 @@ from .errors import (  # noqa: E402
 
 __all__ = [
     "attach",
+    "datasets",
     "Dashboard",
     "DashboardServer",
     "dashboard",

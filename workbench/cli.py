@@ -40,12 +40,12 @@ def list_command(args: argparse.Namespace) -> int:
 
     records = list_clusters()
     if args.json:
-        print(json.dumps(records, indent=2))
+        print(json.dumps([r.to_json() for r in records], indent=2))
     elif not records:
         print("no running workbench clusters")
     for record in [] if args.json else records:
-        tasks = ", ".join(f"{t['job']}:{t['index']}@{t['address']}" for t in record["tasks"])
-        print(f"{record['name']}  {record['state']}  engines={record['engines']}  client pid {record['client_pid']}  {tasks}")
+        tasks = ", ".join(f"{t.name}@{t.address}" for t in record.tasks)
+        print(f"{record.name}  {record.state}  engines={record.engines}  client pid {record.client_pid}  {tasks}")
     return 0
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def text_table(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str = "") -> str:

@@ -35,7 +35,6 @@ from urllib.parse import quote, urlencode
 
 import psutil
 import pytest
-
 from conftest import ARTIFACTS, wait_gone
 
 CHROMIUM = Path("/usr/bin/chromium")

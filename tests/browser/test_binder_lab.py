@@ -3,7 +3,6 @@
 import shutil
 
 import pytest
-
 from conftest import ARTIFACTS, ROOT
 
 from .conftest import running_lab

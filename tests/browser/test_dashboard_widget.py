@@ -5,7 +5,6 @@ import re
 import time
 
 import pytest
-
 from conftest import ARTIFACTS
 
 from .conftest import cell_output_text, run_notebook_in_lab, write_notebook

@@ -2,9 +2,8 @@
 JupyterLab in headless Chromium, and all three render."""
 
 import pytest
-from playwright.sync_api import expect
-
 from conftest import ARTIFACTS
+from playwright.sync_api import expect
 
 from .conftest import cell_output, cell_output_text, run_notebook_in_lab, write_notebook
 

@@ -10,7 +10,6 @@ import json
 import time
 
 import pytest
-
 from conftest import ARTIFACTS
 
 from .conftest import cell_output_text, run_notebook_in_lab, write_notebook

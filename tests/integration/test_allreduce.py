@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from training_helpers import train
 
 import workbench as wb
-from training_helpers import train
 
 pytestmark = pytest.mark.cluster
 

@@ -6,10 +6,10 @@ import textwrap
 import time
 
 import pytest
+from training_helpers import train
 
 import workbench as wb
 from workbench.cluster import registry
-from training_helpers import train
 
 pytestmark = pytest.mark.cluster
 
@@ -38,12 +38,12 @@ def owner():
 
 
 def test_an_attached_cluster_trains_on_the_owners_tasks_and_detaches(owner):
-    owners = next(r for r in registry.list_clusters() if r["name"] == "wb-test-owner")
+    owners = registry.read_record("wb-test-owner")
     cluster = wb.attach("wb-test-owner")
     try:
         assert cluster.attached and cluster.state == "running"
         assert [t.name for t in cluster.tasks] == ["ps:0", "worker:0", "worker:1"]
-        assert cluster.spec_dict == owners["spec"]
+        assert cluster.spec_dict == owners.spec
         job = train(cluster, strategy="async-ps", steps=30, steps_per_call=5).wait(300)
         assert job.state == "done" and len(job.history) == 30
         with pytest.raises(wb.ClusterStateError, match="is attached: process .* owns it"):
@@ -52,8 +52,8 @@ def test_an_attached_cluster_trains_on_the_owners_tasks_and_detaches(owner):
         cluster.stop()
     assert cluster.state == "stopped"
     time.sleep(0.5)
-    record = next(r for r in registry.list_clusters() if r["name"] == "wb-test-owner")
-    assert record["client_pid"] == owner.pid and len(record["tasks"]) == 3  # the owner's cluster runs on
+    record = registry.read_record("wb-test-owner")
+    assert record.client_pid == owner.pid and len(record.tasks) == 3  # the owner's cluster runs on
 
 
 def test_attaching_to_an_unknown_cluster_says_what_runs():
@@ -72,4 +72,4 @@ def test_the_attach_magic_makes_the_owners_cluster_this_kernels_default(owner):
         assert wb.running_clusters()[-1].name == "wb-test-owner"
     finally:
         shell.run_line_magic("wb", "stop --name wb-test-owner")  # detaches this kernel only
-    assert any(r["name"] == "wb-test-owner" for r in registry.list_clusters())
+    assert registry.read_record("wb-test-owner") is not None

@@ -8,9 +8,9 @@ import textwrap
 
 import psutil
 import pytest
+from conftest import run_tf_client
 
 import workbench as wb
-from conftest import run_tf_client
 
 pytestmark = pytest.mark.cluster
 

@@ -7,9 +7,10 @@ import time
 import urllib.request
 
 import pytest
+from training_helpers import train
 
 import workbench as wb
-from training_helpers import train
+from workbench.cluster import registry
 from workbench.dashboard import PlotEntry
 from workbench.dashboard.data import TOTAL, row_name
 
@@ -115,18 +116,18 @@ def test_served_apps_list_their_plots_and_render(cluster, registry_dir):
     job = summary["job"]  # the newest job the session's cluster ran (earlier tests trained on it)
     assert job["state"] in ("done", "running") and job["steps_done"] <= job["steps_total"]
     assert {"examples_per_s", "steps_per_s", "eta_s", "notes", "workers"} <= set(job)
-    record = json.loads((registry_dir / f"{cluster.name}.json").read_text())
-    assert record["dashboard"]["plots"] == f"{server.url}/plots.json"
+    record = registry.read_record(cluster.name)
+    assert record.endpoints["dashboard"].url == server.url  # the panel finds the plots at <url>/plots.json
     assert server.url.startswith("http://127.0.0.1:")
 
 
 def test_a_live_dashboard_is_held_by_its_cluster_until_updates_stop(cluster):
     board = wb.dashboard(cluster, plots=("progress",), interval=0.05).start()
-    thread = board._thread
-    assert board in cluster._dashboards and thread.is_alive()
+    thread, key = board._thread, board._key
+    assert cluster.kept(key) is board and thread.is_alive()
     del board  # dropped by the notebook: still live (the widget on the page keeps updating)
     assert thread.is_alive()
-    board = cluster._dashboards[-1]
+    board = cluster.kept(key)
     board.stop_updates()
-    assert board not in cluster._dashboards and not thread.is_alive()
+    assert cluster.kept(key) is None and not thread.is_alive()
     assert repr(board).endswith("dashboard.serve() for URLs to open in a browser>") and "not live" in repr(board)

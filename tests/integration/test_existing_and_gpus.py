@@ -4,9 +4,9 @@ import os
 
 import psutil
 import pytest
+from conftest import run_tf_client
 
 import workbench as wb
-from conftest import run_tf_client
 
 pytestmark = pytest.mark.cluster
 

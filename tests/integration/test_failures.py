@@ -10,9 +10,9 @@ import time
 
 import psutil
 import pytest
+from conftest import wait_gone
 
 import workbench as wb
-from conftest import wait_gone
 
 pytestmark = pytest.mark.cluster
 
@@ -89,6 +89,8 @@ def test_killed_client_leaves_no_engine_controller_or_registry_file(registry_dir
         names = [" ".join(psutil.Process(p).cmdline()) for p in pids]
         assert any("ipyparallel.controller" in n for n in names)
         assert sum("workbench.cluster.engine_main" in n for n in names) == 2
+        assert any("workbench.cluster.warm" in n for n in names)  # the engines' parent: it must go too
+        assert sum("ipyparallel.engine.nanny" in n for n in names) == 2
         assert any("workbench.cluster.reaper" in n for n in names)
         assert (registry_dir / "wb-test-sigkill.json").exists()
     except BaseException:

@@ -2,9 +2,9 @@
 
 import psutil
 import pytest
+from conftest import run_tf_client, wait_gone
 
 import workbench as wb
-from conftest import run_tf_client, wait_gone
 
 pytestmark = pytest.mark.cluster
 

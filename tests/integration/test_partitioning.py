@@ -3,9 +3,9 @@
 import keras
 import numpy as np
 import pytest
+from training_helpers import LOSS
 
 import workbench as wb
-from training_helpers import LOSS
 
 pytestmark = pytest.mark.cluster
 

@@ -4,9 +4,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from training_helpers import LOSS
 
 import workbench as wb
-from training_helpers import LOSS
 
 pytestmark = pytest.mark.cluster
 

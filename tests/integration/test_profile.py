@@ -5,9 +5,9 @@ import time
 import urllib.request
 
 import pytest
+from training_helpers import train
 
 import workbench as wb
-from training_helpers import train
 
 pytestmark = pytest.mark.cluster
 

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from training_helpers import LOSS, make_model, train
 
 import workbench as wb
-from training_helpers import LOSS, make_model, train
 
 pytestmark = pytest.mark.cluster
 

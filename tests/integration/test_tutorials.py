@@ -1,31 +1,91 @@
 """Every tutorial, executed top to bottom in a kernel of the Binder environment, and its numbers checked.
 
 The environment is built only from ``binder/`` (see the ``binder_env`` fixture), so a tutorial that
-passes here runs on Binder too.
+passes here runs on Binder too. As root, every tutorial also runs inside a 2 GiB memory cgroup, the
+cap mybinder.org puts on a session, together with that environment's idle JupyterLab server: the
+kernel and all it starts are held to the limit, and a test fails if the kernel's OOM killer struck.
+Each tutorial's peak goes to ``test-artifacts/memory_cap.json``.
 """
 
+import json
+import os
 import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import ARTIFACTS, ROOT
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
+from memory_cap import MemoryCap
 from nbclient import NotebookClient
-
-from conftest import ARTIFACTS, ROOT
 
 pytestmark = pytest.mark.cluster
 
 TUTORIALS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
 CELL_TIMEOUT = 300
+BINDER_LIMIT = 2 * 2**30  # mybinder.org's cap on one session
 
 
-def _execute(binder_env, name: str) -> list:
-    """Run ``notebooks/name``; return its code cells, executed. The executed copy goes to test-artifacts/."""
+@dataclass
+class Capped:
+    """The 2 GiB cgroup, the JupyterLab server idling inside it, and a kernelspec whose kernels start inside it."""
+
+    cap: MemoryCap
+    server: subprocess.Popen
+    kernels: Path
+    peaks: dict
+
+
+@pytest.fixture(scope="module")
+def capped(binder_env, tmp_path_factory):
+    """As root: the cap with a Jupyter server in it; otherwise None (the tutorials run uncapped)."""
+    if MemoryCap.available():
+        yield None
+        return
+    cap = MemoryCap.create(BINDER_LIMIT)
+    base = tmp_path_factory.mktemp("capped")
+    runtime = base / "runtime"
+    command = [str(binder_env.bin / "jupyter"), "lab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
+               "--ServerApp.port=0", "--IdentityProvider.token=capped", f"--ServerApp.root_dir={ROOT / 'notebooks'}"]
+    server = subprocess.Popen(cap.command(*command), env={**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    spec = base / "kernels" / "binder-capped"
+    spec.mkdir(parents=True)
+    spec.joinpath("kernel.json").write_text(json.dumps({
+        "argv": cap.command(str(binder_env.python), "-m", "ipykernel_launcher", "-f", "{connection_file}"),
+        "display_name": "Binder environment, 2 GiB cap", "language": "python"}))
+    try:
+        deadline = time.monotonic() + 120
+        while not list(runtime.glob("jpserver-*.json")):
+            assert server.poll() is None and time.monotonic() < deadline, "JupyterLab did not start inside the cgroup"
+            time.sleep(0.2)
+        yield Capped(cap, server, base / "kernels", {})
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+        cap.remove()
+
+
+def _execute(binder_env, capped, name: str) -> list:
+    """Run ``notebooks/name`` (under the cap when there is one); return its code cells, executed.
+
+    The executed copy goes to test-artifacts/.
+    """
     notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
-    kernels = KernelSpecManager(kernel_dirs=[str(binder_env.kernels)])
-    manager = KernelManager(kernel_name="binder", kernel_spec_manager=kernels)
+    kernel_name, kernel_dirs = ("binder-capped", capped.kernels) if capped else ("binder", binder_env.kernels)
+    manager = KernelManager(kernel_name=kernel_name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dirs)]))
     client = NotebookClient(notebook, km=manager, timeout=CELL_TIMEOUT, resources={"metadata": {"path": str(ROOT / "notebooks")}})
+    kills = capped.cap.oom_kills() if capped else 0
+    if capped:
+        capped.cap.reset_peak()
     try:
         client.execute()
     finally:
@@ -33,7 +93,30 @@ def _execute(binder_env, name: str) -> list:
             manager.shutdown_kernel(now=False)
         ARTIFACTS.mkdir(exist_ok=True)
         nbformat.write(notebook, ARTIFACTS / name)  # executed, for people to look at (and to debug)
+    if capped:
+        assert capped.cap.oom_kills() == kills, f"{name}: the kernel's OOM killer struck under the 2 GiB cap"
+        _record_peak(capped, name)
     return [c for c in notebook.cells if c.cell_type == "code"]
+
+
+def _record_peak(capped: Capped, name: str) -> None:
+    """The cgroup's peak during this tutorial, the server included (with cgroup v2: the peak so far)."""
+    capped.peaks[name] = round(capped.cap.peak() / 2**20)
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "memory_cap.json").write_text(json.dumps(
+        {"limit_mib": BINDER_LIMIT >> 20, "peak_mib": capped.peaks, "per_tutorial": not capped.cap.v2}, indent=2))
+
+
+def test_every_tutorial_runs_under_binders_2_gib_cap_with_a_jupyter_server(capped):
+    reason = MemoryCap.available()
+    if reason:
+        pytest.skip(f"the tutorials run without the memory cap: {reason}")
+    assert capped.cap.limit == BINDER_LIMIT
+    assert capped.server.pid in capped.cap.pids(), "the JupyterLab server is not inside the cgroup"
+    argv = json.loads((capped.kernels / "binder-capped" / "kernel.json").read_text())["argv"]
+    assert argv[1].endswith("memory_cap.py") and argv[2] == str(capped.cap.directory)
+    probe = subprocess.run(capped.cap.command("cat", "/proc/self/cgroup"), capture_output=True, text=True, timeout=30)
+    assert capped.cap.directory.name in probe.stdout  # what that kernelspec starts is inside
 
 
 def _text(cell) -> str:
@@ -55,9 +138,11 @@ def test_the_tutorials_are_numbered_one_to_six():
 
 
 @pytest.mark.timeout(300)
-def test_01_quickstart(binder_env, no_leftover_processes):
-    cells = _execute(binder_env, "01-quickstart.ipynb")
+def test_01_quickstart(binder_env, capped, no_leftover_processes):
+    cells = _execute(binder_env, capped, "01-quickstart.ipynb")
     assert "ps:0" in _text(cells[0]) and "running" in _text(cells[0])  # %wb start shows the table
+    # and nothing else: TensorFlow's start-up lines stay in the engines' logs, out of the cell
+    assert not [o for o in cells[0].get("outputs", []) if o.get("name") == "stderr"], cells[0]["outputs"]
     status_html = _text(cells[1])
     assert "ps:0" in status_html and "worker:1" in status_html and "running" in status_html
     assert "(5050, '/job:worker/replica:0/task:1/device:CPU:0')" in _text(cells[2])
@@ -72,8 +157,8 @@ def test_01_quickstart(binder_env, no_leftover_processes):
 
 
 @pytest.mark.timeout(300)
-def test_02_graph_and_devices_finds_send_recv_pairs(binder_env, no_leftover_processes):
-    cells = _execute(binder_env, "02-graph-and-devices.ipynb")
+def test_02_graph_and_devices_finds_send_recv_pairs(binder_env, capped, no_leftover_processes):
+    cells = _execute(binder_env, capped, "02-graph-and-devices.ipynb")
     placed = _text(cells[1])
     assert "w lives on /job:ps/replica:0/task:0" in placed and "y computed on /job:worker/replica:0/task:0" in placed
     graph = _text(cells[2])
@@ -90,24 +175,28 @@ def test_02_graph_and_devices_finds_send_recv_pairs(binder_env, no_leftover_proc
 
 
 @pytest.mark.timeout(400)
-def test_03_data_parallelism_compares_strategies_and_shows_what_backup_workers_buy(binder_env, no_leftover_processes):
-    cells = _execute(binder_env, "03-data-parallelism.ipynb")
-    rows = {m.group(1): [float(v) for v in m.groups()[1:]]
-            for m in re.finditer(r"^(async-ps|sync-ps|allreduce)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", _text(cells[1]), re.M)}
-    assert set(rows) == {"async-ps", "sync-ps", "allreduce"}
-    assert all(accuracy >= 0.85 for *_, accuracy in rows.values()), rows
-    assert "application/vnd.bokehjs_exec.v0+json" in _mimes(cells[2])  # throughput bars and loss curves
-    assert "application/vnd.jupyter.widget-view+json" in _mimes(cells[3])  # the live dashboard
-    straggler = _text(cells[4])
+def test_03_data_parallelism_compares_strategies_and_shows_what_backup_workers_buy(binder_env, capped, no_leftover_processes):
+    cells = _execute(binder_env, capped, "03-data-parallelism.ipynb")
+    assert "application/vnd.jupyter.widget-view+json" in _mimes(cells[2])  # the live dashboard
+    straggler = _text(cells[3])
     waiting = float(re.search(r"no backup worker:\s+(\d+) ms", straggler).group(1))
     backup = float(re.search(r"one backup worker:\s+(\d+) ms", straggler).group(1))
     share = float(re.search(r"worker:2 made it into (\d+)%", straggler).group(1))
     assert backup < waiting / 2 and share < 50, straggler
+    assert "allreduce:" in _text(cells[4])  # on a cluster of its own, without a ps
+    rows = {m.group(1): [float(v) for v in m.groups()[1:]]
+            for m in re.finditer(r"^(async-ps|sync-ps|allreduce)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", _text(cells[5]), re.M)}
+    assert set(rows) == {"async-ps", "sync-ps", "allreduce"}
+    assert all(accuracy >= 0.85 for *_, accuracy in rows.values()), rows
+    assert "application/vnd.bokehjs_exec.v0+json" in _mimes(cells[5])  # throughput bars and loss curves
+    assert "('stopped', 'stopped')" in _text(cells[6])
+    errors = [o["text"] for c in cells for o in c.get("outputs", []) if o.get("name") == "stderr" and "E0000" in o["text"]]
+    assert not errors, errors  # no TensorFlow error lines in the cells (switching clusters must not print them)
 
 
 @pytest.mark.timeout(300)
-def test_04_model_parallelism_trains_a_split_model(binder_env, no_leftover_processes):
-    cells = _execute(binder_env, "04-model-parallelism.ipynb")
+def test_04_model_parallelism_trains_a_split_model(binder_env, capped, no_leftover_processes):
+    cells = _execute(binder_env, capped, "04-model-parallelism.ipynb")
     table = _text(cells[1])
     assert "hidden1" in table and "worker:0" in table and "backward on" in table
     assert "application/vnd.jupyter.widget-view+json" in _mimes(cells[2])
@@ -117,8 +206,8 @@ def test_04_model_parallelism_trains_a_split_model(binder_env, no_leftover_proce
 
 
 @pytest.mark.timeout(400)
-def test_05_scaling_study_measures_every_configuration(binder_env, no_leftover_processes):
-    cells = _execute(binder_env, "05-scaling-study.ipynb")
+def test_05_scaling_study_measures_every_configuration(binder_env, capped, no_leftover_processes):
+    cells = _execute(binder_env, capped, "05-scaling-study.ipynb")
     measured = {(int(w), int(b)): float(x) for w, b, x in
                 re.findall(r"workers=(\d) batch=\s*(\d+):\s+[\d.]+ steps/s\s+(\d+) examples/s", _text(cells[1]))}
     assert set(measured) == {(w, b) for w in (1, 2, 3) for b in (48, 192, 768)}
@@ -128,8 +217,8 @@ def test_05_scaling_study_measures_every_configuration(binder_env, no_leftover_p
 
 
 @pytest.mark.timeout(300)
-def test_06_laptop_to_cluster(binder_env, no_leftover_processes):
-    cells = _execute(binder_env, "06-laptop-to-cluster.ipynb")
+def test_06_laptop_to_cluster(binder_env, capped, no_leftover_processes):
+    cells = _execute(binder_env, capped, "06-laptop-to-cluster.ipynb")
     assert "engines='slurm'" in _text(cells[0]) and "new" in _text(cells[0])
     assert "unknown launcher option(s) 'queues'" in _text(cells[1]) and "queue" in _text(cells[1])
     assert "need 2 GPU(s), but this machine has none" in _text(cells[2])

@@ -6,12 +6,11 @@ import urllib.request
 
 import pytest
 import tornado.httpclient
+from training_helpers import train
 
 import workbench as wb
 from workbench.cluster import registry
 from workbench.server.models import ClusterInfo, ErrorBody, PlotLink
-
-from training_helpers import train
 
 pytestmark = pytest.mark.cluster
 
@@ -47,9 +46,8 @@ async def test_plots_are_served_through_the_jupyter_server(jp_fetch, jp_base_url
     script = await jp_fetch("workbench", "dashboards", cluster.name, "static", *static.split("?")[0].split("/"))
     assert script.code == 200 and len(script.body) > 100_000
     # the owner serves them on 127.0.0.1 only; the browser never needs that port
-    control = registry.list_clusters()
-    record = next(r for r in control if r["name"] == cluster.name)
-    assert record["control"]["url"].startswith("http://127.0.0.1:")
+    record = registry.read_record(cluster.name)
+    assert record.endpoints["control"].url.startswith("http://127.0.0.1:")
 
 
 async def test_summary_reports_the_newest_job(jp_fetch, cluster):
@@ -111,8 +109,8 @@ async def test_the_proxy_says_which_cluster_is_unknown(jp_fetch):
 
 
 def test_the_control_endpoint_refuses_requests_without_the_token(cluster):
-    record = next(r for r in registry.list_clusters() if r["name"] == cluster.name)
-    request = urllib.request.Request(f"{record['control']['url']}/scale", data=b'{"workers": 1}', method="POST",
+    record = registry.read_record(cluster.name)
+    request = urllib.request.Request(f"{record.endpoints['control'].url}/scale", data=b'{"workers": 1}', method="POST",
                                      headers={"Authorization": "token wrong"})
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=10)

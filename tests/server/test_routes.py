@@ -8,6 +8,8 @@ import pytest
 import tornado.httpclient
 
 from workbench.cluster import registry
+from workbench.cluster.registry import ClusterRecord, Endpoint
+from workbench.cluster.status import TaskRecord
 from workbench.server.models import ClusterInfo, ErrorBody, TaskInfo
 
 ROUTES = [("GET", "workbench/api/clusters"), ("POST", "workbench/api/clusters"), ("GET", "workbench/api/options"),
@@ -22,18 +24,17 @@ def jp_server_config():
     return {"ServerApp": {"jpserver_extensions": {"workbench.server": True}}}
 
 
-def _record(name: str, **extra) -> dict:
+def _record(name: str, **extra) -> ClusterRecord:
     """A registry record as ``Cluster`` writes it, owned by this (live) process."""
     import psutil
 
     me = psutil.Process()
-    return {"name": name, "state": "running", "engines": "local", "owned": True, "client_pid": me.pid,
-            "client_created": me.create_time(), "spec": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
-            "tasks": [{"job": "ps", "index": 0, "engine_id": 0, "host": "h", "address": "127.0.0.1:1", "pid": me.pid,
-                       "devices": ["/job:ps/replica:0/task:0/device:CPU:0"], "gpus": [], "state": "running",
-                       "tensorflow": "2.21.0"}],
-            "dashboard": {"url": "http://127.0.0.1:5006", "plots": "http://127.0.0.1:5006/plots.json"},
-            "updated": 1.0, "workbench_version": "0.1.0", **extra}
+    values = dict(name=name, state="running", engines="local", owned=True, client_pid=me.pid,
+                  client_created=me.create_time(), spec={"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+                  tasks=[TaskRecord("ps", 0, 0, "h", "127.0.0.1:1", me.pid, ["/job:ps/replica:0/task:0/device:CPU:0"], [],
+                                    "running", "2.21.0")],
+                  endpoints={"dashboard": Endpoint("http://127.0.0.1:5006")}, updated=1.0, workbench_version="0.1.0")
+    return ClusterRecord(**{**values, **extra})
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ async def test_a_task_whose_engine_died_on_this_host_shows_as_lost(jp_fetch):
     import socket
 
     record = _record("wb-route-lost")
-    record["tasks"][0].update(host=socket.gethostname(), pid=2**22 + 11)  # no such process
+    record.tasks[0].host, record.tasks[0].pid = socket.gethostname(), 2**22 + 11  # no such process
     registry.write_record(record)
     try:
         body = json.loads((await jp_fetch("workbench", "api", "clusters", "wb-route-lost")).body)

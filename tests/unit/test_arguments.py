@@ -1,9 +1,9 @@
 """Bad arguments raise a WorkbenchError subclass that says what to change, before anything starts."""
 
 import pytest
+from conftest import descendants
 
 import workbench as wb
-from conftest import descendants
 
 
 @pytest.mark.parametrize("kwargs, match", [

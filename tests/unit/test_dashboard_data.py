@@ -6,8 +6,16 @@ import pytest
 
 from workbench.cluster.status import TaskRecord
 from workbench.dashboard.components import ProgressComponent, ThroughputComponent, TimelineComponent
-from workbench.dashboard.data import (TOTAL, JobState, ThroughputBins, current_rates, device_rows, progress_info,
-                                      row_name, span_columns)
+from workbench.dashboard.data import (
+    TOTAL,
+    JobState,
+    ThroughputBins,
+    current_rates,
+    device_rows,
+    progress_info,
+    row_name,
+    span_columns,
+)
 from workbench.telemetry import EventLog, StepSpan
 from workbench.telemetry.clocks import offset_from
 from workbench.telemetry.events import COMPUTE, PUSH_APPLY, RUNNING, JobProgress, StepDone

@@ -6,7 +6,17 @@ import psutil
 import pytest
 
 import workbench as wb
-from workbench.cluster.memory import ENGINE_BYTES, GiB, MiB, container_available, engine_memory_warning
+from workbench.cluster.memory import (
+    ENGINE_BYTES,
+    FORKED_ENGINE_BYTES,
+    WARM_BYTES,
+    GiB,
+    MiB,
+    container_available,
+    engine_memory_warning,
+    engines_need,
+    trim_memory,
+)
 
 
 def write(path, text):
@@ -47,15 +57,33 @@ def test_v1_unlimited_and_no_cgroup_at_all_mean_no_container_limit(tmp_path):
 
 
 def test_the_warning_says_what_is_needed_what_is_free_and_what_to_do():
-    assert engine_memory_warning(3, 3 * ENGINE_BYTES) is None
-    message = engine_memory_warning(4, GiB, "container")
-    assert f"starting 4 engine(s) needs about {4 * ENGINE_BYTES / GiB:.1f} GiB" in message
-    assert "this container has 1.0 GiB free" in message and "Start fewer tasks" in message
+    # forked engines (the local default): the warm process once, then each engine's own pages
+    assert engine_memory_warning(3, WARM_BYTES + 3 * FORKED_ENGINE_BYTES) is None
+    message = engine_memory_warning(4, 256 * MiB, "container")
+    assert f"starting 4 engine(s) needs about {engines_need(4) / GiB:.1f} GiB" in message
+    assert "forked from a process that imported TensorFlow" in message
+    assert "this container has 0.2 GiB free" in message and "Start fewer tasks" in message
+    # scaling a running cluster: its warm process is there already
+    assert engine_memory_warning(1, FORKED_ENGINE_BYTES, with_warm=False) is None
+    # engines started as new processes each import TensorFlow
+    assert engine_memory_warning(3, 3 * ENGINE_BYTES, forked=False) is None
+    assert f"about {ENGINE_BYTES / MiB:.0f} MiB" in engine_memory_warning(4, GiB, forked=False)
+
+
+def test_trim_memory_returns_freed_heap_to_the_system():
+    chunks = [bytearray(64 * 1024) for _ in range(3000)]  # ~190 MiB in malloc'd chunks below the mmap threshold
+    for chunk in chunks[:-1]:
+        chunk[0] = 1
+    del chunks[:-1]  # freed, but glibc keeps the pages under the last live chunk
+    before = psutil.Process().memory_info().rss
+    assert trim_memory() is True  # glibc (this machine): something was released
+    assert psutil.Process().memory_info().rss < before - 100 * MiB
 
 
 @pytest.mark.cluster
 def test_a_local_cluster_that_cannot_fit_warns_before_anything_starts(no_leftover_processes):
-    too_many = psutil.virtual_memory().available // ENGINE_BYTES + 1  # one engine more than fits here
+    free = psutil.virtual_memory().available
+    too_many = (free - WARM_BYTES) // FORKED_ENGINE_BYTES + 1  # one forked engine more than fits here
     cluster = wb.Cluster(ps=0, workers=too_many, name="too-big", progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", wb.LowMemoryWarning)  # as a user who turns warnings into errors

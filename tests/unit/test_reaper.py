@@ -7,6 +7,7 @@ import sys
 import time
 
 from conftest import wait_gone
+
 from workbench.cluster.reaper import Reaper
 
 

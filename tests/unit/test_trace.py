@@ -13,8 +13,16 @@ from workbench.dashboard.profile_view import link_columns, op_columns, op_kind
 from workbench.errors import ConfigurationError
 from workbench.telemetry.events import OpEvent
 from workbench.telemetry.profiler import ProfileError, _find_traces, capture
-from workbench.telemetry.trace import (UNLINKED_NOT_TRACED, UNLINKED_OUTSIDE, UNLINKED_TO_CLIENT, chrome_trace,
-                                      explain_unlinked, link_transfers, parse_xspace, save_chrome_trace)
+from workbench.telemetry.trace import (
+    UNLINKED_NOT_TRACED,
+    UNLINKED_OUTSIDE,
+    UNLINKED_TO_CLIENT,
+    chrome_trace,
+    explain_unlinked,
+    link_transfers,
+    parse_xspace,
+    save_chrome_trace,
+)
 
 PS = "/job:ps/replica:0/task:0/device:CPU:0"
 W0 = "/job:worker/replica:0/task:0/device:CPU:0"

@@ -10,7 +10,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import psutil
 
@@ -27,8 +27,9 @@ from ..errors import (
     WorkbenchError,
 )
 from ..progress import ProgressSink, make_progress
+from ..telemetry.clocks import measure_offsets
+from ..telemetry.log import EventLog
 from . import engine_side, registry
-from .control import ControlServer
 from .gpus import assign_gpus, discover_gpus, validate_gpus_per_worker
 from .memory import available_memory, engine_memory_warning
 from .pool import (
@@ -44,11 +45,10 @@ from .pool import (
     run_on_engines,
     split_launcher_options,
 )
+from .registry import ClusterRecord, Endpoint
 from .spec import TaskId, cluster_spec_dict, role_layout, validate_counts
 from .status import ClusterStatus, TaskRecord
 from .versions import client_tensorflow_version, workbench_version
-from ..telemetry.clocks import measure_offsets
-from ..telemetry.log import EventLog
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Strong references: a running cluster stays reachable (for running_clusters(), the magics and the
@@ -110,6 +110,11 @@ class Cluster:
         ``True``: a bar in a notebook, text in a terminal; ``False``: quiet; or a ``ProgressSink``.
     """
 
+    # Called with every cluster this process starts, once its tasks run (a failure stops the cluster).
+    # Higher layers add theirs here (``workbench.control`` adds the owner's control endpoint), so the
+    # engine pool knows nothing of what they are; they keep what must close with it (``keep``).
+    start_hooks: ClassVar[list[Callable[[Cluster], None]]] = []
+
     def __init__(
         self,
         ps: int = 1,
@@ -139,10 +144,10 @@ class Cluster:
         self._pool: OwnedPool | AttachedPool | None = None
         self._pool_factory: Callable[[], OwnedPool | AttachedPool]
         self.telemetry = EventLog()  # step spans and progress of every job on this cluster (wb.dashboard)
-        self._dashboard_server = None
-        self._control: ControlServer | None = None  # how the Jupyter server's panel reaches this cluster
         self._lifecycle = threading.RLock()  # start/scale/stop, from the kernel or the control thread
-        self._dashboards: list = []  # live notebook dashboards: held here, stopped with the cluster
+        # What higher layers (control endpoint, dashboards, widgets) keep with this cluster: key -> (resource, close)
+        self._kept: dict[str, tuple[Any, Callable[[], None] | None]] = {}
+        self._endpoints: dict[str, Endpoint] = {}  # what they serve for other processes, in the registry record
         self.last_profile = None  # the newest cluster.profile(), for the served /profile page
         self._clock_offsets: tuple[float, dict[str, float]] | None = None
         self._owner_pid = 0  # set by attach(): the process that runs this cluster
@@ -257,29 +262,29 @@ class Cluster:
         """
         import ipyparallel as ipp
 
-        records = {r["name"]: r for r in registry.list_clusters()}
+        records = {r.name: r for r in registry.list_clusters()}
         record = records.get(name)
         if record is None:
             running = ", ".join(records) or "none"
             raise ClusterStateError(f"no running cluster named {name!r} on this machine (running: {running}). Start "
                                     "one with wb.Cluster(...).start() or from the Workbench panel.")
-        if record.get("client_pid") == os.getpid():
+        if record.client_pid == os.getpid():
             raise ClusterStateError(f"cluster {name!r} runs in this very process: use that object "
                                     f"(wb.running_clusters() lists it).")
-        if not record.get("cluster_file"):
+        if not record.cluster_file:
             raise ClusterStateError(f"cluster {name!r} borrows the engines of an ipyparallel cluster it does not own: "
                                     "connect to that one with wb.Cluster.from_existing(...) instead.")
-        spec = record.get("spec", {})
-        cluster = cls(len(spec.get("ps", [])), len(spec.get("worker", [])), engines=None, name=name, progress=False)
+        cluster = cls(len(record.spec.get("ps", [])), len(record.spec.get("worker", [])), engines=None, name=name,
+                      progress=False)
         try:
-            client = ipp.Cluster.from_file(record["cluster_file"]).connect_client_sync(timeout=timeout)
+            client = ipp.Cluster.from_file(record.cluster_file).connect_client_sync(timeout=timeout)
         except (OSError, TimeoutError, ValueError) as exc:
             raise ClusterStateError(f"could not connect to cluster {name!r}'s controller ({exc}); its owner (pid "
-                                    f"{record.get('client_pid')}) may be stopping it.") from None
-        cluster._launcher = record.get("engines", "")
-        cluster._owner_pid = int(record.get("client_pid") or 0)
+                                    f"{record.client_pid}) may be stopping it.") from None
+        cluster._launcher = record.engines
+        cluster._owner_pid = record.client_pid
         cluster._pool = AttachedPool(client, close_client=True, launcher=cluster._launcher)
-        cluster._tasks = {TaskId(t["job"], int(t["index"])): TaskRecord(**t) for t in record.get("tasks", [])}
+        cluster._tasks = {r.task: r for r in record.tasks}
         cluster._client_tf_version = client_tensorflow_version()
         cluster._state = "running"
         cluster._started_at = time.monotonic()
@@ -319,7 +324,9 @@ class Cluster:
             )
             self._warn_if_not_forked("")
             self._assign_tasks(dict(zip(layout, ids)), deadline, progress)
-            self._control = ControlServer(self).start()
+            self._state = "running"
+            for hook in self.start_hooks:
+                hook(self)
         except BaseException as exc:
             progress.close(f"cluster {self.name!r} failed to start", ok=False)
             self._teardown()
@@ -349,15 +356,7 @@ class Cluster:
             self._state = "stopped"
 
     def _teardown(self, timeout: float = 60.0) -> None:
-        control, self._control = self._control, None
-        if control is not None:
-            control.stop()
-        server, self._dashboard_server = self._dashboard_server, None
-        if server is not None:
-            server.stop()
-        for board in self._dashboards:
-            board.stop_updates()  # they keep showing the final state
-        self._dashboards.clear()
+        self._close_kept()
         pool, self._pool = self._pool, None
         if self.attached:  # only this process's connection ends; the owner keeps the cluster
             if pool is not None:
@@ -440,6 +439,49 @@ class Cluster:
     def _drop_tasks(self, tasks: list[TaskId], deadline: Deadline) -> None:
         records = [self._tasks.pop(t) for t in tasks]
         self._pool.remove_engines([r.engine_id for r in records], [r.pid for r in records if self._is_local(r)], deadline)
+
+    # -- what higher layers attach ---------------------------------------------------------
+
+    def keep(self, key: str, resource: Any, close: Callable[[], None] | None = None) -> Any:
+        """Hold ``resource`` (a server, a widget, ...) under ``key`` until this cluster stops, then call ``close``.
+
+        For the layers above the engine pool (control endpoint, dashboards): what they start for a
+        cluster ends with it. Keeping a new resource under a key in use closes the old one first.
+        """
+        self.release(key, close=True)
+        self._kept[key] = (resource, close)
+        return resource
+
+    def kept(self, key: str, default: Any = None) -> Any:
+        """The resource kept under ``key``, or ``default``."""
+        entry = self._kept.get(key)
+        return entry[0] if entry is not None else default
+
+    def release(self, key: str, close: bool = False) -> Any:
+        """Stop holding the resource under ``key`` (closing it if ``close``); returns it, or None."""
+        resource, closer = self._kept.pop(key, (None, None))
+        if close and closer is not None:
+            closer()
+        return resource
+
+    def advertise(self, name: str, endpoint: Endpoint | None) -> None:
+        """Publish (or with ``None`` withdraw) what this process serves for the cluster, in its registry record."""
+        if endpoint is None:
+            self._endpoints.pop(name, None)
+        else:
+            self._endpoints[name] = endpoint
+        if self._state == "running":
+            self._write_registry()
+
+    def _close_kept(self) -> None:
+        """Close what higher layers kept, newest first; one that fails does not stop the others."""
+        while self._kept:
+            key = next(reversed(self._kept))
+            try:
+                self.release(key, close=True)
+            except Exception:  # noqa: BLE001 - stopping must go on; the resource is gone with the cluster anyway
+                pass
+        self._endpoints.clear()
 
     # -- giving engines their TF tasks -----------------------------------------------------
 
@@ -618,7 +660,8 @@ class Cluster:
         """
         from ..telemetry.profiler import capture
 
-        return capture(self, seconds, logdir)
+        self.last_profile = capture(self, seconds, logdir)  # the served /profile page shows the newest
+        return self.last_profile
 
     @property
     def client(self):
@@ -639,24 +682,22 @@ class Cluster:
         if self.attached:  # the owner's record stays the owner's
             return
         proc = psutil.Process()
-        registry.write_record({
-            "name": self.name,
-            "state": self._state,
-            "engines": self._launcher,
-            "owned": bool(self._pool and self._pool.owned),
-            "client_pid": proc.pid,
-            "client_created": proc.create_time(),
-            "cluster_file": self._pool.cluster_file if self._pool else "",
-            "profile_dir": self._pool.profile_dir if self._pool else "",
-            "spec": self.spec_dict,
-            "tasks": [r.to_dict() for r in self.tasks],
-            "gpus_per_worker": self._gpus_per_worker,
-            "control": self._control.record() if self._control is not None else None,
-            "dashboard": ({"url": self._dashboard_server.url, "plots": f"{self._dashboard_server.url}/plots.json"}
-                          if self._dashboard_server is not None else None),
-            "updated": time.time(),
-            "workbench_version": workbench_version(),
-        })
+        registry.write_record(ClusterRecord(
+            name=self.name,
+            state=self._state,
+            engines=self._launcher,
+            owned=bool(self._pool and self._pool.owned),
+            client_pid=proc.pid,
+            client_created=proc.create_time(),
+            cluster_file=self._pool.cluster_file if self._pool else "",
+            profile_dir=self._pool.profile_dir if self._pool else "",
+            spec=self.spec_dict,
+            tasks=self.tasks,
+            gpus_per_worker=self._gpus_per_worker,
+            endpoints=dict(self._endpoints),
+            updated=time.time(),
+            workbench_version=workbench_version(),
+        ))
 
     def __repr__(self) -> str:
         return f"<workbench.Cluster {self.name!r} {self._state}: {self._ps} ps, {self._workers} worker(s), engines={self._launcher!r}>"

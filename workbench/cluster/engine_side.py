@@ -53,7 +53,7 @@ def probe(controller_ip: str, lifeline: str = "") -> dict[str, Any]:
         "address": route_address(controller_ip),
         "gpus": discover_gpus(),
         "python": sys.executable,
-        "python_version": "%d.%d.%d" % sys.version_info[:3],
+        "python_version": ".".join(map(str, sys.version_info[:3])),
         "workbench_version": _workbench_version(),
         "tensorflow_loaded": "tensorflow" in sys.modules,
     }
@@ -118,7 +118,7 @@ def start_profiler_server(attempts: int = 3) -> int:
         port = reserve_port()
         try:
             tf.profiler.experimental.server.start(port)
-        except Exception:  # noqa: BLE001 - the port was taken in between: reserve another
+        except Exception:  # the port was taken in between: reserve another
             if attempt == attempts - 1:
                 raise
             continue

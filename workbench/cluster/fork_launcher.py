@@ -75,13 +75,14 @@ class WarmProcess:
     def running(self) -> bool:
         return self._proc.poll() is None
 
-    def log_tail(self, lines: int = 15) -> str:
+    def last_log_line(self) -> str:
+        """The last non-empty line the warm process wrote (its log is removed by ``close()``)."""
         try:
             with open(self.log_path, errors="replace") as handle:
-                kept = [line.rstrip() for line in handle if line.strip()][-lines:]
+                lines = [line.strip() for line in handle if line.strip()]
         except OSError:
-            return "(no log)"
-        return "\n".join(kept) or "(empty log)"
+            return "no log"
+        return lines[-1] if lines else "empty log"
 
     def status(self, timeout: float) -> dict:
         """The warm process's answer once its imports are done (raises ``WarmError`` on death or timeout)."""
@@ -90,8 +91,8 @@ class WarmProcess:
         deadline = time.monotonic() + timeout
         while True:
             if not self.running():
-                raise WarmError(f"the warm process (pid {self.pid}) exited with code {self._proc.returncode}; "
-                                f"the end of its log ({self.log_path}):\n{self.log_tail()}")
+                raise WarmError(f"the warm process (pid {self.pid}) exited with code {self._proc.returncode} "
+                                f"({self.last_log_line()!r})")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise WarmError(f"the warm process (pid {self.pid}) did not finish importing within {timeout:.0f} s")

@@ -10,6 +10,7 @@ kernel enforces, by killing the largest process.
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import psutil
@@ -111,3 +112,17 @@ def engine_memory_warning(engines: int, available: int, where: str = "machine", 
     return (f"starting {engines} engine(s) needs about {needed / GiB:.1f} GiB ({how}), but this {where} has "
             f"{available / GiB:.1f} GiB free. The system may kill engines or this kernel when memory runs out. Start "
             "fewer tasks, stop other clusters or kernels, or run where there is more memory (engines=... on a cluster).")
+
+
+def trim_memory() -> bool:
+    """Give the memory this process has freed back to the system; False where that is not possible.
+
+    glibc keeps freed heap memory for reuse. After a profile capture an engine holds about 100 MiB
+    of freed trace buffers that way (measured: 201 -> 104 MiB USS), and a memory-capped container
+    (Binder) counts it all. Elsewhere (musl, macOS) there is no ``malloc_trim``: nothing to do.
+    """
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    return bool(malloc_trim(0))

@@ -26,10 +26,23 @@ from .lifeline import LIFELINE_ENV, PREIMPORT_ENV
 from .reaper import Reaper, kill_process_trees
 
 POLL_SECONDS = 0.02
-HEARTBEAT_ARGS = ["--HeartMonitor.period=100", "--HeartMonitor.max_heartmonitor_misses=300", "--IPController.use_threads=True"]
+# The controller's options unless the user's controller_args set them (traitlets refuses an option given twice).
+# The hub confirms a new engine on the heartbeat after the one it first answered: one or two periods.
+# Beat every 100 ms (the default 3 s alone added 3-6 s to every start), and allow as many seconds of
+# missed beats (30) as the default before declaring an engine dead. Schedulers run as threads of the
+# hub, not one process each (bench/controller.py: less memory, same throughput).
+CONTROLLER_DEFAULTS = {"--HeartMonitor.period": "100", "--HeartMonitor.max_heartmonitor_misses": "300",
+                       "--IPController.use_threads": "True"}
 # ipyparallel's local launcher, and the workbench's (entry point "fork") that wb.Cluster(engines="local") uses
 LOCAL_LAUNCHERS = ("local", "fork")
 FORK_LAUNCHER = "fork"
+
+
+def controller_args(given: Iterable[str]) -> list[str]:
+    """The controller's command-line options: the workbench's defaults, then the user's, which win."""
+    given = list(given)
+    named = {arg.split("=", 1)[0] for arg in given}
+    return [f"{key}={value}" for key, value in CONTROLLER_DEFAULTS.items() if key not in named] + given
 
 
 class Deadline:
@@ -256,10 +269,7 @@ class OwnedPool:
             self.watch([self._warm.pid])
         self._loop = LoopThread()
         kwargs = dict(self._cluster_kwargs)
-        # The hub confirms a new engine on the heartbeat after the one it first answered: one or two
-        # periods. Beat every 100 ms (the default 3 s alone added 3-6 s to every start), and allow as
-        # many seconds of missed beats (30) as the default before declaring an engine dead.
-        kwargs["controller_args"] = [*HEARTBEAT_ARGS, *kwargs.get("controller_args", [])]
+        kwargs["controller_args"] = controller_args(kwargs.get("controller_args", []))
         if self.controller_ip:
             kwargs["controller_ip"] = self.controller_ip
         self._ipp = IPPCluster(

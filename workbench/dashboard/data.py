@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from ..telemetry.events import COMPUTE, PHASES, JobProgress, StepDone, StepSpan
 

@@ -42,6 +42,7 @@ class Dashboard:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._key = f"dashboard-widget-{id(self)}"  # under which the cluster keeps it while it updates
 
     @property
     def layout(self):
@@ -81,9 +82,8 @@ class Dashboard:
             self._thread = threading.Thread(target=_live, args=(ref, self._stop, self.interval), daemon=True,
                                             name=f"workbench-dashboard-{self.cluster.name}")
             self._thread.start()
-            boards = getattr(self.cluster, "_dashboards", None)
-            if boards is not None and self not in boards:
-                boards.append(self)  # a displayed dashboard lives (and updates) as long as its cluster runs
+            # a displayed dashboard lives (and updates) as long as its cluster runs, then shows the final state
+            self.cluster.keep(self._key, self, close=self.stop_updates)
         return self
 
     def stop_updates(self) -> None:
@@ -93,8 +93,7 @@ class Dashboard:
             self._thread.join(5.0)
             self._thread = None
             self.update()
-        if self in getattr(self.cluster, "_dashboards", []):
-            self.cluster._dashboards.remove(self)
+        self.cluster.release(self._key)
 
     def close(self) -> None:
         """Stop updating and close the widget."""

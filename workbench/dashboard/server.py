@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from ..cluster.registry import Endpoint
 from ..errors import ConfigurationError, WorkbenchError
 from ..serving import ServingThread
 from .components import PLOTS, make_components
@@ -19,6 +20,7 @@ from .live import DEFAULT_INTERVAL
 from .summary import JobSummary
 
 START_TIMEOUT = 30.0
+SERVED_KEY = "dashboard-server"  # the cluster keeps its one served dashboard under this key
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class DashboardServer:
             shown = {"profile": None}
 
             def refresh() -> None:
-                profile = getattr(self.cluster, "last_profile", None)
+                profile = self.cluster.last_profile
                 if profile is shown["profile"] and doc.roots:
                     return
                 shown["profile"] = profile
@@ -170,11 +172,10 @@ def serve_dashboard(cluster=None, port: int = 0, prefix: str = "", **kwargs) -> 
     from .live import _default_cluster
 
     cluster = cluster if cluster is not None else _default_cluster()
-    existing = getattr(cluster, "_dashboard_server", None)
+    existing = cluster.kept(SERVED_KEY)
     if existing is not None:
         return existing
     server = DashboardServer(cluster, port=port, prefix=prefix, **kwargs).start()
-    cluster._dashboard_server = server
-    if cluster.state == "running":
-        cluster._write_registry()  # the JupyterLab panel finds the plots through the registry
+    cluster.keep(SERVED_KEY, server, close=server.stop)
+    cluster.advertise("dashboard", Endpoint(server.url))  # the registry record lists it for other processes
     return server

@@ -3,7 +3,7 @@
 Clusters are listed from the registry every ``Cluster`` writes. Acting on one (scale, stop, serve
 its dashboards) goes to its owner, the process that started it (a notebook kernel, a script, or
 this Jupyter server for clusters started from the panel), through the owner's control endpoint
-(``workbench.cluster.control``). Methods block; the handlers run them on a thread.
+(``workbench.control``). Methods block; the handlers run them on a thread.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from ..cluster import registry
+from ..cluster.registry import ClusterRecord
 from ..errors import ConfigurationError, WorkbenchError
 from .models import ClusterInfo, JobNow, PlotLink, StartForm
 
@@ -58,7 +59,7 @@ class ClusterManager:
     def cluster(self, name: str) -> ClusterInfo:
         return self._info(self._record(name))
 
-    def _info(self, record: dict) -> ClusterInfo:
+    def _info(self, record: ClusterRecord) -> ClusterInfo:
         """The record as the panel shows it, with the health of each task on this host checked now.
 
         The owner writes its record when the cluster starts or scales; an engine that died since
@@ -67,10 +68,10 @@ class ClusterManager:
         from ..cluster.pool import local_hostnames
 
         here = local_hostnames()
-        for task in record.get("tasks", []):
-            if task.get("state") == "running" and task.get("host") in here and not psutil.pid_exists(int(task.get("pid", 0))):
-                task["state"] = "lost"
-        return ClusterInfo.from_record(record, owned_here=record["name"] in self._owned)
+        for task in record.tasks:
+            if task.state == "running" and task.host in here and not psutil.pid_exists(task.pid):
+                task.state = "lost"
+        return ClusterInfo.from_record(record, owned_here=record.name in self._owned)
 
     def summary(self, name: str) -> JobNow | None:
         """The newest job's progress and throughput now (``None`` before the first job)."""
@@ -85,7 +86,7 @@ class ClusterManager:
     def upstream(self, name: str, proxy_prefix: str) -> str:
         """Where the owner serves the dashboards of ``name`` for ``proxy_prefix`` (started on first use)."""
         record = self._record(name)
-        owner = (record.get("control") or {}).get("url")
+        owner = getattr(record.endpoints.get("control"), "url", None)
         cached = self._upstreams.get((name, proxy_prefix))
         if cached is not None and cached[0] == owner:
             return cached[1]
@@ -110,7 +111,7 @@ class ClusterManager:
             raise BadRequest(str(exc)) from None
         name = spec.name or Cluster._validate_name(None)
         with self._lock:
-            taken = {r["name"] for r in registry.list_clusters()} | set(self._owned) | self._starting
+            taken = {r.name for r in registry.list_clusters()} | set(self._owned) | self._starting
             if name in taken:
                 raise BadRequest(f"a cluster named {name!r} is already running: choose another name.")
             self._starting.add(name)
@@ -143,7 +144,7 @@ class ClusterManager:
                 return
             time.sleep(0.2)
         raise OwnerError(f"cluster {name!r} did not stop within {timeout:.0f} s; its owner (pid "
-                         f"{record.get('client_pid')}) may be busy. Try again, or stop it from that process.")
+                         f"{record.client_pid}) may be busy. Try again, or stop it from that process.")
 
     def stop_owned(self) -> None:
         """Stop the clusters started from the panel (the server is shutting down)."""
@@ -153,27 +154,27 @@ class ClusterManager:
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _record(self, name: str) -> dict:
+    def _record(self, name: str) -> ClusterRecord:
         if not isinstance(name, str) or not _NAME_RE.match(name):
             raise BadRequest(f"{name!r} is not a cluster name: names are letters, digits, '.', '_' and '-' (at most 64).")
         records = registry.list_clusters()
         for record in records:
-            if record["name"] == name:
+            if record.name == name:
                 return record
-        known = ", ".join(r["name"] for r in records) or "none"
+        known = ", ".join(r.name for r in records) or "none"
         raise NotFound(f"no running cluster named {name!r} (running: {known}); start one from the panel or with "
                        "wb.Cluster(...).start().")
 
-    def _call(self, record: dict, method: str, op: str, body: dict | None = None,
+    def _call(self, record: ClusterRecord, method: str, op: str, body: dict | None = None,
               timeout: float = CONTROL_TIMEOUT) -> Any:
-        control = record.get("control")
-        if not isinstance(control, dict):
-            raise OwnerError(f"cluster {record['name']!r} was started by a workbench without a control endpoint "
-                             f"(version {record.get('workbench_version') or 'unknown'}): act on it from its owner "
-                             f"(pid {record.get('client_pid')}).")
-        request = urllib.request.Request(f"{control['url']}/{op}", method=method,
+        control = record.endpoints.get("control")
+        if control is None:
+            raise OwnerError(f"cluster {record.name!r} was started by a workbench without a control endpoint "
+                             f"(version {record.workbench_version or 'unknown'}): act on it from its owner "
+                             f"(pid {record.client_pid}).")
+        request = urllib.request.Request(f"{control.url}/{op}", method=method,
                                          data=json.dumps(body).encode() if body is not None else None,
-                                         headers={"Authorization": f"token {control['token']}",
+                                         headers={"Authorization": f"token {control.token}",
                                                   "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -185,8 +186,8 @@ class ClusterManager:
                 message = f"HTTP {exc.code}"
             if exc.code == 400:
                 raise BadRequest(message) from None
-            raise OwnerError(f"cluster {record['name']!r}: {message}") from None
+            raise OwnerError(f"cluster {record.name!r}: {message}") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise OwnerError(f"cluster {record['name']!r}: its owner (pid {record.get('client_pid')}) did not answer "
+            raise OwnerError(f"cluster {record.name!r}: its owner (pid {record.client_pid}) did not answer "
                              f"within {timeout:.0f} s ({reason}). It may be busy or stopping; try again.") from None

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from ..cluster.registry import ClusterRecord
+
 
 @dataclass(frozen=True)
 class TaskInfo:
@@ -36,19 +38,15 @@ class ClusterInfo:
     spec: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
-    def from_record(cls, record: dict[str, Any], owned_here: bool = False) -> ClusterInfo:
+    def from_record(cls, record: ClusterRecord, owned_here: bool = False) -> ClusterInfo:
         """A registry record (written by ``Cluster``) -> the panel's view of it."""
-        tasks = [TaskInfo(name=f"{t['job']}:{t['index']}", job=t["job"], index=int(t["index"]),
-                          engine_id=int(t.get("engine_id", -1)), host=t.get("host", ""), address=t.get("address", ""),
-                          pid=int(t.get("pid", 0)), devices=list(t.get("devices", [])), gpus=list(t.get("gpus", [])),
-                          state=t.get("state", "")) for t in record.get("tasks", [])]
-        dashboard = record.get("dashboard") or None
-        return cls(name=record["name"], state=record.get("state", ""), engines=record.get("engines", ""),
-                   owned=bool(record.get("owned", False)), client_pid=int(record.get("client_pid", 0)), tasks=tasks,
-                   dashboard=dashboard.get("url") if isinstance(dashboard, dict) else None,
-                   updated=float(record.get("updated", 0.0)), workbench_version=record.get("workbench_version", ""),
-                   spec=dict(record.get("spec", {})), controllable=isinstance(record.get("control"), dict),
-                   owned_here=owned_here)
+        tasks = [TaskInfo(name=t.name, job=t.job, index=t.index, engine_id=t.engine_id, host=t.host, address=t.address,
+                          pid=t.pid, devices=list(t.devices), gpus=list(t.gpus), state=t.state) for t in record.tasks]
+        dashboard = record.endpoints.get("dashboard")
+        return cls(name=record.name, state=record.state, engines=record.engines, owned=record.owned,
+                   client_pid=record.client_pid, tasks=tasks, dashboard=dashboard.url if dashboard else None,
+                   updated=record.updated, workbench_version=record.workbench_version, spec=dict(record.spec),
+                   controllable="control" in record.endpoints, owned_here=owned_here)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from itertools import islice
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
+from itertools import islice
 
 from .events import StepSpan
 

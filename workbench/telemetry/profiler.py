@@ -187,6 +187,16 @@ def capture(cluster, seconds: float = 2.0, logdir: str | None = None, timeout: f
     events: list[OpEvent] = []
     for record in records:
         events.extend(parse_xspace(traces[record.name], record.name, record.task.device, offsets.get(record.name, 0.0)))
-    profile = Profile(events, [r.name for r in records], logdir, seconds, started)
-    cluster.last_profile = profile  # the served /profile page shows the newest
-    return profile
+    _trim_after_trace(cluster, records)
+    return Profile(events, [r.name for r in records], logdir, seconds, started)
+
+
+def _trim_after_trace(cluster, records) -> None:
+    """The traced engines and this kernel freed their trace buffers: return that memory to the system.
+
+    Sent without waiting for the answers (an engine busy with a job answers when it can).
+    """
+    from ..cluster.memory import trim_memory
+
+    cluster.client[[r.engine_id for r in records]].apply_async(trim_memory)
+    trim_memory()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from .events import COMPUTE, RUNNING, JobProgress, StepDone, StepSpan
 from .log import EventLog

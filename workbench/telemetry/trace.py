@@ -14,8 +14,8 @@ from __future__ import annotations
 import bisect
 import json
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from .events import OpEvent
 
@@ -53,7 +53,7 @@ def _thread_names(lines) -> dict[int, str]:
     """``tf_Compute/-2524305337588316300`` -> ``tf_Compute #1`` (numbered within each pool)."""
     counts: dict[str, int] = defaultdict(int)
     names = {}
-    for line in sorted(lines, key=lambda l: l.name):
+    for line in sorted(lines, key=lambda each: each.name):
         pool = (line.display_name or line.name).split("/")[0]
         counts[pool] += 1
         names[line.id] = f"{pool} #{counts[pool]}"

@@ -4,6 +4,7 @@ from .allreduce import WorkerOutput, run_spmd
 from .api import train
 from .data import DataContext
 from .job import Job, ParameterServerLost, TrainingError
-from .model_parallel import Placement, PlacedModel, place, placement
+from .model_parallel import PlacedModel, Placement, place, placement
 
-__all__ = ["WorkerOutput", "run_spmd", "DataContext", "Job", "ParameterServerLost", "Placement", "PlacedModel", "TrainingError", "place", "placement", "train"]
+__all__ = ["WorkerOutput", "run_spmd", "DataContext", "Job", "ParameterServerLost", "Placement", "PlacedModel", "TrainingError",
+           "place", "placement", "train"]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..cluster import engine_side
 from ..cluster.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
@@ -176,6 +177,12 @@ class AllReduceJob(Job):
                              self.options.batch_size, aggregated=len(self._engines))
             done += n
             next_checkpoint = self._checkpoint_due(next_checkpoint)
+
+    def _trim_engines(self) -> None:
+        try:
+            self.cluster.client[list(self._engines)].apply_async(allreduce_engine.finish, self._run_id)
+        except Exception:  # noqa: BLE001 - an optimisation: a stopped cluster or a lost engine needs none
+            pass
 
     def _save(self) -> None:
         step = self.start_step + self.steps_done

@@ -133,6 +133,23 @@ def run_steps(run_id: str, n: int) -> dict:
             "marks": marks.numpy().tolist()}
 
 
+def finish(run_id: str) -> bool:
+    """The job is over: drop its input pipeline and step function, keep the model for evaluate and weights.
+
+    Then return the freed memory to the system (a memory-capped container counts what the process keeps).
+    """
+    import gc
+
+    from ..cluster.memory import trim_memory
+
+    run = _RUNS.get(run_id)
+    if run is not None:
+        run.pop("iterator", None)
+        run.pop("train_steps", None)
+    gc.collect()
+    return trim_memory()
+
+
 def save(run_id: str, checkpoint_dir: str, step: int) -> str | None:
     """Checkpoint collectively: worker 0 writes ``checkpoint_dir``, the others a scratch copy."""
     import tensorflow as tf

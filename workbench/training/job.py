@@ -12,7 +12,8 @@ import socket
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
 from ..telemetry.events import APPLY, COMPUTE, PULL, PUSH_APPLY
@@ -385,6 +386,19 @@ class Job:
                 self.error = TrainingError(f"training failed: {type(exc).__name__}: {exc}")
             self.state = "failed"
         self._report_progress()
+        self._trim_engines()
+
+    def _trim_engines(self) -> None:
+        """Return what the job's engines freed to the system (a memory-capped container counts it); no waiting."""
+        from ..cluster.memory import trim_memory
+
+        try:
+            alive = set(self.cluster.client.ids)
+            engines = [r.engine_id for r in self.cluster.tasks if r.engine_id in alive]
+            if engines:
+                self.cluster.client[engines].apply_async(trim_memory)
+        except Exception:  # noqa: BLE001 - an optimisation: a stopped cluster or a lost engine needs none
+            pass
 
     def _save(self) -> None:
         self._step.assign(self.start_step + self.steps_done)

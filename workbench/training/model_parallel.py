@@ -13,8 +13,9 @@ from __future__ import annotations
 import functools
 import html
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import ConfigurationError
 from ..tables import html_table, text_table

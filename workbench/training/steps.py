@@ -20,8 +20,9 @@ spans come from them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import ConfigurationError
 from .placement import shards_of, tf_variable, variable_devices

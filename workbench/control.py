@@ -1,7 +1,9 @@
 """The owner's control endpoint: how other processes (the Jupyter server's panel) act on a cluster.
 
-Every running ``Cluster`` serves a few token-protected routes on 127.0.0.1, on its own thread,
-and writes their URL and token into its registry record (a file only this user can read):
+Every cluster this process starts serves a few token-protected routes on 127.0.0.1, on its own
+thread, and advertises their URL and token in its registry record (a file only this user can read)
+as the endpoint ``"control"``. It lives above both the engine pool and the dashboards, which it
+uses; importing this module adds ``start_control_endpoint`` to ``Cluster.start_hooks``.
 
 - ``GET  /summary``     the newest job's progress and throughput now (``JobSummary``);
 - ``POST /scale``       ``{"workers": n}``: ``cluster.scale(workers=n)``;
@@ -22,8 +24,13 @@ import secrets
 import threading
 from typing import Any
 
-from ..errors import ConfigurationError, WorkbenchError
-from ..serving import ServingThread
+from .cluster.cluster import Cluster
+from .cluster.registry import Endpoint
+from .dashboard.server import DashboardServer
+from .dashboard.summary import JobSummary
+from .errors import ConfigurationError, WorkbenchError
+from .optional import require
+from .serving import ServingThread
 
 START_TIMEOUT = 10.0
 
@@ -44,15 +51,13 @@ class ControlServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def record(self) -> dict[str, str]:
+    def endpoint(self) -> Endpoint:
         """What the registry record holds so that the Jupyter server can reach this endpoint."""
-        return {"url": self.url, "token": self.token}
+        return Endpoint(self.url, self.token)
 
     # -- operations (on the worker thread) --------------------------------------------------
 
     def summary(self) -> dict | None:
-        from ..dashboard.summary import JobSummary
-
         if self._summary is None:
             self._summary = JobSummary(self.cluster.telemetry)
         return self._summary.update()
@@ -65,9 +70,6 @@ class ControlServer:
         return {"workers": len([t for t in self.cluster.tasks if t.job == "worker"])}
 
     def dashboards(self, body: dict) -> dict:
-        from ..dashboard.server import DashboardServer
-        from ..optional import require
-
         prefix = body.get("prefix")
         if not isinstance(prefix, str) or not prefix.startswith("/") or prefix.endswith("/"):
             raise ConfigurationError(f"prefix={prefix!r}: send a path like '/workbench/dashboards/NAME'.")
@@ -152,3 +154,13 @@ class ControlServer:
         self._dashboards.clear()
         self._serving.stop(timeout)
         self._work.shutdown(wait=False)
+
+
+def start_control_endpoint(cluster: Cluster) -> None:
+    """Serve ``cluster``'s control endpoint until it stops, and advertise it in the registry."""
+    server = ControlServer(cluster).start()
+    cluster.keep("control", server, close=server.stop)
+    cluster.advertise("control", server.endpoint())
+
+
+Cluster.start_hooks.append(start_control_endpoint)

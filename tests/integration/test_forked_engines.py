@@ -1,0 +1,138 @@
+"""Local engines are forks of one warm process that imported TensorFlow; when forking cannot be safe, they are not.
+
+Every test here starts real clusters and checks the process table: who is whose parent, what
+runs after stop, and that a refused fork falls back to engines started as new processes, saying why.
+"""
+
+import gc
+import os
+import shutil
+import textwrap
+import warnings
+
+import psutil
+import pytest
+from conftest import run_tf_client, wait_gone
+
+import workbench as wb
+
+pytestmark = pytest.mark.cluster
+
+
+def _warm_processes() -> set[int]:
+    return {p.pid for p in psutil.Process().children() if "workbench.cluster.warm" in " ".join(p.cmdline())}
+
+
+def _warm_of(cluster) -> psutil.Process:
+    parents = {psutil.Process(r.pid).ppid() for r in cluster.tasks}
+    assert len(parents) == 1, f"the engines have several parents: {parents}"
+    warm = psutil.Process(parents.pop())
+    assert "workbench.cluster.warm" in " ".join(warm.cmdline())
+    return warm
+
+
+def _sum_on_each_task(cluster) -> dict:
+    return run_tf_client(cluster.spec_dict, """
+        result = {}
+        for name in ("ps:0", "worker:0", "worker:1"):
+            job, index = name.split(":")
+            with tf.device(f"/job:{job}/replica:0/task:{index}/device:CPU:0"):
+                result[name] = float(tf.reduce_sum(tf.range(1.0, 11.0)).numpy())
+    """)
+
+
+def test_engines_and_their_nannies_are_forks_of_one_warm_process(cluster):
+    warm = _warm_of(cluster)
+    assert warm.ppid() == os.getpid()  # this client started it
+    children = {p.pid: " ".join(p.cmdline()) for p in warm.children()}
+    for record in cluster.tasks:
+        assert "workbench.cluster.engine_main" in children[record.pid]  # forked engines say what they are in ps
+        nannies = [c for c in children.values() if f"ipyparallel.engine.nanny [engine pid {record.pid}," in c]
+        assert len(nannies) == 1, f"{record.name} has nannies {nannies}"
+        # most of a forked engine's memory is the warm process's, shared copy-on-write
+        memory = psutil.Process(record.pid).memory_full_info()
+        assert memory.uss < memory.rss / 2
+    # TensorFlow came with the fork, and the frozen heap with it
+    frozen = cluster.client[[r.engine_id for r in cluster.tasks]].apply_sync(gc.get_freeze_count)
+    assert min(frozen) > 100_000
+    assert _sum_on_each_task(cluster) == {"ps:0": 55.0, "worker:0": 55.0, "worker:1": 55.0}
+
+
+def test_scaling_forks_from_the_same_warm_process_and_stop_leaves_nothing(no_leftover_processes):
+    with wb.Cluster(ps=0, workers=1, name="wb-test-fork-scale", progress=False) as cluster:
+        warm = _warm_of(cluster)
+        cluster.scale(workers=3)
+        assert _warm_of(cluster).pid == warm.pid
+        assert len(cluster.tasks) == 3
+        everything = [warm.pid, *(p.pid for p in warm.children(recursive=True))]
+    assert not wait_gone(everything, timeout=30), "the warm process or one of its forks outlived stop()"
+
+
+def test_plain_ipyparallel_can_fork_engines_by_launcher_name(no_leftover_processes):
+    import ipyparallel as ipp
+
+    ipp_cluster = ipp.Cluster(engines="fork", n=2, controller_ip="127.0.0.1", cluster_id="wb-test-ipp-fork", log_level=40)
+    client = ipp_cluster.start_and_connect_sync()
+    try:
+        client.wait_for_engines(2, timeout=120)
+        pids = client[:].apply_sync(os.getpid)
+        parents = {psutil.Process(pid).ppid() for pid in pids}
+        assert len(parents) == 1 and "workbench.cluster.warm" in " ".join(psutil.Process(parents.pop()).cmdline())
+        client[:].execute("import sys; has_tensorflow = 'tensorflow' in sys.modules", block=True)
+        assert client[:].pull("has_tensorflow", block=True) == [True, True]
+    finally:
+        client.close()
+        ipp_cluster.stop_cluster_sync()  # the launcher stops the warm process it started
+
+
+def test_fork_false_starts_each_engine_as_a_new_python(no_leftover_processes):
+    warm_before = _warm_processes()  # the shared session cluster's, if it runs
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", wb.EngineForkWarning)  # an explicit choice is no fallback: no notice
+        with wb.Cluster(ps=0, workers=1, fork=False, name="wb-test-no-fork", progress=False) as cluster:
+            engine = psutil.Process(cluster.tasks[0].pid)
+            assert engine.ppid() == os.getpid()
+            assert _warm_processes() == warm_before  # no warm process was started
+
+
+def _preload_module(tmp_path, name: str, body: str) -> dict:
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    return {"env": {"PYTHONPATH": str(tmp_path)}, "preload": [name]}
+
+
+def _starts_without_forking(options: dict, reason: str) -> None:
+    warm_before = _warm_processes()
+    with pytest.warns(wb.EngineForkWarning, match=reason) as caught:
+        cluster = wb.Cluster(ps=0, workers=1, progress=False, **options).start()
+    try:
+        assert len(caught) == 1 and "\n" not in str(caught[0].message)  # one line saying why
+        assert psutil.Process(cluster.tasks[0].pid).ppid() == os.getpid()  # a new process, not a fork
+        assert _warm_processes() == warm_before  # the warm process that refused was stopped: its memory is back
+        assert cluster.tasks[0].state == "running"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", wb.EngineForkWarning)
+            cluster.scale(workers=2)  # said once: scaling adds new processes without a second notice
+        assert psutil.Process(cluster.tasks[1].pid).ppid() == os.getpid()
+    finally:
+        cluster.stop()
+
+
+def test_a_warm_process_running_threads_refuses_to_fork(tmp_path, no_leftover_processes):
+    options = _preload_module(tmp_path, "starts_a_thread", """
+        import threading, time
+        threading.Thread(target=time.sleep, args=(3600,), name="user-poller", daemon=True).start()
+    """)
+    _starts_without_forking(options, r"warm process runs 2 threads \(also: user-poller\)")
+
+
+def test_a_gpu_driver_loaded_in_the_warm_process_refuses_to_fork(tmp_path, no_leftover_processes):
+    # What a GPU build of TensorFlow would do if it initialised CUDA at import: a library named like
+    # NVIDIA's driver mapped into the warm process (any shared library will do for the name).
+    import _json
+
+    shutil.copy(_json.__file__, tmp_path / "libcuda.so.1")
+    options = _preload_module(tmp_path, "loads_a_gpu_driver", f"""
+        import ctypes
+        ctypes.CDLL({str(tmp_path / "libcuda.so.1")!r})
+    """)
+    _starts_without_forking(options, r"GPU driver \(.*libcuda\.so\.1\) was loaded in the warm process")
