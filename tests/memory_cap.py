@@ -4,7 +4,7 @@
 unified hierarchy has the memory controller, else v1), sets the limit and no swap. Processes join it
 through ``command(...)``: a wrapper that writes its own pid into the cgroup, then execs the real
 command, so everything that command starts (a kernel's engines, a server's kernels) is held to the
-limit too. ``peak()`` and ``oom_kills()`` say what happened; ``remove()`` kills what is left and
+limit too. ``peak()``, ``in_use()`` and ``oom_kills()`` say what happened; ``remove()`` kills what is left and
 removes the cgroup.
 
     python tests/memory_cap.py CGROUP_DIR COMMAND [ARGS...]   # join, then exec COMMAND
@@ -83,6 +83,17 @@ class MemoryCap:
         name = "memory.peak" if self.v2 else "memory.max_usage_in_bytes"
         path = self.directory / name
         return int(path.read_text()) if path.exists() else 0
+
+    def in_use(self) -> dict[str, int]:
+        """Bytes the cgroup's processes hold now: anonymous memory, and file pages they have mapped.
+
+        Unlike ``peak()`` this leaves out page cache that is only cached: the kernel reclaims that
+        before it kills anything, so a peak at the limit alone means little.
+        """
+        stat = self.directory / "memory.stat"
+        if self.v2:
+            return {"anon": _read_key(stat, "anon"), "mapped_file": _read_key(stat, "file_mapped")}
+        return {"anon": _read_key(stat, "total_rss"), "mapped_file": _read_key(stat, "total_mapped_file")}
 
     def reset_peak(self) -> bool:
         """Start the peak over from now (cgroup v1 allows it; v2 keeps one peak for the cgroup's life)."""

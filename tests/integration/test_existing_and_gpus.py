@@ -53,6 +53,8 @@ def test_workers_get_disjoint_gpu_lists_and_ps_none(no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, gpus_per_worker=2, env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, progress=False) as cluster:
         gpus = {r.name: r.gpus for r in cluster.tasks}
         assert gpus == {"ps:0": [], "worker:0": ["0", "1"], "worker:1": ["2", "3"]}
+        # each engine is a fork of the warm process, which imported TensorFlow without touching a device
+        assert len({psutil.Process(r.pid).ppid() for r in cluster.tasks}) == 1
         seen = cluster.client[:].apply_sync(os.getenv, "CUDA_VISIBLE_DEVICES")
         by_engine = dict(zip(cluster.client.ids, seen))
         assert {r.name: by_engine[r.engine_id] for r in cluster.tasks} == {"ps:0": "", "worker:0": "0,1", "worker:1": "2,3"}

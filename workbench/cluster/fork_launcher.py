@@ -96,13 +96,12 @@ class WarmProcess:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise WarmError(f"the warm process (pid {self.pid}) did not finish importing within {timeout:.0f} s")
-            if os.path.exists(self.socket_path):
+            if os.path.exists(self.socket_path):  # bound before the imports: the answer comes after them
                 try:
                     self._status = request(self.socket_path, {"op": "status"}, timeout=remaining)
                     return self._status
                 except WarmError:
-                    if not self.running() or time.monotonic() >= deadline:
-                        continue  # reported above, with the log
+                    pass  # not listening yet, or it just died: the checks above tell which
             time.sleep(STATUS_POLL)
 
     def fork_engine(self, args: list[str], env: dict[str, str], cwd: str, log: str) -> int:

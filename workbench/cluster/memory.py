@@ -1,8 +1,10 @@
 """Memory that local engines need, against what this machine, or the container it runs in, has left.
 
-Local engines are forked from one warm process that imported TensorFlow: the warm process costs
-``WARM_BYTES`` once, and each engine ``FORKED_ENGINE_BYTES`` (its own pages and its nanny's, after
-training a small model). An engine started as a new process (no fork) imports TensorFlow itself:
+Local engines are forked from one warm process that imported TensorFlow: the memory it holds, shared
+with every fork, costs ``WARM_BYTES`` once (measured 430-480 MiB of PSS for the warm process and its
+forks beyond their own pages), and each engine ``FORKED_ENGINE_BYTES``: its own pages (USS 75 MiB at
+start, 90-100 after ps training, 160-180 for an all-reduce worker, which runs a second gRPC server)
+and its nanny's (6 MiB). An engine started as a new process (no fork) imports TensorFlow itself:
 ``ENGINE_BYTES``. Figures from ``bench/tutorial_memory.py`` (TF 2.21 on CPU). A container (Binder,
 Docker, a batch job's cgroup) can have far less memory than its host, and its limit is what the
 kernel enforces, by killing the largest process.
@@ -18,8 +20,8 @@ import psutil
 MiB = 2**20
 GiB = 2**30
 ENGINE_BYTES = 420 * MiB
-WARM_BYTES = 400 * MiB
-FORKED_ENGINE_BYTES = 120 * MiB
+WARM_BYTES = 450 * MiB
+FORKED_ENGINE_BYTES = 160 * MiB
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 # (directory under the mount, limit, usage, memory.stat key of reclaimable page cache): cgroup v2, then v1
 _LAYOUTS = (("", "memory.max", "memory.current", "inactive_file"),

@@ -175,9 +175,9 @@ def compact_module_strings() -> int:
     Every ipykernel kernel, so every engine, lists ``sys.modules`` with each module's ``__file__``
     when it starts (for its debugger). In a fork each of those reads writes a reference count, and
     each write copies the whole page the object sits on: the warm process made these strings one
-    import at a time, scattered over 3,500 pages (14 MiB). Fresh copies made together fill about 100
-    pages, so that walk copies that much less into every engine. Run before forking, with no import
-    in progress.
+    import at a time, scattered over 3,500 pages (14 MiB). Fresh copies made together fill about 280
+    pages: a bare engine's own memory went from 40 to 31 MiB. Run before forking, with no import in
+    progress.
     """
     modules = list(sys.modules.items())
     for name, module in modules:
