@@ -24,7 +24,9 @@ install: $(VENV)/.installed
 chromium:
 	.ci/ensure-chromium
 
+# Jupyter, and so every kernel, runs with the bind shim: a kernel's TensorFlow port listens on loopback only.
 lab: install
+	LD_PRELOAD="$$($(VENV)/bin/workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" \
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 

@@ -11,6 +11,13 @@ Also reported: sync-ps (backup_workers 0 and 1) and allreduce throughput, and th
 traffic crosses loopback).
 
     python bench/training.py [--repeats 3] [--steps 600]
+
+``--containment`` measures instead what keeping TensorFlow's ports on their ClusterSpec address costs:
+fresh 1 ps + 2 worker clusters, alternating between the default (the bind shim binds 127.0.0.1) and
+``WORKBENCH_BIND_ADDRESS="*"`` (every interface, TensorFlow's own behaviour), async-ps and all-reduce on
+each; medians and ratios. Goal: no cost beyond noise.
+
+    python bench/training.py --containment [--repeats 5]
 """
 
 from __future__ import annotations
@@ -106,13 +113,51 @@ def workbench_run(cluster, steps: int, batch: int, **kwargs) -> tuple[float, flo
     return seconds, (loopback_bytes() - before) / steps
 
 
+def _tensorflow_addresses(cluster) -> set[str]:
+    from workbench.cluster import containment
+
+    return {ip for record in cluster.tasks for ip, _ in containment.listeners(record.pid)}
+
+
+def containment_main(args: argparse.Namespace) -> int:
+    """Contained ports against every interface, alternating fresh clusters (see the module docstring)."""
+    import workbench as wb
+    from workbench.cluster.containment import BIND_ENV, EVERY_INTERFACE
+
+    modes = {"contained": {}, "every interface": {BIND_ENV: EVERY_INTERFACE}}
+    rates: dict[str, dict[str, list[float]]] = {mode: {"async-ps": [], "allreduce": []} for mode in modes}
+    for i in range(args.repeats):
+        for mode, env in modes.items():
+            with wb.Cluster(ps=1, workers=2, progress=False, env=env) as cluster:
+                addresses = _tensorflow_addresses(cluster)
+                wide = bool(addresses & {"::", "0.0.0.0"})
+                if wide != (mode == "every interface"):
+                    raise RuntimeError(f"{mode}: the tasks listen on {sorted(addresses)}, not what this mode means")
+                for strategy in ("async-ps", "allreduce"):
+                    seconds, _ = workbench_run(cluster, args.steps, args.batch, strategy=strategy)
+                    rates[mode][strategy].append(args.steps / seconds)
+            print(f"run {i + 1}/{args.repeats} {mode:15s}: async-ps {rates[mode]['async-ps'][-1]:6.1f} steps/s, "
+                  f"allreduce {rates[mode]['allreduce'][-1]:6.1f} steps/s (listening on {sorted(addresses)})", flush=True)
+    medians = {mode: {k: statistics.median(v) for k, v in by.items()} for mode, by in rates.items()}
+    for strategy in ("async-ps", "allreduce"):
+        contained, wide = medians["contained"][strategy], medians["every interface"][strategy]
+        print(f"{strategy:10s} contained {contained:6.1f} steps/s, every interface {wide:6.1f}: ratio {contained / wide:.2f}")
+    path = args.json.with_name("containment.json") if args.json.name == "training.json" else args.json
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"medians": medians, "raw": rates}, indent=2))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--containment", action="store_true", help="contained ports against every interface")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "training.json")
     args = parser.parse_args()
+    if args.containment:
+        return containment_main(args)
 
     import workbench as wb
 

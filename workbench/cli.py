@@ -1,4 +1,4 @@
-"""The ``workbench`` command: ``workbench demo`` (headless smoke test of an install), ``workbench list``."""
+"""The ``workbench`` command: ``demo`` (headless smoke test of an install), ``list``, ``bind-shim``."""
 
 from __future__ import annotations
 
@@ -49,6 +49,19 @@ def list_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def bind_shim_command(args: argparse.Namespace) -> int:
+    """Print the bind shim's path (building it on first use), for ``LD_PRELOAD``; say why not on stderr."""
+    from .cluster.containment import ContainmentError, shim_path
+
+    try:
+        print(shim_path())
+    except ContainmentError as exc:
+        print(f"workbench: the bind shim is not available: {exc}. TensorFlow ports will listen on every interface.",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="workbench", description="Distributed TensorFlow workbench")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -60,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     list_parser = commands.add_parser("list", help="list running workbench clusters on this machine")
     list_parser.add_argument("--json", action="store_true")
     list_parser.set_defaults(run=list_command)
+    shim_parser = commands.add_parser(
+        "bind-shim", help="print the path of the library that keeps TensorFlow's ports on loopback (for LD_PRELOAD)",
+        description="Start Jupyter with LD_PRELOAD=$(workbench bind-shim) so that kernels' TensorFlow ports listen on "
+                    "loopback only (make lab and Binder do).")
+    shim_parser.set_defaults(run=bind_shim_command)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

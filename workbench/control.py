@@ -30,7 +30,7 @@ from .dashboard.server import DashboardServer
 from .dashboard.summary import JobSummary
 from .errors import ConfigurationError, WorkbenchError
 from .optional import require
-from .serving import ServingThread
+from .serving import ServingThread, local_host
 
 START_TIMEOUT = 10.0
 
@@ -100,8 +100,11 @@ class ControlServer:
                 self.op = op
 
             def prepare(self) -> None:
+                if not local_host(self.request.headers.get("Host"), owner.port):
+                    self._answer(403, {"error": "this endpoint answers requests addressed to 127.0.0.1 only"})
+                    return
                 given = self.request.headers.get("Authorization", "")
-                if not hmac.compare_digest(given.encode(), f"token {owner.token}".encode()):
+                if not hmac.compare_digest(given.encode(), f"token {owner.token}".encode()):  # constant time
                     self._answer(403, {"error": "this endpoint needs the token from the cluster's registry record"})
 
             def _answer(self, status: int, body: Any) -> None:

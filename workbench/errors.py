@@ -53,5 +53,9 @@ class LowMemoryWarning(UserWarning):
     """Starting local engines would likely use more memory than this machine or container has free."""
 
 
+class ExposedPortsWarning(UserWarning):
+    """TensorFlow ports of the workbench listen on every network interface, unauthenticated; the message names them."""
+
+
 class EngineForkWarning(UserWarning):
     """Local engines were started as separate processes instead of forks of the warm process (the message says why)."""

@@ -7,6 +7,15 @@ import threading
 from collections.abc import Callable
 
 
+def local_host(host_header: str | None, port: int) -> bool:
+    """Whether a request's ``Host`` names this machine's loopback server on ``port``.
+
+    A page on another site that rebinds its own name to 127.0.0.1 (DNS rebinding) reaches a local
+    server with that name in ``Host``: refusing it keeps such pages from reading local routes.
+    """
+    return host_header in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}")
+
+
 class ServingThread:
     """Runs ``setup()`` on a new event loop in a daemon thread, then serves until ``stop()``.
 

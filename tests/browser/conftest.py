@@ -96,10 +96,10 @@ def _lab_dirs(base: Path) -> dict[str, Path]:
     return dirs
 
 
-def _start_lab(dirs: dict[str, Path], log_path: Path, token: str, python: str | Path = sys.executable
-               ) -> tuple[subprocess.Popen, Lab]:
+def _start_lab(dirs: dict[str, Path], log_path: Path, token: str, python: str | Path = sys.executable,
+               wrapper: tuple[str, ...] = ()) -> tuple[subprocess.Popen, Lab]:
     port = _free_port()
-    command = [
+    command = [*wrapper,
         str(python), "-m", "jupyter", "lab", "--no-browser",
         "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={dirs['root']}",
@@ -109,7 +109,8 @@ def _start_lab(dirs: dict[str, Path], log_path: Path, token: str, python: str | 
     if os.getuid() == 0:
         command.append("--allow-root")
     # Private Jupyter/IPython dirs: no user config, kernels or startup files leak into the test.
-    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
+    env = {**os.environ, "PATH": f"{Path(python).parent}{os.pathsep}{os.environ['PATH']}",  # its own scripts first
+           "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
            "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"]), "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
            "JUPYTER_CONFIG_DIR": str(dirs["config"]), "JUPYTER_DATA_DIR": str(dirs["data"]),
            "IPYTHONDIR": str(dirs["ipython"])}
@@ -176,13 +177,16 @@ def _stop_lab(lab: Lab, process: subprocess.Popen) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_lab(base: Path, python: str | Path = sys.executable, prepare=None):
-    """``jupyter lab`` of ``python`` with private dirs under ``base``; ``prepare(dirs)`` runs before it starts."""
+def running_lab(base: Path, python: str | Path = sys.executable, prepare=None, wrapper: tuple[str, ...] = ()):
+    """``jupyter lab`` of ``python`` with private dirs under ``base``; ``prepare(dirs)`` runs before it starts.
+
+    ``wrapper`` runs first and must end with ``exec "$@"`` (as Binder's ``binder/start``).
+    """
     dirs, log_path, token = _lab_dirs(base), base / "lab.log", secrets.token_hex(16)
     if prepare is not None:
         prepare(dirs)
     for attempt in range(3):
-        process, lab = _start_lab(dirs, log_path, token, python)
+        process, lab = _start_lab(dirs, log_path, token, python, wrapper)
         if _wait_until_serving(lab, process, LAB_START_TIMEOUT):
             break
         _stop_lab(lab, process)

@@ -1,6 +1,7 @@
 """JupyterLab of the Binder environment opens the first tutorial with the Workbench panel visible."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 from conftest import ARTIFACTS, ROOT
@@ -17,7 +18,10 @@ def test_binder_opens_the_first_tutorial_with_the_panel_visible(binder_env, tmp_
             shutil.copy(workspace, dirs["workspaces"])
 
     (tmp_path / "lab").mkdir()
-    with running_lab(tmp_path / "lab", python=binder_env.python, prepare=prepare) as lab:
+    start = ("bash", str(ROOT / "binder" / "start"))  # what Binder runs before the session's server
+    with running_lab(tmp_path / "lab", python=binder_env.python, prepare=prepare, wrapper=start) as lab:
+        maps = Path(f"/proc/{lab.pid}/maps").read_text()
+        assert "workbench-bind-shim-" in maps, "binder/start did not give Jupyter (and its kernels) the bind shim"
         page.goto(lab.url_for("lab"), wait_until="domcontentloaded")
         page.locator(".wb-panel").wait_for(state="visible", timeout=60_000)
         current = page.locator(".jp-MainAreaWidget .lm-TabBar-tab.lm-mod-current, #jp-main-dock-panel .lm-TabBar-tab.lm-mod-current")

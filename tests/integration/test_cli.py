@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -25,3 +26,33 @@ def test_cli_errors_are_one_clear_line():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "workbench: error: workers=0 is not allowed: a cluster needs at least one worker: use workers=1 or more."
+
+
+def test_bind_shim_prints_a_library_that_keeps_wildcard_binds_on_loopback(tmp_path):
+    env = {**os.environ, "WORKBENCH_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "bind-shim"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    shim = proc.stdout.strip()
+    assert os.path.isfile(shim) and shim.startswith(str(tmp_path / "cache"))
+    assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
+    probe = """
+import socket
+for family, wildcard in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+    s = socket.socket(family); s.bind((wildcard, 0)); print(s.getsockname()[0]); s.close()
+s = socket.socket(); s.bind(("127.0.0.2", 0)); print(s.getsockname()[0])  # an explicit address is kept
+"""
+    for bind_address, expected in ((None, ["127.0.0.1", "::ffff:127.0.0.1", "127.0.0.2"]),
+                                   ("127.0.0.3", ["127.0.0.3", "::ffff:127.0.0.3", "127.0.0.2"]),
+                                   ("*", ["0.0.0.0", "::", "127.0.0.2"])):
+        run_env = {**env, "LD_PRELOAD": shim, **({"WORKBENCH_BIND_ADDRESS": bind_address} if bind_address else {})}
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=run_env)
+        assert out.stdout.split() == expected, (bind_address, out.stdout, out.stderr)
+
+
+def test_bind_shim_says_why_it_is_not_available(tmp_path):
+    env = {**os.environ, "WORKBENCH_CACHE_DIR": str(tmp_path / "cache"), "CC": str(tmp_path / "no-such-cc")}
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "bind-shim"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "the bind shim is not available" in proc.stderr and "no-such-cc" in proc.stderr

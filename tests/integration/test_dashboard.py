@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -118,6 +119,11 @@ def test_served_apps_list_their_plots_and_render(cluster, registry_dir):
     assert {"examples_per_s", "steps_per_s", "eta_s", "notes", "workers"} <= set(job)
     record = registry.read_record(cluster.name)
     assert record.endpoints["dashboard"].url == server.url  # the panel finds the plots at <url>/plots.json
+    for route in ("plots.json", "summary.json"):  # a page on a rebound host name cannot read them
+        rebound = urllib.request.Request(f"{server.url}/{route}", headers={"Host": "attacker.example"})
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(rebound, timeout=10)
+        assert info.value.code == 403
     assert server.url.startswith("http://127.0.0.1:")
 
 

@@ -115,3 +115,10 @@ def test_the_control_endpoint_refuses_requests_without_the_token(cluster):
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=10)
     assert info.value.code == 403 and len(cluster.tasks) == 3
+    # with the right token, but addressed to another host name (a DNS-rebinding page): refused as well
+    rebound = urllib.request.Request(f"{record.endpoints['control'].url}/summary",
+                                     headers={"Authorization": f"token {record.endpoints['control'].token}",
+                                              "Host": "attacker.example"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(rebound, timeout=10)
+    assert info.value.code == 403 and b"127.0.0.1 only" in info.value.read()

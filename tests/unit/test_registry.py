@@ -1,12 +1,17 @@
 import json
+import os
 import subprocess
 import sys
 
 import psutil
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from workbench.cluster import registry
 from workbench.cluster.registry import ClusterRecord, Endpoint
 from workbench.cluster.status import TaskRecord
+from workbench.server.models import ClusterInfo
 
 
 def _mine(name: str, **extra) -> ClusterRecord:
@@ -53,3 +58,60 @@ def test_default_location_is_jupyters_runtime_dir(monkeypatch):
 
     monkeypatch.delenv("WORKBENCH_REGISTRY_DIR")
     assert str(registry.registry_dir()).startswith(jupyter_runtime_dir())
+
+
+def test_the_registry_is_this_users_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_REGISTRY_DIR", str(tmp_path / "clusters"))
+    path = registry.write_record(_mine("mine"))
+    assert (tmp_path / "clusters").stat().st_mode & 0o777 == 0o700
+    assert path.stat().st_mode & 0o777 == 0o600
+    (tmp_path / "clusters").chmod(0o755)  # loosened by someone: tightened again on the next write
+    registry.write_record(_mine("mine"))
+    assert (tmp_path / "clusters").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_record_others_could_write_is_neither_read_nor_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_REGISTRY_DIR", str(tmp_path))
+    writable = registry.write_record(_mine("writable"))
+    writable.chmod(0o666)
+    elsewhere = registry.write_record(_mine("elsewhere"))
+    elsewhere.rename(tmp_path / "impostor.json")  # a record that speaks for another cluster than its file's
+    registry.write_record(_mine("fine"))
+    assert [r.name for r in registry.list_clusters()] == ["fine"]
+    assert writable.exists() and (tmp_path / "impostor.json").exists()  # not ours to delete
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_record_another_user_owns_is_not_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_REGISTRY_DIR", str(tmp_path))
+    foreign = registry.write_record(_mine("foreign"))
+    os.chown(foreign, 65534, 65534)  # nobody
+    assert registry.list_clusters() == [] and foreign.exists()
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=5),
+                           max_leaves=20)
+record_like = st.fixed_dictionaries({"name": st.just("fuzz")}, optional={
+    key: json_values for key in ("state", "engines", "owned", "client_pid", "client_created", "tasks", "spec", "endpoints",
+                                 "control", "registry_version", "updated", "gpus_per_worker")})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=st.one_of(st.binary(max_size=200), json_values.map(json.dumps).map(str.encode),
+                         record_like.map(json.dumps).map(str.encode)))
+@example(content=b"[" * 100_000 + b"]" * 100_000)  # nested deeper than the parser can go
+@example(content=b'{"name": "fuzz", "client_pid": 1, "client_created": "yesterday"}')
+@example(content=b'{"name": "fuzz", "tasks": "ps:0"}')
+def test_a_corrupt_partial_or_hostile_file_is_skipped_and_the_running_cluster_kept(tmp_path, monkeypatch, content):
+    monkeypatch.setenv("WORKBENCH_REGISTRY_DIR", str(tmp_path))
+    running = _mine("running", spec={"worker": ["127.0.0.1:5"]})
+    registry.write_record(running)
+    fuzz = tmp_path / "fuzz.json"
+    fuzz.write_bytes(content)
+    fuzz.chmod(0o600)
+    names = [r.name for r in registry.list_clusters()]  # never raises
+    assert "running" in names and registry.read_record("running") == running
+    assert (tmp_path / "running.json").exists()
+    for record in registry.list_clusters():
+        ClusterInfo.from_record(record)  # what the panel is sent can be built from whatever was read

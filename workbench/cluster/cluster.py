@@ -19,6 +19,7 @@ from ..errors import (
     ClusterStateError,
     ConfigurationError,
     EngineForkWarning,
+    ExposedPortsWarning,
     LowMemoryWarning,
     ServerStartError,
     TensorFlowImportError,
@@ -30,6 +31,7 @@ from ..progress import ProgressSink, make_progress
 from ..telemetry.clocks import measure_offsets
 from ..telemetry.log import EventLog
 from . import engine_side, registry
+from .containment import describe, exposed
 from .gpus import assign_gpus, discover_gpus, validate_gpus_per_worker
 from .memory import available_memory, engine_memory_warning
 from .pool import (
@@ -324,6 +326,7 @@ class Cluster:
             )
             self._warn_if_not_forked("")
             self._assign_tasks(dict(zip(layout, ids)), deadline, progress)
+            self.check_exposure(self.tasks, deadline, stacklevel=3)
             self._state = "running"
             for hook in self.start_hooks:
                 hook(self)
@@ -415,6 +418,7 @@ class Cluster:
                 ids = self._add_engines(len(new_tasks), deadline, progress)
                 self._warn_if_not_forked(known, stacklevel=4)
                 self._assign_tasks(dict(zip(new_tasks, ids)), deadline, progress)
+                self.check_exposure([self._tasks[t] for t in new_tasks], deadline, stacklevel=4)
             except BaseException:
                 progress.close("scaling failed", ok=False)
                 self._drop_tasks([t for t in new_tasks if t in self._tasks], deadline)
@@ -536,6 +540,33 @@ class Cluster:
             record.devices = result["devices"]
             record.gpus = [g for g in (result["cuda_visible_devices"] or "").split(",") if g]
             record.state = "running"
+
+    def check_exposure(self, records: list[TaskRecord] | None = None, deadline: Deadline | None = None,
+                       stacklevel: int = 2) -> list[str]:
+        """Warn (``ExposedPortsWarning``) if a task listens on every interface; return those ``task address`` lines.
+
+        Asked of the engines themselves, so it holds for engines on other hosts too. A task whose
+        bind address the user set to ``"*"`` chose that and is not reported.
+        """
+        records = self.tasks if records is None else records
+        deadline = deadline or Deadline(30)
+        found = self._run_each({r.engine_id: (engine_side.listening,) for r in records}, "checking ports", deadline,
+                               make_progress(False))
+        open_ports, reasons = [], set()
+        for record in records:
+            state = found[record.engine_id]
+            wide = [f"{record.name} {describe(a)}" for a in exposed([tuple(a) for a in state["listeners"]])]
+            if wide and not state["chosen"]:
+                open_ports += wide
+                reasons.add(state["why"] or "they bound every interface")
+        if open_ports:
+            warnings.warn(
+                f"cluster {self.name!r}: TensorFlow ports listen on every network interface with no authentication: "
+                f"{', '.join(open_ports)}. Anyone who can reach these hosts can run code in those processes, because "
+                f"{'; '.join(sorted(reasons))}. Without a C compiler, install one (Debian/Ubuntu: apt-get install "
+                "build-essential) and start the cluster again; in any case, keep these ports behind a firewall.",
+                ExposedPortsWarning, stacklevel=stacklevel)
+        return open_ports
 
     def _plan_gpus(self, assignment: dict[TaskId, int], probes: dict[int, dict]) -> dict[TaskId, list[str]]:
         if not self._gpus_per_worker:

@@ -1,5 +1,8 @@
-"""Entry point of a workbench engine: ipyparallel's ``ipengine`` with three things done first.
+"""Entry point of a workbench engine: ipyparallel's ``ipengine`` with four things done first.
 
+0. **Contained ports.** An engine started as a new process (Slurm, MPI, SSH, or locally without
+   forking) runs again at once with the bind shim loaded (``containment``), so that its TensorFlow
+   servers listen only on the address its ClusterSpec names. Forked engines have it already.
 1. **Lifeline.** The engine connects to its client's reaper and exits as soon as that
    connection closes, so an engine never outlives a client that was killed (SIGKILL, a
    crashed kernel), wherever the engine runs (local, Slurm, MPI, SSH).
@@ -22,10 +25,13 @@ import os
 import sys
 import threading
 
+from . import containment
 from .gpus import ORIGINAL_VISIBLE_ENV
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV, hold_lifeline
 
 WARM_SOCKET_ENV = "WORKBENCH_WARM_SOCKET"
+_SHIM_TRIED_ENV = "WORKBENCH_BIND_SHIM_TRIED"  # set before re-running with the shim: never twice
+SHIM_PROBLEM_ENV = "WORKBENCH_BIND_SHIM_PROBLEM"  # why this engine runs without the shim, for engine_side.listening
 ENGINE_MAIN = [sys.executable, "-m", "workbench.cluster.engine_main"]  # the command of an engine that is not forked
 # gRPC honours these; cluster traffic must never go through a proxy.
 _PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY")
@@ -71,7 +77,24 @@ def engine_app_class() -> type:
     return ForkedEngine if os.environ.get(WARM_SOCKET_ENV) else IPEngine
 
 
+def run_with_bind_shim(args: list[str]) -> None:
+    """Run this engine again with the bind shim loaded, unless it is loaded, unwanted or unavailable (then say so)."""
+    if containment.shim_loaded() or os.environ.get(containment.BIND_ENV) == containment.EVERY_INTERFACE:
+        return
+    problem = "the bind shim did not load" if os.environ.get(_SHIM_TRIED_ENV) else ""
+    if not problem:
+        env, problem = containment.preload_env(dict(os.environ))
+    if problem:
+        os.environ[SHIM_PROBLEM_ENV] = problem
+        print(f"workbench engine: {problem}; TensorFlow's ports will listen on every interface", file=sys.stderr, flush=True)
+        return
+    env[_SHIM_TRIED_ENV] = "1"
+    os.execve(sys.executable, [sys.executable, "-m", "workbench.cluster.engine_main", *args], env)
+
+
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    run_with_bind_shim(args)
     for name in _PROXY_VARIABLES:
         os.environ.pop(name, None)
     # A task's receive from a peer that died must fail, not wait for the peer to come back: with
@@ -86,7 +109,6 @@ def main(argv: list[str] | None = None) -> None:
         hide_gpus_for_cpu_pool()
         if "tensorflow" not in sys.modules:
             threading.Thread(target=_preimport_tensorflow, name="workbench-preimport", daemon=True).start()
-    args = sys.argv[1:] if argv is None else list(argv)
     sys.argv = [sys.argv[0], *args]
     app_class.launch_instance(args)
 

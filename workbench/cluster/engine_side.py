@@ -14,6 +14,8 @@ import time
 import traceback
 from typing import Any
 
+from . import containment
+from .engine_main import SHIM_PROBLEM_ENV
 from .gpus import discover_gpus
 
 _SERVER: dict[str, Any] = {}
@@ -44,13 +46,27 @@ def route_address(controller_ip: str) -> str:
 
 
 def probe(controller_ip: str, lifeline: str = "") -> dict[str, Any]:
-    """Who and where this engine is, before TensorFlow is used; holds the client's ``lifeline`` if given."""
+    """Who and where this engine is, before TensorFlow is used; holds the client's ``lifeline`` if given.
+
+    The address other tasks reach this engine on is also the one its TensorFlow ports will listen on
+    (``containment.BIND_ENV``, read by the bind shim), unless the user set one.
+    """
     if lifeline:
         ensure_lifeline(lifeline)
+    address = route_address(controller_ip)
+    if containment.BIND_ENV not in os.environ:
+        _SERVER["bind_chosen"] = False
+        if _is_address(address):
+            os.environ[containment.BIND_ENV] = address
+        else:  # a host name: which of its interfaces the other tasks use is not known here
+            os.environ[containment.BIND_ENV] = containment.EVERY_INTERFACE
+            _SERVER["exposed_because"] = (f"{socket.gethostname()} knows its address only as the name {address!r}: pass "
+                                          "controller_ip=<the cluster network's address of this machine> so that "
+                                          "every task binds the interface facing the others")
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "address": route_address(controller_ip),
+        "address": address,
         "gpus": discover_gpus(),
         "python": sys.executable,
         "python_version": ".".join(map(str, sys.version_info[:3])),
@@ -179,6 +195,22 @@ def _describe(tf: Any, address: str, job: str, index: int, reused: bool = False,
         "reused": reused,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
+
+
+def _is_address(text: str) -> bool:
+    try:
+        socket.inet_pton(socket.AF_INET6 if ":" in text else socket.AF_INET, text)
+    except OSError:
+        return False
+    return True
+
+
+def listening() -> dict[str, Any]:
+    """What this engine listens on; whether that was meant (the user's own ``"*"``), and if not, why it happened."""
+    chosen = _SERVER.get("bind_chosen", True) and os.environ.get(containment.BIND_ENV) == containment.EVERY_INTERFACE
+    why = _SERVER.get("exposed_because") or ("" if containment.shim_loaded() else
+                                             os.environ.get(SHIM_PROBLEM_ENV, "the bind shim is not loaded"))
+    return {"listeners": containment.listeners(), "chosen": chosen, "why": why}
 
 
 def release() -> bool:

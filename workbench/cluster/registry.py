@@ -5,6 +5,11 @@ clusters through it. Each file holds one ``ClusterRecord``, written by the clust
 back into the same dataclass: this module is the only place that knows the file's layout. A file
 is removed on ``stop()``; if its client was killed, the client's reaper removes it, and
 ``list_clusters`` drops any file whose client process is gone.
+
+A record holds the owner's control token, and the Jupyter server acts on what records say: files
+are written 0600 into a 0700 directory, and a file that is not this user's, or that others could
+write, is not read (nor removed: it is not ours to delete). Neither is one that is not a record:
+corrupt, partial or hostile JSON is skipped, whatever it holds.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,17 +75,24 @@ class ClusterRecord:
         return {"registry_version": REGISTRY_VERSION, **asdict(self)}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ClusterRecord:
-        """Read a record written by this or an older workbench (version 1 kept endpoints at the top level)."""
-        known = {f.name for f in fields(cls)}
-        values = {key: value for key, value in data.items() if key in known}
-        endpoints = dict(data.get("endpoints") or {})
-        if data.get("registry_version", 1) < 2:
+    def from_json(cls, data: Any) -> ClusterRecord:
+        """Read a record written by this or an older workbench (version 1 kept endpoints at the top level).
+
+        Anything that is not one (a field of the wrong type, a missing name) raises ``ValueError``.
+        """
+        _expect(data, dict, "record")
+        values = {key: _checked(key, value, _RECORD_TYPES) for key, value in data.items() if key in _RECORD_TYPES}
+        if not values.get("name"):
+            raise ValueError("a record names its cluster")
+        endpoints = data.get("endpoints") or {}
+        if data.get("registry_version", 1) == 1:
             endpoints = {key: data[key] for key in ("control", "dashboard") if isinstance(data.get(key), dict)}
-        values["endpoints"] = {key: Endpoint(str(e.get("url", "")), str(e.get("token", ""))) for key, e in endpoints.items()
-                               if isinstance(e, dict) and e.get("url")}
-        task_fields = {f.name for f in fields(TaskRecord)}
-        values["tasks"] = [TaskRecord(**{k: v for k, v in t.items() if k in task_fields}) for t in data.get("tasks", [])]
+        _expect(endpoints, dict, "endpoints")
+        values["endpoints"] = {str(key): Endpoint(_checked("url", e.get("url"), {"url": str}),
+                                                  _checked("token", e.get("token", ""), {"token": str}))
+                               for key, e in endpoints.items() if _expect(e, dict, "endpoint") and e.get("url")}
+        values["tasks"] = [TaskRecord(**{k: _checked(k, v, _TASK_TYPES) for k, v in _expect(t, dict, "task").items()
+                                         if k in _TASK_TYPES}) for t in _expect(data.get("tasks", []), list, "tasks")]
         for key, default in (("state", ""), ("engines", ""), ("owned", False), ("client_pid", 0), ("client_created", 0.0)):
             values.setdefault(key, default)
         return cls(**values)
@@ -94,10 +106,57 @@ class ClusterRecord:
         return not self.client_created or abs(proc.create_time() - float(self.client_created)) < 1.0
 
 
+def _private_dir() -> Path:
+    """The registry directory, made (or made again) this user's alone."""
+    directory = registry_dir()
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if directory.stat().st_uid == os.getuid() and directory.stat().st_mode & 0o077:
+        directory.chmod(0o700)
+    return directory
+
+
+def _trusted(path: Path) -> bool:
+    """A file this user owns and nobody else can write."""
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return info.st_uid == os.getuid() and not info.st_mode & 0o022
+
+
+def _expect(value: Any, kind: type, what: str) -> Any:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{what} is a {type(value).__name__}, not a {kind.__name__}")
+    return value
+
+
+def _checked(key: str, value: Any, types: dict[str, Any]) -> Any:
+    """``value`` if it has the type ``types[key]`` says (lists and dicts of strings checked inside), else ValueError."""
+    kind = types[key]
+    if kind == "strings":
+        return [_expect(item, str, key) for item in _expect(value, list, key)]
+    if kind == "spec":
+        return {_expect(job, str, key): [_expect(a, str, key) for a in _expect(addresses, list, key)]
+                for job, addresses in _expect(value, dict, key).items()}
+    if kind == "number":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key} is not a number")
+        return float(value)
+    return _expect(value, kind, key)
+
+
+_RECORD_TYPES: dict[str, Any] = {
+    "name": str, "state": str, "engines": str, "owned": bool, "client_pid": int, "client_created": "number",
+    "cluster_file": str, "profile_dir": str, "spec": "spec", "gpus_per_worker": int, "updated": "number",
+    "workbench_version": str}
+_TASK_TYPES: dict[str, Any] = {
+    "job": str, "index": int, "engine_id": int, "host": str, "address": str, "pid": int, "devices": "strings",
+    "gpus": "strings", "state": str, "tensorflow": str}
+
+
 def write_record(record: ClusterRecord) -> Path:
     """Write (atomically, readable by this user only) the record of ``record.name``."""
-    directory = registry_dir()
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = _private_dir()
     path = registry_path(record.name)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")  # mode 0600: it holds tokens
     with os.fdopen(fd, "w") as handle:
@@ -122,9 +181,13 @@ def list_clusters(prune: bool = True) -> list[ClusterRecord]:
         return []
     records = []
     for path in sorted(directory.glob("*.json")):
+        if not _trusted(path):
+            continue
         try:
             record = ClusterRecord.from_json(json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError, RecursionError):  # not a record: skipped, left alone
+            continue
+        if record.name != path.stem:  # a record speaks for the cluster its file is named after, or not at all
             continue
         if record.client_alive():
             records.append(record)

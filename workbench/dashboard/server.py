@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 from ..cluster.registry import Endpoint
 from ..errors import ConfigurationError, WorkbenchError
-from ..serving import ServingThread
+from ..serving import ServingThread, local_host
 from .components import PLOTS, make_components
 from .data import device_rows
 from .live import DEFAULT_INTERVAL
@@ -123,16 +123,21 @@ class DashboardServer:
 
     def _serve(self):
         from bokeh.server.server import Server
-        from tornado.web import RequestHandler
+        from tornado.web import HTTPError, RequestHandler
 
         owner = self
 
-        class PlotsHandler(RequestHandler):
+        class LocalOnly(RequestHandler):
+            def prepare(self) -> None:
+                if not local_host(self.request.headers.get("Host"), owner.port):
+                    raise HTTPError(403, "addressed to another host than 127.0.0.1")
+
+        class PlotsHandler(LocalOnly):
             def get(self) -> None:
                 self.set_header("Content-Type", "application/json")
                 self.write(json.dumps({"cluster": owner.cluster.name, "plots": [asdict(p) for p in owner.plots()]}))
 
-        class SummaryHandler(RequestHandler):  # the newest job's progress and throughput now
+        class SummaryHandler(LocalOnly):  # the newest job's progress and throughput now
             def get(self) -> None:
                 self.set_header("Content-Type", "application/json")
                 self.write(json.dumps({"cluster": owner.cluster.name, "job": owner._summary.update()}))

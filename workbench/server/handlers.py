@@ -57,9 +57,11 @@ class _Base(APIHandler):
 
     def json_body(self) -> Any:
         """The request's JSON (called inside ``answer``, so that a bad body is a 400 ``ErrorBody``)."""
+        if not self.request.body:  # a request that starts or scales processes says what it wants
+            raise BadRequest("the request has no body: send a JSON object.")
         try:
-            return json.loads(self.request.body or b"{}")
-        except ValueError:
+            return json.loads(self.request.body)
+        except (ValueError, RecursionError):
             raise BadRequest("the request body is not JSON: send a JSON object.") from None
 
     def proxy_prefix(self, name: str) -> str:
@@ -192,10 +194,17 @@ class DashboardSocketProxy(JupyterHandler, tornado.websocket.WebSocketHandler):
 
     @ws_authenticated
     async def get(self, name: str, path: str) -> None:
+        # The origin first: a page of another site must not reach the owner at all (pre_get opens a session there).
+        if not self.check_origin(self.request.headers.get("Origin", "")):
+            raise tornado.web.HTTPError(403, "a websocket from another site than this server's is refused")
         await ensure_async(self.pre_get(name, path))
-        result = super().get(name, path)
-        if result is not None:
-            await result
+        try:
+            result = super().get(name, path)
+            if result is not None:
+                await result
+        finally:
+            if self.ws_connection is None:  # the handshake was refused: the owner's session must not linger
+                self.on_close()
 
     def select_subprotocol(self, subprotocols: list[str]) -> str | None:
         return subprotocols[0] if subprotocols else None

@@ -9,9 +9,12 @@ after the kernel moved to another cluster raises a clear error instead.
 
 from __future__ import annotations
 
+import os
 import threading
+import warnings
 
-from ..errors import ClusterStateError
+from ..cluster import containment
+from ..errors import ClusterStateError, ExposedPortsWarning
 
 _LOCK = threading.Lock()
 _STATE = {"spec": None, "cluster": None, "epoch": 0}
@@ -32,9 +35,26 @@ def connect(cluster, timeout: float = 60.0) -> int:
         if _STATE.get("broken"):
             raise ClusterStateError(_STATE["broken"])
         _refuse_other_strategies()
+        # TensorFlow adds this process to the cluster as "localhost:<port>": no other host ever connects to
+        # it, so with the bind shim loaded (Jupyter started by `make lab` or on Binder) it listens on loopback.
+        before = set(containment.listeners())
         _connect_with_timeout(tf, spec, cluster.name, timeout)
+        _warn_if_exposed(sorted(set(containment.listeners()) - before))
         _STATE.update(spec=spec, cluster=cluster.name, cluster_object=cluster, epoch=_STATE["epoch"] + 1)
         return _STATE["epoch"]
+
+
+def _warn_if_exposed(opened: list[tuple[str, int]]) -> None:
+    """Say, loudly and once per connection, that this kernel's new TensorFlow port is open to every network."""
+    wide = containment.exposed(opened)
+    if not wide or os.environ.get(containment.BIND_ENV) == containment.EVERY_INTERFACE:
+        return
+    ports = ", ".join(containment.describe(a) for a in wide)
+    warnings.warn(
+        f"this kernel's TensorFlow port ({ports}) listens on every network interface with no authentication: anyone "
+        "who can reach this machine can run code in this kernel. Start Jupyter the workbench's way (`make lab`, or "
+        "`LD_PRELOAD=$(workbench bind-shim) jupyter lab`) and restart the kernel, or keep the port behind a firewall.",
+        ExposedPortsWarning, stacklevel=4)
 
 
 def _connect_with_timeout(tf, spec: dict, name: str, timeout: float) -> None:
@@ -44,6 +64,11 @@ def _connect_with_timeout(tf, spec: dict, name: str, timeout: float) -> None:
     def run() -> None:
         try:
             tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+            # One tiny remote op: it proves the connection, and TensorFlow opens this process's own
+            # port only then, so what it listens on can be checked now rather than at some later op.
+            job = "worker" if "worker" in spec else sorted(spec)[0]
+            with tf.device(f"/job:{job}/replica:0/task:0/device:CPU:0"):
+                tf.identity(tf.constant(0)).numpy()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             outcome["error"] = exc
 

@@ -1,0 +1,269 @@
+"""No port the workbench opens is reachable from another host, by default; and the test can tell.
+
+As root, a second network namespace joined to this one by a veth pair plays the other host (on
+addresses of that link only). From there the test tries every TCP port that a kernel started the
+workbench's way, its cluster, and a Jupyter server with the workbench extension listen on, over IPv4
+and IPv6: all must be refused. The same attack against a bare ``tf.distribute.Server`` runs an op in
+it, so the test cannot pass because the attack itself is broken.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+import warnings
+
+import netns
+import psutil
+import pytest
+from conftest import ARTIFACTS
+from jupyter_client import KernelManager
+
+import workbench as wb
+from workbench.cluster import containment
+
+pytestmark = pytest.mark.cluster
+
+
+def _shim_env() -> dict:
+    """The environment `make lab` gives Jupyter (and so its kernels): the bind shim preloaded."""
+    env, problem = containment.preload_env({**os.environ, "LD_PRELOAD": os.environ.get("LD_PRELOAD", "")})
+    assert not problem, problem
+    return env
+
+
+def _listening(root_pids) -> dict[int, tuple[str, str]]:
+    """Every TCP port the process trees listen on: {port: (address, process command)}."""
+    found = {}
+    for root in root_pids:
+        try:
+            processes = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+        except psutil.Error:
+            continue
+        for process in processes:
+            try:
+                for ip, port in containment.listeners(process.pid):
+                    found[port] = (ip, " ".join(process.cmdline())[:80])
+            except psutil.Error:
+                pass
+    return found
+
+
+ATTACK = textwrap.dedent("""
+    import json, socket, sys
+    reached = []
+    for host, family in ((sys.argv[1], socket.AF_INET), (sys.argv[2], socket.AF_INET6)):
+        for port in json.loads(sys.argv[3]):
+            s = socket.socket(family)
+            s.settimeout(3)
+            try:
+                s.connect((host, port))
+                reached.append(f"{host} {port}")
+            except OSError:
+                pass
+            finally:
+                s.close()
+    print(json.dumps(reached))
+""")
+
+
+def _reachable(peer: netns.Peer, ports) -> list[str]:
+    result = peer.run([sys.executable, "-c", ATTACK, peer.host4, peer.host6, json.dumps(sorted(ports))], timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+KERNEL_CODE = textwrap.dedent("""
+    import keras, warnings
+    import workbench as wb
+    warnings.simplefilter("error", wb.ExposedPortsWarning)  # a port left open fails here too
+
+    def make_model():
+        return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    cluster = wb.Cluster(ps=1, workers=2, name="wb-attack-kernel", progress=False).start()
+    wb.train(cluster, make_model, wb.datasets.digits, loss, strategy="async-ps", steps=40, wait=True)  # kernel: TF client
+    wb.train(cluster, make_model, wb.datasets.digits, loss, strategy="allreduce", steps=20, wait=True)  # the group's ports
+    busy = wb.train(cluster, make_model, wb.datasets.digits, loss, strategy="async-ps", steps=100000)
+    cluster.profile(seconds=1)  # every task's profiler service
+    busy.stop()
+    wb.serve_dashboard(cluster)
+    print("READY", flush=True)
+""")
+
+
+@pytest.fixture
+def peer():
+    reason = netns.available()
+    if reason:
+        pytest.skip(f"the attack from another host needs a network namespace: {reason}")
+    made = netns.Peer()
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def contained_kernel():
+    """A kernel started as `make lab` starts them, that ran a cluster through every kind of port."""
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(env={**_shim_env(), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=120)
+        outputs = []
+        reply = client.execute_interactive(KERNEL_CODE, timeout=400, output_hook=lambda m: outputs.append(m["content"]))
+        assert reply["content"]["status"] == "ok", (reply["content"], outputs)
+        yield manager
+        client.execute_interactive("cluster.stop()", timeout=120)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+
+
+@pytest.fixture
+def contained_server(tmp_path):
+    """A Jupyter server with the workbench extension, started the `make lab` way, running a cluster it owns."""
+    runtime = tmp_path / "runtime"
+    command = [sys.executable, "-m", "jupyter", "server", "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0",
+               "--IdentityProvider.token=attack", f"--ServerApp.root_dir={tmp_path}", "--allow-root"]
+    server = subprocess.Popen(command, env={**_shim_env(), "JUPYTER_RUNTIME_DIR": str(runtime)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(runtime.glob("jpserver-*.json")):
+            assert server.poll() is None and time.monotonic() < deadline, "the Jupyter server did not start"
+            time.sleep(0.2)
+        url = json.loads(next(runtime.glob("jpserver-*.json")).read_text())["url"].rstrip("/")
+
+        def call(method: str, path: str, body=None):
+            request = urllib.request.Request(f"{url}/{path}", method=method, headers={"Authorization": "token attack"},
+                                             data=json.dumps(body).encode() if body is not None else None)
+            with urllib.request.urlopen(request, timeout=300) as response:
+                return json.loads(response.read() or b"null")
+
+        call("POST", "workbench/api/clusters", {"name": "wb-attack-panel", "ps": 1, "workers": 1})
+        call("GET", "workbench/api/clusters/wb-attack-panel/plots")  # the owner serves the dashboards too
+        yield server
+        call("DELETE", "workbench/api/clusters/wb-attack-panel")
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+
+
+def test_no_port_of_a_kernel_its_cluster_or_the_jupyter_server_is_reachable_from_another_host(
+        peer, contained_kernel, contained_server, no_leftover_processes):
+    ports = _listening([contained_kernel.provisioner.pid, contained_server.pid])
+    tensorflow = [p for p, (_, command) in ports.items() if "engine_main" in command]
+    assert len(ports) >= 15 and len(tensorflow) >= 6, ports  # TF servers, all-reduce, profiler: it all ran
+    reached = _reachable(peer, ports)
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "exposure.json").write_text(json.dumps(
+        {"probed_from": [peer.peer4, peer.peer6], "targets": [peer.host4, peer.host6], "reached": reached,
+         "ports": {str(port): {"address": ip, "process": command} for port, (ip, command) in sorted(ports.items())}},
+        indent=2))
+    assert reached == [], ports
+
+
+def test_the_same_attack_runs_code_in_a_bare_tensorflow_server(peer, tmp_path):
+    port_holder = __import__("socket").socket()
+    port_holder.bind(("127.0.0.1", 0))
+    port = port_holder.getsockname()[1]
+    port_holder.close()
+    bare = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time, tensorflow as tf
+        server = tf.distribute.Server(tf.train.ClusterSpec({{"worker": ["localhost:{port}"]}}), job_name="worker",
+                                      task_index=0)
+        print("up", flush=True)
+        time.sleep(300)
+    """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    try:
+        assert bare.stdout.readline().strip() == "up"
+        assert _reachable(peer, [port]) == [f"{peer.host4} {port}", f"{peer.host6} {port}"]
+        attack = textwrap.dedent(f"""
+            import tensorflow as tf
+            tf.compat.v1.disable_eager_execution()
+            with tf.device("/job:worker/task:0"):
+                answer = tf.constant(6) * 7
+            with tf.compat.v1.Session("grpc://{peer.host4}:{port}") as session:
+                print("ran on the victim:", session.run(answer))
+        """)
+        result = peer.run([sys.executable, "-c", attack], timeout=300)
+        assert "ran on the victim: 42" in result.stdout, result.stderr[-2000:]
+    finally:
+        bare.kill()
+        bare.wait(10)
+
+
+def test_local_tensorflow_ports_listen_on_loopback_and_the_check_agrees(cluster):
+    for record in cluster.tasks:
+        mine = containment.listeners(record.pid)
+        assert mine and not containment.exposed(mine), (record.name, mine)
+        assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for ip, _ in mine), (record.name, mine)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", wb.ExposedPortsWarning)
+        assert cluster.check_exposure() == []
+
+
+def test_without_a_compiler_the_open_ports_are_named_with_what_to_do(tmp_path, no_leftover_processes):
+    env = {"CC": str(tmp_path / "no-such-cc"), "WORKBENCH_CACHE_DIR": str(tmp_path / "cache")}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)  # the client and its engines both look for a compiler, and find none
+    try:
+        with pytest.warns(wb.ExposedPortsWarning) as caught:
+            cluster = wb.Cluster(ps=1, workers=1, progress=False).start()
+        try:
+            message = str(caught[0].message)
+            for record in cluster.tasks:
+                assert f"{record.name} [::]:{record.address.rsplit(':', 1)[1]}" in message
+            assert "no-such-cc" in message and "firewall" in message
+        finally:
+            cluster.stop()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+KERNEL_CONNECTS = """
+    import warnings, workbench as wb
+    from workbench.cluster import containment
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with wb.Cluster(ps=0, workers=1, progress=False) as cluster:
+            cluster.connect()
+            mine = containment.listeners()
+    result = {"warnings": [str(w.message) for w in caught if w.category is wb.ExposedPortsWarning],
+              "exposed": containment.exposed(mine), "shim": containment.shim_loaded()}
+"""
+
+
+def _kernel_like(env: dict) -> dict:
+    script = textwrap.dedent(KERNEL_CONNECTS) + "\nimport json; print('RESULT ' + json.dumps(result))\n"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_a_kernel_started_the_workbench_way_keeps_its_tensorflow_port_on_loopback(no_leftover_processes):
+    contained = _kernel_like(_shim_env())
+    assert contained["shim"] and contained["exposed"] == [] and contained["warnings"] == []
+
+
+def test_a_kernel_started_without_the_shim_is_told_which_port_is_open(no_leftover_processes):
+    plain = _kernel_like({k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+    assert not plain["shim"] and len(plain["exposed"]) == 1
+    port = plain["exposed"][0][1]
+    (message,) = plain["warnings"]
+    assert f"[::]:{port}" in message and "make lab" in message and "bind-shim" in message

@@ -1,0 +1,75 @@
+"""Another host on a link of the test's own, for tests run as root: a network namespace joined to this one by a veth pair.
+
+``Peer()`` makes the namespace and the pair, with addresses chosen here on that link only (IPv4
+10.231.N.0/30 and IPv6 fd31:23:N::/64, no duplicate detection so they work at once). ``run(argv)``
+runs a command inside the namespace; ``host4``/``host6`` are this machine's addresses as the peer
+sees them. ``close()`` removes the namespace (and the pair with it).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import time
+
+TIMEOUT = 30
+
+
+def available() -> str:
+    """Why a peer cannot be made here, or ``""``; installs iproute2 when it is missing and we are root."""
+    if os.geteuid() != 0:
+        return "making a network namespace needs root (CI runs as root)"
+    if shutil.which("ip") is None:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", "iproute2"]):
+            if shutil.which(command[0]) is None or subprocess.run(command, env=env, capture_output=True, timeout=300).returncode:
+                return "the `ip` command (Debian package iproute2) is missing and could not be installed"
+    return ""
+
+
+def _ip(*args: str) -> None:
+    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=TIMEOUT)
+    if result.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {result.stderr.strip()}")
+
+
+class Peer:
+    def __init__(self) -> None:
+        n = random.randint(1, 250)
+        tag = f"{os.getpid() % 10000}{n}"
+        self.namespace, self.host_link, self.peer_link = f"wbpeer{tag}", f"wbh{tag}", f"wbp{tag}"
+        self.host4, self.peer4 = f"10.231.{n}.1", f"10.231.{n}.2"
+        self.host6, self.peer6 = f"fd31:23:{n:x}::1", f"fd31:23:{n:x}::2"
+        _ip("netns", "add", self.namespace)
+        try:
+            _ip("link", "add", self.host_link, "type", "veth", "peer", "name", self.peer_link)
+            _ip("link", "set", self.peer_link, "netns", self.namespace)
+            _ip("addr", "add", f"{self.host4}/30", "dev", self.host_link)
+            _ip("addr", "add", f"{self.host6}/64", "dev", self.host_link, "nodad")
+            _ip("link", "set", self.host_link, "up")
+            for args in (("addr", "add", f"{self.peer4}/30", "dev", self.peer_link),
+                         ("addr", "add", f"{self.peer6}/64", "dev", self.peer_link, "nodad"),
+                         ("link", "set", self.peer_link, "up"), ("link", "set", "lo", "up")):
+                _ip("netns", "exec", self.namespace, "ip", *args)
+            self._wait_reachable()
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_reachable(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.run(["ping", "-c", "1", "-W", "1", self.host4], timeout=5).returncode == 0 or not shutil.which("ping"):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.host4} did not answer from the namespace {self.namespace}")
+
+    def run(self, argv: list[str], timeout: float = 120.0) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", self.namespace, *argv], capture_output=True, text=True,
+                              timeout=timeout)
+
+    def close(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.namespace], capture_output=True, timeout=TIMEOUT)
+        subprocess.run(["ip", "link", "del", self.host_link], capture_output=True, timeout=TIMEOUT)

@@ -1,0 +1,77 @@
+/*
+ * Loaded with LD_PRELOAD into the workbench's TensorFlow processes (the warm process and every engine it
+ * forks, engines started as new processes, and kernels started by `make lab` or Binder).
+ *
+ * TensorFlow's gRPC servers bind every interface ([::] or 0.0.0.0) whatever address the ClusterSpec
+ * names, with no authentication: anyone who reaches a port runs code in that process. This bind()
+ * rewrites a wildcard address to the one in $WORKBENCH_BIND_ADDRESS (127.0.0.1 when unset), so the
+ * port is reachable only there. An explicit address, and "*" as the variable's value, pass through.
+ * The variable is read at every bind, so a process can set it once it knows its cluster address.
+ *
+ * Built on first use by workbench/cluster/containment.py (cc -shared -fPIC -O2 ... -ldl).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+typedef int (*bind_function)(int, const struct sockaddr *, socklen_t);
+
+static bind_function real_bind(void) {
+    static bind_function next = NULL;
+    if (next == NULL) {
+        next = (bind_function)dlsym(RTLD_NEXT, "bind");
+    }
+    return next;
+}
+
+/* Marker the workbench looks up (dlsym) to tell that this library is loaded in a process. */
+int workbench_bind_shim_version(void) { return 1; }
+
+static const char *target_address(void) {
+    const char *value = getenv("WORKBENCH_BIND_ADDRESS");
+    return (value != NULL && value[0] != '\0') ? value : "127.0.0.1";
+}
+
+int bind(int fd, const struct sockaddr *address, socklen_t length) {
+    bind_function next = real_bind();
+    const char *target = target_address();
+    if (address == NULL || next == NULL || strcmp(target, "*") == 0) {
+        return next != NULL ? next(fd, address, length) : -1;
+    }
+    if (address->sa_family == AF_INET && length >= sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *in4 = (const struct sockaddr_in *)address;
+        if (in4->sin_addr.s_addr == htonl(INADDR_ANY)) {
+            struct sockaddr_in copy = *in4;
+            if (inet_pton(AF_INET, target, &copy.sin_addr) != 1) {
+                copy.sin_addr.s_addr = htonl(INADDR_LOOPBACK); /* an IPv6 target cannot serve an IPv4 socket */
+            }
+            return next(fd, (const struct sockaddr *)&copy, sizeof(copy));
+        }
+    } else if (address->sa_family == AF_INET6 && length >= sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)address;
+        if (IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr)) {
+            struct sockaddr_in6 copy = *in6;
+            struct in_addr v4;
+            int v6only = 0;
+            socklen_t size = sizeof(v6only);
+            getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &size);
+            if (inet_pton(AF_INET, target, &v4) == 1 && v6only) {
+                copy.sin6_addr = in6addr_loopback; /* an IPv6-only socket cannot take an IPv4 address */
+            } else if (inet_pton(AF_INET, target, &v4) == 1) {
+                /* gRPC's dual-stack socket: the IPv4 address, IPv4-mapped (::ffff:a.b.c.d) */
+                memset(&copy.sin6_addr, 0, sizeof(copy.sin6_addr));
+                copy.sin6_addr.s6_addr[10] = 0xff;
+                copy.sin6_addr.s6_addr[11] = 0xff;
+                memcpy(&copy.sin6_addr.s6_addr[12], &v4, sizeof(v4));
+            } else if (inet_pton(AF_INET6, target, &copy.sin6_addr) != 1) {
+                copy.sin6_addr = in6addr_loopback;
+            }
+            return next(fd, (const struct sockaddr *)&copy, sizeof(copy));
+        }
+    }
+    return next(fd, address, length);
+}
