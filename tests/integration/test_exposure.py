@@ -15,6 +15,7 @@ import textwrap
 import time
 import urllib.request
 import warnings
+from pathlib import Path
 
 import netns
 import psutil
@@ -267,3 +268,31 @@ def test_a_kernel_started_without_the_shim_is_told_which_port_is_open(no_leftove
     port = plain["exposed"][0][1]
     (message,) = plain["warnings"]
     assert f"[::]:{port}" in message and "make lab" in message and "bind-shim" in message
+
+
+def test_an_engine_started_by_another_launcher_loads_the_shim_itself(no_leftover_processes):
+    """As under Slurm, MPI or SSH: ipyparallel starts the workbench's engine command with an environment of its own."""
+    import ipyparallel as ipp
+
+    from workbench.cluster import engine_side
+    from workbench.cluster.engine_main import ENGINE_MAIN
+
+    assert "LD_PRELOAD" not in os.environ  # the engine gets nothing from this process: it must load the shim itself
+    ipp_cluster = ipp.Cluster(engines="local", n=0, controller_ip="127.0.0.1", cluster_id="wb-test-foreign-launcher",
+                              log_level=40)
+    ipp_cluster.start_controller_sync()
+    ipp_cluster.start_engines_sync(1, engine_cmd=list(ENGINE_MAIN))
+    client = ipp_cluster.connect_client_sync()
+    try:
+        client.wait_for_engines(1, timeout=120)
+        engine = client[client.ids[0]]
+        pid = engine.apply_sync(os.getpid)
+        assert "workbench-bind-shim-" in Path(f"/proc/{pid}/maps").read_text()  # it ran itself again, with the shim
+        info = engine.apply_sync(engine_side.probe, "127.0.0.1")
+        port = engine.apply_sync(engine_side.prepare_tensorflow, [])["port"]
+        started = engine.apply_sync(engine_side.start_server, {"worker": [f"{info['address']}:{port}"]}, "worker", 0)
+        assert started["ok"], started
+        assert containment.exposed(containment.listeners(pid)) == []
+    finally:
+        client.close()
+        ipp_cluster.stop_cluster_sync()
