@@ -30,9 +30,10 @@ lab: install
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
+# The suite runs as a `make lab` kernel does, with the bind shim: its own TensorFlow ports stay on loopback.
 test: install chromium
 	$(PY) -m ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	LD_PRELOAD="$$($(VENV)/bin/workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: install
 	$(VENV)/bin/workbench demo

@@ -36,6 +36,11 @@ def _shim_env() -> dict:
     return env
 
 
+def _without_shim() -> dict:
+    """This environment without preloaded libraries (`make test` runs the suite with the shim)."""
+    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+
 def _listening(root_pids) -> dict[int, tuple[str, str]]:
     """Every TCP port the process trees listen on: {port: (address, process command)}."""
     found = {}
@@ -185,7 +190,7 @@ def test_the_same_attack_runs_code_in_a_bare_tensorflow_server(peer, tmp_path):
                                       task_index=0)
         print("up", flush=True)
         time.sleep(300)
-    """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    """)], stdout=subprocess.PIPE, text=True, env={**_without_shim(), "TF_CPP_MIN_LOG_LEVEL": "3"})
     try:
         assert bare.stdout.readline().strip() == "up"
         assert _reachable(peer, [port]) == [f"{peer.host4} {port}", f"{peer.host6} {port}"]
@@ -215,7 +220,7 @@ def test_local_tensorflow_ports_listen_on_loopback_and_the_check_agrees(cluster)
 
 
 def test_without_a_compiler_the_open_ports_are_named_with_what_to_do(tmp_path, no_leftover_processes):
-    env = {"CC": str(tmp_path / "no-such-cc"), "WORKBENCH_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"CC": str(tmp_path / "no-such-cc"), "WORKBENCH_CACHE_DIR": str(tmp_path / "cache"), "LD_PRELOAD": ""}
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)  # the client and its engines both look for a compiler, and find none
     try:
@@ -225,7 +230,7 @@ def test_without_a_compiler_the_open_ports_are_named_with_what_to_do(tmp_path, n
             message = str(caught[0].message)
             for record in cluster.tasks:
                 assert f"{record.name} [::]:{record.address.rsplit(':', 1)[1]}" in message
-            assert "no-such-cc" in message and "firewall" in message
+            assert "no-such-cc" in message and "start the cluster again" in message and "firewall" in message
         finally:
             cluster.stop()
     finally:
@@ -263,21 +268,21 @@ def test_a_kernel_started_the_workbench_way_keeps_its_tensorflow_port_on_loopbac
 
 
 def test_a_kernel_started_without_the_shim_is_told_which_port_is_open(no_leftover_processes):
-    plain = _kernel_like({k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+    plain = _kernel_like(_without_shim())
     assert not plain["shim"] and len(plain["exposed"]) == 1
     port = plain["exposed"][0][1]
     (message,) = plain["warnings"]
     assert f"[::]:{port}" in message and "make lab" in message and "bind-shim" in message
 
 
-def test_an_engine_started_by_another_launcher_loads_the_shim_itself(no_leftover_processes):
+def test_an_engine_started_by_another_launcher_loads_the_shim_itself(monkeypatch, no_leftover_processes):
     """As under Slurm, MPI or SSH: ipyparallel starts the workbench's engine command with an environment of its own."""
     import ipyparallel as ipp
 
     from workbench.cluster import engine_side
     from workbench.cluster.engine_main import ENGINE_MAIN
 
-    assert "LD_PRELOAD" not in os.environ  # the engine gets nothing from this process: it must load the shim itself
+    monkeypatch.delenv("LD_PRELOAD", raising=False)  # `make test` runs the suite with the shim: the engine must load it
     ipp_cluster = ipp.Cluster(engines="local", n=0, controller_ip="127.0.0.1", cluster_id="wb-test-foreign-launcher",
                               log_level=40)
     ipp_cluster.start_controller_sync()

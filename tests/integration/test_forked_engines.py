@@ -9,6 +9,7 @@ import os
 import shutil
 import textwrap
 import warnings
+from pathlib import Path
 
 import psutil
 import pytest
@@ -80,6 +81,8 @@ def test_plain_ipyparallel_can_fork_engines_by_launcher_name(no_leftover_process
         assert len(parents) == 1 and "workbench.cluster.warm" in " ".join(psutil.Process(parents.pop()).cmdline())
         client[:].execute("import sys; has_tensorflow = 'tensorflow' in sys.modules", block=True)
         assert client[:].pull("has_tensorflow", block=True) == [True, True]
+        for pid in pids:  # the launcher's own warm process loaded the bind shim, so its forks have it
+            assert "workbench-bind-shim-" in Path(f"/proc/{pid}/maps").read_text()
     finally:
         client.close()
         ipp_cluster.stop_cluster_sync()  # the launcher stops the warm process it started

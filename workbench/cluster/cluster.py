@@ -562,9 +562,8 @@ class Cluster:
         if open_ports:
             warnings.warn(
                 f"cluster {self.name!r}: TensorFlow ports listen on every network interface with no authentication: "
-                f"{', '.join(open_ports)}. Anyone who can reach these hosts can run code in those processes, because "
-                f"{'; '.join(sorted(reasons))}. Without a C compiler, install one (Debian/Ubuntu: apt-get install "
-                "build-essential) and start the cluster again; in any case, keep these ports behind a firewall.",
+                f"{', '.join(open_ports)}. Anyone who can reach these hosts can run code in those processes. Why, and "
+                f"what to do: {'; '.join(sorted(reasons))}. Until then, keep these ports behind a firewall.",
                 ExposedPortsWarning, stacklevel=stacklevel)
         return open_ports
 

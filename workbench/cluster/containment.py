@@ -28,6 +28,7 @@ import psutil
 from ..errors import WorkbenchError
 
 BIND_ENV = "WORKBENCH_BIND_ADDRESS"
+PROBLEM_ENV = "WORKBENCH_BIND_SHIM_PROBLEM"  # why a process runs without the shim (for the engine's own report)
 EVERY_INTERFACE = "*"
 SHIM_SOURCE = Path(__file__).with_name("bind_shim.c")
 _SHIM_PREFIX = "workbench-bind-shim-"
@@ -100,6 +101,14 @@ def preload_env(env: dict[str, str]) -> tuple[dict[str, str], str]:
         return dict(env), str(exc)
     preload = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if _SHIM_PREFIX not in p]
     return {**env, "LD_PRELOAD": " ".join([path, *preload])}, ""
+
+
+def engine_environment(env: dict[str, str]) -> dict[str, str]:
+    """Engines' ``env`` with the shim preloaded, merged with this process's ``LD_PRELOAD``; else with why not."""
+    merged, problem = preload_env({"LD_PRELOAD": os.environ.get("LD_PRELOAD", ""), **env})
+    if problem:
+        merged[PROBLEM_ENV] = f"{problem}; then start the cluster again"
+    return merged
 
 
 def listeners(pid: int | None = None) -> list[tuple[str, int]]:

@@ -31,7 +31,6 @@ from .lifeline import LIFELINE_ENV, PREIMPORT_ENV, hold_lifeline
 
 WARM_SOCKET_ENV = "WORKBENCH_WARM_SOCKET"
 _SHIM_TRIED_ENV = "WORKBENCH_BIND_SHIM_TRIED"  # set before re-running with the shim: never twice
-SHIM_PROBLEM_ENV = "WORKBENCH_BIND_SHIM_PROBLEM"  # why this engine runs without the shim, for engine_side.listening
 ENGINE_MAIN = [sys.executable, "-m", "workbench.cluster.engine_main"]  # the command of an engine that is not forked
 # gRPC honours these; cluster traffic must never go through a proxy.
 _PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY")
@@ -82,10 +81,12 @@ def run_with_bind_shim(args: list[str]) -> None:
     if containment.shim_loaded() or os.environ.get(containment.BIND_ENV) == containment.EVERY_INTERFACE:
         return
     problem = "the bind shim did not load" if os.environ.get(_SHIM_TRIED_ENV) else ""
+    if os.environ.get(WARM_SOCKET_ENV):  # a fork: running again would throw away what it shares with the warm process
+        problem = os.environ.get(containment.PROBLEM_ENV) or "the warm process it was forked from runs without the shim"
     if not problem:
         env, problem = containment.preload_env(dict(os.environ))
     if problem:
-        os.environ[SHIM_PROBLEM_ENV] = problem
+        os.environ.setdefault(containment.PROBLEM_ENV, problem)
         print(f"workbench engine: {problem}; TensorFlow's ports will listen on every interface", file=sys.stderr, flush=True)
         return
     env[_SHIM_TRIED_ENV] = "1"

@@ -26,6 +26,7 @@ import psutil
 from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
 from traitlets import Bool, Float, Instance, List, Unicode
 
+from .containment import engine_environment
 from .engine_main import ENGINE_MAIN, WARM_SOCKET_ENV
 from .warm import WarmError, request
 
@@ -175,6 +176,9 @@ class ForkEngineSetLauncher(LocalEngineSetLauncher):
         return self._own_warm
 
     async def start(self, n):
+        # the bind shim, loaded at exec by the warm process and by engines started anew (the same variable
+        # for both: it is read when libraries load, so forks must agree with their warm process)
+        self.environment = engine_environment(dict(self.environment))
         custom = list(self.engine_cmd) != ENGINE_MAIN  # the user's own engine command: run it, no notice
         if self.fork and not custom:
             reason = fork_unsupported_reason()

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 
 from ..errors import ClusterStartError, ClusterStateError, ConfigurationError, EngineStartTimeout
-from .containment import preload_env
+from .containment import engine_environment
 from .engine_main import ENGINE_MAIN
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV
 from .reaper import Reaper, kill_process_trees
@@ -244,7 +244,7 @@ class OwnedPool:
         self._watched: set[int] = set()
         self._warm: Any = None  # the warm process engines are forked from (fork launcher only)
         if launcher in LOCAL_LAUNCHERS:  # loaded at exec: the warm process, and every engine it forks or that starts anew
-            self._engine_env, _problem = preload_env({"LD_PRELOAD": os.environ.get("LD_PRELOAD", ""), **self._engine_env})
+            self._engine_env = engine_environment(self._engine_env)
         self.fork_notice = ""  # why engines were started as new processes instead of forks ("" if they were not)
 
     @property
