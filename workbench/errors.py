@@ -59,3 +59,11 @@ class ExposedPortsWarning(UserWarning):
 
 class EngineForkWarning(UserWarning):
     """Local engines were started as separate processes instead of forks of the warm process (the message says why)."""
+
+
+class TaskFaultWarning(UserWarning):
+    """A task was lost, went silent or straggles, and what the workbench did about it (re-hosted it, restored a checkpoint...)."""
+
+
+class ControllerLost(ClusterStateError):
+    """The cluster's ipyparallel controller exited: the cluster was stopped (nothing it started is left running)."""

@@ -72,3 +72,86 @@ def test_lifeline_value_names_the_reaper():
         assert (host, int(port), token) == ("127.0.0.1", reaper.address[1], "wb-x")
     finally:
         reaper.close()
+
+
+class _FakeEngine:
+    """An engine's end of a lifeline: names itself, then answers pings while ``answering`` is set."""
+
+    def __init__(self, reaper, pid: int, host: str):
+        import threading
+
+        self.sock = socket.create_connection(reaper.address, timeout=5)
+        self.sock.sendall(f"wb-x {pid} {host}\n".encode())
+        self.answering = threading.Event()
+        self.answering.set()
+        self._thread = threading.Thread(target=self._answer, daemon=True)
+        self._thread.start()
+
+    def _answer(self):
+        try:
+            while ping := self.sock.recv(64):
+                if self.answering.is_set():
+                    self.sock.sendall(ping)
+        except OSError:
+            pass
+
+
+def _next_event(events, timeout: float = 15.0):
+    import queue
+
+    try:
+        return events.get(timeout=timeout)
+    except queue.Empty:
+        raise AssertionError(f"the reaper reported nothing within {timeout} s") from None
+
+
+def test_reaper_reports_silent_alive_lost_and_exited_processes():
+    import queue
+    import threading
+
+    reaper = Reaper("127.0.0.1")
+    events: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [events.put(e) for e in reaper.events()], daemon=True)
+    reader.start()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        engine = _FakeEngine(reaper, 4242, "node-7")
+        reaper.health(proc.pid)
+        time.sleep(1.5)
+        assert events.empty(), "an engine that answers its pings is not reported"
+        engine.answering.clear()  # like SIGSTOP: connected, but answering nothing
+        started = time.monotonic()
+        silent = _next_event(events)
+        assert silent["event"] == "silent" and (silent["pid"], silent["host"]) == (4242, "node-7")
+        assert 2.5 <= time.monotonic() - started <= 6.0 and silent["seconds"] >= 3.0
+        engine.answering.set()
+        assert _next_event(events) == {"event": "alive", "pid": 4242, "host": "node-7"}
+        engine.sock.close()  # the engine died
+        assert _next_event(events) == {"event": "lost", "pid": 4242, "host": "node-7"}
+        proc.kill()
+        proc.wait(timeout=10)
+        assert _next_event(events) == {"event": "exited", "pid": proc.pid}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        reaper.close()
+    reader.join(10)
+    assert not reader.is_alive(), "events() ends when the reaper exits"
+
+
+def test_a_client_that_reads_no_events_does_not_stall_the_reaper(tmp_path):
+    reaper = Reaper("127.0.0.1")
+    proc = _sleeper()
+    try:
+        reaper.watch(proc.pid)
+        for _ in range(3000):  # far more than a pipe buffer holds, none of it read
+            line = socket.create_connection(reaper.address, timeout=5)
+            line.sendall(b"wb-x 1 h\n")
+            line.close()
+        reaper.close(release=False)  # the client dies: the reaper must still kill what it watched
+        assert not wait_gone([proc.pid], timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        proc.wait(timeout=10)

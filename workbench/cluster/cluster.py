@@ -18,21 +18,20 @@ from ..errors import (
     ClusterStartError,
     ClusterStateError,
     ConfigurationError,
+    ControllerLost,
     EngineForkWarning,
-    ExposedPortsWarning,
     LowMemoryWarning,
-    ServerStartError,
-    TensorFlowImportError,
+    TaskFaultWarning,
     UnknownTaskError,
-    VersionMismatchError,
     WorkbenchError,
 )
 from ..progress import ProgressSink, make_progress
 from ..telemetry.clocks import measure_offsets
 from ..telemetry.log import EventLog
-from . import engine_side, registry
-from .containment import describe, exposed
-from .gpus import assign_gpus, discover_gpus, validate_gpus_per_worker
+from . import registry
+from .gpus import discover_gpus, validate_gpus_per_worker
+from .health import LOST, RUNNING, SILENT, TaskHealth
+from .hosting import TaskHosting
 from .memory import available_memory, engine_memory_warning
 from .pool import (
     FORK_LAUNCHER,
@@ -40,11 +39,8 @@ from .pool import (
     AttachedPool,
     Deadline,
     OwnedPool,
-    RemoteCallFailed,
-    RemoteCallsTimedOut,
     attach_client,
     engine_launcher_class,
-    run_on_engines,
     split_launcher_options,
 )
 from .registry import ClusterRecord, Endpoint
@@ -74,11 +70,7 @@ def _stop_live_clusters() -> None:
 atexit.register(_stop_live_clusters)
 
 
-def _format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-class Cluster:
+class Cluster(TaskHosting):
     """A pool of ipyparallel engines, each hosting one TensorFlow task (``ps:i`` or ``worker:j``).
 
     The notebook kernel (or script) that creates it is the client and coordinator::
@@ -154,6 +146,9 @@ class Cluster:
         self._clock_offsets: tuple[float, dict[str, float]] | None = None
         self._owner_pid = 0  # set by attach(): the process that runs this cluster
         self._forks = False  # local engines are forked from a warm process (unless that is refused)
+        # the tasks' health, followed as it changes (owned pools: the reaper's reports); jobs subscribe to it
+        self.health = TaskHealth(self.name, lambda: self.tasks, self._publish_tasks, self.telemetry)
+        self.failure = ""  # why the cluster failed while running (its controller exited), if it did
         if engines is None:  # set by from_existing or attach
             return
         # "local" engines are forked from a warm process that imported TensorFlow (fork_launcher.py)
@@ -328,6 +323,7 @@ class Cluster:
             self._assign_tasks(dict(zip(layout, ids)), deadline, progress)
             self.check_exposure(self.tasks, deadline, stacklevel=3)
             self._state = "running"
+            self.health.follow(self._pool.health_reports(), self._pool.controller_pids, self._controller_lost)
             for hook in self.start_hooks:
                 hook(self)
         except BaseException as exc:
@@ -359,6 +355,7 @@ class Cluster:
             self._state = "stopped"
 
     def _teardown(self, timeout: float = 60.0) -> None:
+        self.health.closing = True  # the engines stopped from here on are not "lost"
         self._close_kept()
         pool, self._pool = self._pool, None
         if self.attached:  # only this process's connection ends; the owner keeps the cluster
@@ -487,124 +484,11 @@ class Cluster:
                 pass
         self._endpoints.clear()
 
-    # -- giving engines their TF tasks -----------------------------------------------------
-
-    def _run_each(self, calls: dict[int, tuple], phase: str, deadline: Deadline, progress: ProgressSink) -> dict[int, Any]:
-        """Run ``{engine_id: (function, *args)}`` on the engines in parallel; results by engine id."""
-        try:
-            return run_on_engines(self._pool.client, calls, deadline, lambda done, total: progress.update(phase, done, total), 0.005)
-        except RemoteCallFailed as exc:
-            raise ClusterStartError(f"engine {exc.engine} failed while {phase}: {exc.reason}") from None
-        except RemoteCallsTimedOut as exc:
-            raise ClusterStartError(
-                f"timed out after {deadline.seconds:.0f} s while {phase}: engine(s) {exc.pending} did not answer. "
-                "Pass a larger start_timeout if they are merely slow."
-            ) from None
-
-    def _assign_tasks(self, assignment: dict[TaskId, int], deadline: Deadline, progress: ProgressSink) -> None:
-        by_engine = {eid: task for task, eid in assignment.items()}
-        controller_ip, lifeline = self._pool.controller_ip, self._pool.lifeline
-        probes = self._run_each({e: (engine_side.probe, controller_ip, lifeline) for e in by_engine}, "probing engines",
-                                deadline, progress)
-        for eid, task in by_engine.items():
-            info = probes[eid]
-            if info["workbench_version"] != workbench_version():
-                raise VersionMismatchError(
-                    f"engine {eid} ({info['host']}, pid {info['pid']}) runs workbench {info['workbench_version']} "
-                    f"but the client runs {workbench_version()}: install the same version in both environments."
-                )
-            self._tasks[task] = TaskRecord(task.job, task.index, eid, info["host"], pid=info["pid"])
-            if self._is_local(self._tasks[task]):
-                self._pool.watch([info["pid"]])
-
-        visible = self._plan_gpus(assignment, probes)
-        imports = self._run_each(
-            {eid: (engine_side.prepare_tensorflow, visible[task]) for task, eid in assignment.items()},
-            "TensorFlow imported", deadline, progress,
-        )
-        for task, eid in assignment.items():
-            self._check_import(eid, probes[eid], imports[eid])
-            self._tasks[task].tensorflow = imports[eid]["version"]
-            self._tasks[task].address = _format_address(probes[eid]["address"], imports[eid]["port"])
-        spec = self.spec_dict
-        servers = self._run_each(
-            {eid: (engine_side.start_server, spec, task.job, task.index) for task, eid in assignment.items()},
-            "TF servers up", deadline, progress,
-        )
-        for task, eid in assignment.items():
-            result = servers[eid]
-            if not result["ok"]:
-                raise ServerStartError(f"the TF server for {task} on engine {eid} did not start: {result['error']}")
-            record = self._tasks[task]
-            record.address = result["address"]
-            record.devices = result["devices"]
-            record.gpus = [g for g in (result["cuda_visible_devices"] or "").split(",") if g]
-            record.state = "running"
-
-    def check_exposure(self, records: list[TaskRecord] | None = None, deadline: Deadline | None = None,
-                       stacklevel: int = 2) -> list[str]:
-        """Warn (``ExposedPortsWarning``) if a task listens on every interface; return those ``task address`` lines.
-
-        Asked of the engines themselves, so it holds for engines on other hosts too. A task whose
-        bind address the user set to ``"*"`` chose that and is not reported.
-        """
-        records = self.tasks if records is None else records
-        deadline = deadline or Deadline(30)
-        found = self._run_each({r.engine_id: (engine_side.listening,) for r in records}, "checking ports", deadline,
-                               make_progress(False))
-        open_ports, reasons = [], set()
-        for record in records:
-            state = found[record.engine_id]
-            wide = [f"{record.name} {describe(a)}" for a in exposed([tuple(a) for a in state["listeners"]])]
-            if wide and not state["chosen"]:
-                open_ports += wide
-                reasons.add(state["why"] or "they bound every interface")
-        if open_ports:
-            warnings.warn(
-                f"cluster {self.name!r}: TensorFlow ports listen on every network interface with no authentication: "
-                f"{', '.join(open_ports)}. Anyone who can reach these hosts can run code in those processes. Why, and "
-                f"what to do: {'; '.join(sorted(reasons))}. Until then, keep these ports behind a firewall.",
-                ExposedPortsWarning, stacklevel=stacklevel)
-        return open_ports
-
-    def _plan_gpus(self, assignment: dict[TaskId, int], probes: dict[int, dict]) -> dict[TaskId, list[str]]:
-        if not self._gpus_per_worker:
-            return {task: [] for task in assignment}
-        tasks_by_host: dict[str, list[TaskId]] = {}
-        available: dict[str, list[str]] = {}
-        for task, eid in assignment.items():
-            host = probes[eid]["host"]
-            tasks_by_host.setdefault(host, []).append(task)
-            available.setdefault(host, probes[eid]["gpus"])
-        in_use: dict[str, list[str]] = {}
-        for record in self._tasks.values():
-            if record.task not in assignment:
-                in_use.setdefault(record.host, []).extend(record.gpus)
-        return assign_gpus(tasks_by_host, available, self._gpus_per_worker, in_use)
-
-    def _check_import(self, eid: int, probe: dict, result: dict) -> None:
-        where = f"engine {eid} ({probe['host']}, pid {probe['pid']}, Python {probe['python']})"
-        if not result["ok"]:
-            raise TensorFlowImportError(
-                f"{where} could not import TensorFlow: {result['error']}. Install it in the engines' "
-                "environment (`pip install 'workbench[cpu]'`, or '[gpu]'), or point the launcher at a Python "
-                "that has it."
-            )
-        if result["version"] != self._client_tf_version:
-            raise VersionMismatchError(
-                f"{where} runs TensorFlow {result['version']} but this client runs {self._client_tf_version}: "
-                "install the same TensorFlow version in the client and engine environments."
-            )
-
-    @staticmethod
-    def _is_local(record: TaskRecord) -> bool:
-        from .pool import local_hostnames
-
-        return record.host in local_hostnames()
-
     # -- what users read -------------------------------------------------------------------
 
     def _require_running(self, what: str) -> None:
+        if self.failure:
+            raise ControllerLost(f"cannot {what}: {self.failure}")
         if self._state != "running":
             raise ClusterStateError(
                 f"cannot {what}: cluster {self.name!r} is {self._state}. "
@@ -618,7 +502,8 @@ class Cluster:
     @property
     def tasks(self) -> list[TaskRecord]:
         """One record per task (job, index, engine id, address, pid, devices, GPUs, state), ps first."""
-        return [self._tasks[t] for t in sorted(self._tasks)]
+        records = dict(self._tasks)  # one copy (atomic): the health monitor reads while start/scale/re-host write
+        return [records[t] for t in sorted(records)]
 
     def task(self, name: str | TaskId) -> TaskRecord:
         """The record of ``"worker:1"``; ``UnknownTaskError`` names the tasks that exist."""
@@ -647,7 +532,7 @@ class Cluster:
         After it, ops and variables can be placed on any task with ``cluster.device("worker:1")``.
         One kernel talks to one cluster at a time (TensorFlow keeps one connection per process).
         """
-        from ..training import connection
+        from . import connection
 
         connection.connect(self, timeout)
         return self
@@ -700,13 +585,37 @@ class Cluster:
         return self._pool.client
 
     def status(self) -> ClusterStatus:
-        """A table of the tasks, refreshed: text in a terminal, HTML in a notebook."""
+        """A table of the tasks: text in a terminal, HTML in a notebook.
+
+        States follow the engines as it happens (``silent``: not answering for 3 s; ``lost``: gone;
+        ``recovering``: being re-hosted); this also asks the controller, for borrowed engines.
+        """
         if self._state == "running" and self._pool is not None:
             alive = set(self._pool.client.ids)
-            for record in self._tasks.values():
-                if record.engine_id not in alive or (self._is_local(record) and not psutil.pid_exists(record.pid)):
-                    record.state = "lost"
+            for record in self.tasks:
+                gone = record.engine_id not in alive or (self._is_local(record) and not psutil.pid_exists(record.pid))
+                if gone and record.state in (RUNNING, SILENT):
+                    self.health.set_state(record, LOST, "its engine left the controller")
         return ClusterStatus(self.name, self._state, self._launcher, self.tasks)
+
+    def _publish_tasks(self) -> None:
+        """Task states changed: the registry (read by the panel and by attached processes) says so at once."""
+        if self._state == "running":
+            self._write_registry()
+
+    def _controller_lost(self, reason: str) -> None:
+        """The controller exited (in the health monitor's thread): fail jobs at once, then stop everything."""
+        self.failure = (f"{reason}, so cluster {self.name!r} cannot be controlled any more: it was stopped, with its "
+                        "engines. Start a new wb.Cluster(...); jobs resume from their last checkpoint with resume=True.")
+        self.health.controller_lost(self.failure)
+        warnings.warn(self.failure, TaskFaultWarning, stacklevel=1)
+        threading.Thread(target=self._fail, name=f"workbench-stop-{self.name}", daemon=True).start()
+
+    def _fail(self) -> None:
+        with self._lifecycle:
+            if self._state in ("running", "starting"):
+                self._teardown(30.0)
+                self._state = "failed"
 
     def _write_registry(self) -> None:
         if self.attached:  # the owner's record stays the owner's

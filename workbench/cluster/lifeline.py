@@ -1,7 +1,9 @@
 """The engine's lifeline: a TCP connection to the client's reaper; the engine exits when it closes.
 
 This is what makes engines exit after their client is killed (SIGKILL, a crashed kernel)
-wherever they run, local or on other hosts.
+wherever they run, local or on other hosts. The same connection tells the client how its engines
+are: the engine names itself (pid, host) when it connects and answers the reaper's pings, so the
+reaper reports at once an engine whose connection closed, and one that stopped answering.
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ def hold_lifeline(value: str) -> None:
                 _die(f"cannot reach the client's lifeline at {host}:{port} ({exc}); the client is gone", 3)
             time.sleep(0.5)
     sock.settimeout(None)
-    sock.sendall(token.encode() + b"\n")
+    sock.sendall(f"{token} {os.getpid()} {socket.gethostname()}\n".encode())
 
     def watch() -> None:
         try:
-            while sock.recv(64):
-                pass
+            while ping := sock.recv(64):
+                sock.sendall(ping)  # a stopped or frozen engine does not answer: the reaper reports it silent
         except OSError:
             pass
         _die("the client that started this engine is gone; exiting", 0)

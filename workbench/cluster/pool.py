@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any
 
 import psutil
@@ -262,6 +262,19 @@ class OwnedPool:
         if self._reaper:
             self._reaper.remove_on_death(path)
 
+    @property
+    def controller_pids(self) -> list[int]:
+        """The local processes of the controller (its launcher's), which the reaper reports if they exit."""
+        return _launcher_pids(self._ipp.controller) if self._ipp is not None and self._ipp.controller else []
+
+    def health_reports(self) -> Iterator[dict]:
+        """The reaper's reports on the engines and the controller, as they come (see ``reaper.py``)."""
+        if self._reaper is None:
+            return iter(())
+        for pid in self.controller_pids:
+            self._reaper.health(pid)
+        return self._reaper.events()
+
     def start(self, deadline: Deadline) -> None:
         from ipyparallel import Cluster as IPPCluster
 
@@ -439,6 +452,12 @@ class AttachedPool:
 
     def remove_on_death(self, path: str) -> None:
         pass
+
+    controller_pids: list[int] = []
+
+    def health_reports(self) -> Iterator[dict]:
+        """Borrowed engines hold no lifeline to this client: their health is read from the controller (``status()``)."""
+        return iter(())
 
     def start(self, deadline: Deadline) -> None:
         pass

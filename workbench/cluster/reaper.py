@@ -1,4 +1,4 @@
-"""A small process that outlives a killed client and cleans up after it.
+"""A small process that outlives a killed client, cleans up after it, and reports the engines' health.
 
 The client starts one reaper per cluster, in its own session, and keeps a pipe to its stdin.
 The reaper
@@ -6,10 +6,18 @@ The reaper
 * hosts the **lifeline**: every engine holds a TCP connection to it and exits when it closes;
 * tracks the local processes the client started (controller, engines) and the registry file;
 * when the pipe closes without a ``release`` message (the client died), kills those processes
-  and removes the registry file, then exits, which closes every lifeline.
+  and removes the registry file, then exits, which closes every lifeline;
+* reports on its stdout, one JSON line each, what it sees of the engines and of the processes
+  the client asked it to keep an eye on: ``{"event": "lost", "pid", "host"}`` when an engine's
+  lifeline closes (the engine is gone, wherever it ran), ``"silent"`` when an engine has not
+  answered the reaper's pings for ``SILENT_SECONDS`` (stopped, frozen, or cut off), ``"alive"``
+  when it answers again, and ``{"event": "exited", "pid"}`` when a process named in a
+  ``health`` message (the controller) is gone.
 
 Client → reaper messages are JSON lines: ``{"watch": pid}``, ``{"registry": path}``,
-``{"release": true}``. The reaper's first stdout line is ``"<host> <port>"`` of the lifeline.
+``{"health": pid}``, ``{"release": true}``. The reaper's first stdout line is ``"<host> <port>"``
+of the lifeline. An engine's first line on its lifeline is ``"<token> <pid> <host>"``; after it,
+the engine echoes every byte the reaper sends (one ping every ``PING_SECONDS``).
 """
 
 from __future__ import annotations
@@ -22,11 +30,16 @@ import selectors
 import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 
 KILL_GRACE_SECONDS = 5.0
+PING_SECONDS = 0.5  # how often the reaper pings each engine over its lifeline
+SILENT_SECONDS = 3.0  # an engine that has not answered for this long is reported silent
 
 
 def kill_process_trees(pids: list[tuple[int, float]], grace: float = KILL_GRACE_SECONDS) -> None:
@@ -65,20 +78,69 @@ def _listen(host: str) -> socket.socket:
     return server
 
 
+class _Engine:
+    """The reaper's view of one engine's lifeline: who it is, and when it last answered a ping."""
+
+    def __init__(self, conn: socket.socket, now: float):
+        self.conn = conn
+        self.pending = b""
+        self.pid = 0
+        self.host = ""
+        self.answered = now
+        self.silent = False
+
+    def received(self, data: bytes, now: float) -> None:
+        if not self.pid:  # the first line names the engine; what follows are answers to pings
+            self.pending += data
+            if b"\n" not in self.pending:
+                return
+            line, _, data = self.pending.partition(b"\n")
+            fields = line.decode(errors="replace").split()
+            self.pid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else -1
+            self.host = fields[2] if len(fields) > 2 else ""
+            self.pending = b""
+        self.answered = now
+
+    def ping(self) -> None:
+        try:
+            self.conn.send(b".")
+        except OSError:  # a full buffer (an engine that reads nothing) or a closing socket: it shows as silence
+            pass
+
+
+class _Reporter:
+    """Writes events to stdout without ever blocking: a client that stopped reading must not stop the reaper."""
+
+    def __init__(self) -> None:
+        self.fd = sys.stdout.fileno()
+        os.set_blocking(self.fd, False)
+
+    def __call__(self, **event) -> None:
+        try:
+            os.write(self.fd, (json.dumps(event) + "\n").encode())
+        except OSError:  # the client is not reading (or gone): the event is dropped
+            pass
+
+
 def serve(host: str) -> None:
     server = _listen(host)
     print(f"{host} {server.getsockname()[1]}", flush=True)
+    report = _Reporter()
     watched: list[tuple[int, float]] = []
+    health: set[int] = set()
     registry: list[str] = []
     released = False
+    engines: dict[int, _Engine] = {}
     selector = selectors.DefaultSelector()
     stdin_fd = sys.stdin.fileno()
     selector.register(stdin_fd, selectors.EVENT_READ, "client")
     selector.register(server, selectors.EVENT_READ, "listen")
     pending = b""
     client_open = True
+    next_tick = time.monotonic()
     while client_open:
-        for key, _ in selector.select():
+        for key, _ in selector.select(timeout=max(0.0, next_tick - time.monotonic())):
+            now = time.monotonic()
             if key.data == "client":
                 chunk = os.read(stdin_fd, 65536)
                 if not chunk:
@@ -90,6 +152,8 @@ def serve(host: str) -> None:
                     message = json.loads(line)
                     if "watch" in message:
                         watched.append((int(message["watch"]), float(message.get("created", 0.0))))
+                    if "health" in message:
+                        health.add(int(message["health"]))
                     if "registry" in message:
                         registry.append(message["registry"])
                     if message.get("release"):
@@ -100,20 +164,53 @@ def serve(host: str) -> None:
                 except OSError:
                     continue
                 conn.setblocking(False)
+                engines[conn.fileno()] = _Engine(conn, now)
                 selector.register(conn, selectors.EVENT_READ, "engine")
             else:
+                engine = engines[key.fileobj.fileno()]
                 try:
-                    data = key.fileobj.recv(256)
+                    data = key.fileobj.recv(4096)
                 except OSError:
                     data = b""
                 if not data:  # that engine is gone
                     selector.unregister(key.fileobj)
+                    del engines[key.fileobj.fileno()]
                     key.fileobj.close()
+                    if engine.pid:
+                        report(event="lost", pid=engine.pid, host=engine.host)
+                    continue
+                engine.received(data, now)
+                if engine.silent:
+                    engine.silent = False
+                    report(event="alive", pid=engine.pid, host=engine.host)
+        now = time.monotonic()
+        if now >= next_tick:
+            next_tick = now + PING_SECONDS
+            _tick(engines, health, report, now)
     if not released:
         kill_process_trees(watched)
         for path in registry:
             Path(path).unlink(missing_ok=True)
     # Exiting closes every lifeline: remote engines stop themselves.
+
+
+def _tick(engines: dict[int, _Engine], health: set[int], report: _Reporter, now: float) -> None:
+    """Ping every engine, report the ones that went silent, and the watched processes that exited."""
+    for engine in engines.values():
+        engine.ping()
+        if engine.pid and not engine.silent and now - engine.answered > SILENT_SECONDS:
+            engine.silent = True
+            report(event="silent", pid=engine.pid, host=engine.host, seconds=round(now - engine.answered, 1))
+    for pid in [p for p in health if not _running(p)]:
+        health.discard(pid)
+        report(event="exited", pid=pid)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 class Reaper:
@@ -136,6 +233,7 @@ class Reaper:
             raise RuntimeError(f"the workbench reaper did not start within {start_timeout:.0f} s")
         lifeline_host, port = line.split()
         self.address = (lifeline_host, int(port))
+        self._send_lock = threading.Lock()
 
     @property
     def pid(self) -> int:
@@ -146,9 +244,10 @@ class Reaper:
         return f"{self.address[0]} {self.address[1]} {token}"
 
     def _send(self, message: dict) -> None:
-        if self._proc.poll() is None and self._proc.stdin and not self._proc.stdin.closed:
-            self._proc.stdin.write(json.dumps(message) + "\n")
-            self._proc.stdin.flush()
+        with self._send_lock:
+            if self._proc.poll() is None and self._proc.stdin and not self._proc.stdin.closed:
+                self._proc.stdin.write(json.dumps(message) + "\n")
+                self._proc.stdin.flush()
 
     def watch(self, pid: int) -> None:
         """Kill ``pid`` (and its descendants) if this client dies."""
@@ -161,13 +260,28 @@ class Reaper:
     def remove_on_death(self, path: str | os.PathLike) -> None:
         self._send({"registry": os.fspath(path)})
 
+    def health(self, pid: int) -> None:
+        """Report (an ``exited`` event) when the local process ``pid`` is gone."""
+        self._send({"health": pid})
+
+    def events(self) -> Iterator[dict]:
+        """What the reaper reports, as it comes (blocks); ends when the reaper exits. One reader at a time."""
+        for line in self._proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and "event" in event:
+                yield event
+
     def close(self, release: bool = True, timeout: float = 30.0) -> None:
         """End the reaper. ``release=True``: the client cleaned up itself, kill nothing."""
         if self._proc.poll() is None:
             try:
                 if release:
                     self._send({"release": True})
-                self._proc.stdin.close()
+                with self._send_lock:
+                    self._proc.stdin.close()
             except OSError:
                 pass
             try:

@@ -151,7 +151,7 @@ _RECORD_TYPES: dict[str, Any] = {
     "workbench_version": str}
 _TASK_TYPES: dict[str, Any] = {
     "job": str, "index": int, "engine_id": int, "host": str, "address": str, "pid": int, "devices": "strings",
-    "gpus": "strings", "state": str, "tensorflow": str}
+    "gpus": "strings", "state": str, "tensorflow": str, "since": "number", "note": str, "restarts": int}
 
 
 def write_record(record: ClusterRecord) -> Path:

@@ -21,8 +21,11 @@ class TaskRecord:
     pid: int = 0
     devices: list[str] = field(default_factory=list)
     gpus: list[str] = field(default_factory=list)  # CUDA_VISIBLE_DEVICES of the engine
-    state: str = "starting"  # starting | running | lost | stopped
+    state: str = "starting"  # starting | running | silent | lost | recovering | stopped (see health.py)
     tensorflow: str = ""
+    since: float = 0.0  # when the task entered its state (seconds since the epoch)
+    note: str = ""  # why it is in that state, or what it is doing about it
+    restarts: int = 0  # times the task was re-hosted on a new engine after its engine was lost
 
     @property
     def task(self) -> TaskId:
@@ -44,6 +47,16 @@ def _device_summary(record: TaskRecord) -> str:
     return ", ".join(kinds) if kinds else "-"
 
 
+def _state(record: TaskRecord) -> str:
+    """``running``; ``lost (its engine exited)``; ``running, re-hosted 1x``."""
+    text = record.state
+    if record.note and record.state != "running":
+        text += f" ({record.note})"
+    if record.restarts:
+        text += f", re-hosted {record.restarts}x"
+    return text
+
+
 def _row(record: TaskRecord) -> tuple[str, ...]:
     return (
         record.name,
@@ -52,7 +65,7 @@ def _row(record: TaskRecord) -> tuple[str, ...]:
         str(record.pid or "-"),
         _device_summary(record),
         ",".join(record.gpus) if record.gpus else "none",
-        record.state,
+        _state(record),
     )
 
 
@@ -78,14 +91,15 @@ class ClusterStatus:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        colours = {"running": "#2e7d32", "starting": "#f9a825", "lost": "#c62828", "stopped": "#757575"}
+        colours = {"running": "#2e7d32", "starting": "#f9a825", "silent": "#ef6c00", "lost": "#c62828",
+                   "recovering": "#1565c0", "stopped": "#757575"}
         head = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in _COLUMNS)
         body = []
         for record in self.tasks:
             cells = list(_row(record))
             state = cells[-1]
             cells = [html.escape(c) for c in cells[:-1]]
-            badge = f"<span style='color:{colours.get(state, '#000')};font-weight:bold'>● {html.escape(state)}</span>"
+            badge = f"<span style='color:{colours.get(record.state, '#000')};font-weight:bold'>● {html.escape(state)}</span>"
             body.append("<tr>" + "".join(f"<td style='text-align:left'>{c}</td>" for c in cells) + f"<td>{badge}</td></tr>")
         return (
             f"<div class='workbench-cluster'><p><b>{html.escape(self._header())}</b></p>"

@@ -80,6 +80,22 @@ class JobProgress:
 
 
 @dataclass(frozen=True)
+class TaskEvent:
+    """A change in a task's health, or what a job did about it; the dashboards mark it on the task's row.
+
+    ``kind`` is the task's new state (``silent``, ``lost``, ``recovering``, ``running`` when it is
+    back), or a job's finding (``straggler``, ``dropped``, ``restored``: variables restored from a
+    checkpoint). ``detail`` says why, in words.
+    """
+
+    task: str
+    kind: str
+    time: float
+    detail: str = ""
+    job: str = ""
+
+
+@dataclass(frozen=True)
 class OpEvent:
     """One op (or other traced activity) from a profiler capture.
 

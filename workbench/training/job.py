@@ -15,10 +15,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from ..cluster import connection
 from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
 from ..telemetry.events import APPLY, COMPUTE, PULL, PUSH_APPLY
 from ..telemetry.recorder import StepRecorder
-from . import connection
 from .data import DataContext, evaluation_dataset, training_dataset
 from .options import TrainOptions
 from .placement import PsPlacer, optimizer_targets, shards_of, tf_variable, variable_device
@@ -152,7 +152,7 @@ def _own_executor(work: Callable) -> Callable:
         with _DEFAULT_EXECUTOR_LOCK:
             if not _DEFAULT_EXECUTOR:  # a new thread starts on the default executor
                 _DEFAULT_EXECUTOR.append(pywrap_tfe.TFE_ContextGetExecutorForThread(ctx._context_handle))
-        own = executor.new_executor(enable_async=False)
+        own = executor.new_executor(enable_async=False, enable_streaming_enqueue=False)
         ctx.executor = own
         try:
             return work(*args, **kwargs)

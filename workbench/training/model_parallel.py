@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..cluster import connection
 from ..errors import ConfigurationError
 from ..tables import html_table, text_table
-from . import connection
 from .placement import variable_devices
 
 

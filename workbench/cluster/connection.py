@@ -1,0 +1,207 @@
+"""The notebook kernel as a TensorFlow client of one cluster at a time.
+
+TensorFlow keeps one cluster connection per process. Connecting to a second cluster makes every
+variable and function of the first unusable, and mixing connection modes in one process has
+crashed it (a segmentation fault kills the kernel). So the workbench connects the kernel once per
+cluster, through ``connect()``, and objects made under a connection record its epoch: using one
+after the kernel moved to another cluster raises a clear error instead.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+
+from ..errors import ClusterStateError, ExposedPortsWarning
+from . import containment
+
+_LOCK = threading.Lock()
+_STATE = {"spec": None, "cluster": None, "epoch": 0}
+LINK_RETRY_SECONDS = 0.1
+# How this process talks to the tasks, set before its first connection (TensorFlow reads them then).
+# ParameterServerStrategy's own two settings: one outstanding request per task and no global executor
+# syncs, so that a lost task's error stays with the calls made to it, instead of failing (or blocking
+# forever) the next op of every thread; and fail fast: a call to a task that is down fails at once,
+# rather than waiting for it to come back. A user's own setting of any of them wins.
+CLIENT_ENVIRONMENT = {"TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE": "False", "TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY": "True",
+                      "GRPC_FAIL_FAST": "true"}
+
+
+def connect(cluster, timeout: float = 60.0) -> int:
+    """Make this process a TF client of ``cluster`` (idempotent); return the connection epoch."""
+    import tensorflow as tf
+
+    if cluster.state != "running":
+        raise ClusterStateError(
+            f"cannot connect to cluster {cluster.name!r}: it is {cluster.state}. Start it first (cluster.start())."
+        )
+    spec = cluster.spec_dict
+    with _LOCK:
+        if _STATE["spec"] == spec:
+            return _STATE["epoch"]
+        if _STATE.get("broken"):
+            raise ClusterStateError(_STATE["broken"])
+        _refuse_other_strategies()
+        for name, value in CLIENT_ENVIRONMENT.items():
+            os.environ.setdefault(name, value)
+        # TensorFlow adds this process to the cluster as "localhost:<port>": no other host ever connects to
+        # it, so with the bind shim loaded (Jupyter started by `make lab` or on Binder) it listens on loopback.
+        before = set(containment.listeners())
+        _connect_with_timeout(tf, spec, cluster.name, timeout)
+        _warn_if_exposed(sorted(set(containment.listeners()) - before))
+        _STATE.update(spec=spec, cluster=cluster.name, cluster_object=cluster, epoch=_STATE["epoch"] + 1)
+        return _STATE["epoch"]
+
+
+def _warn_if_exposed(opened: list[tuple[str, int]]) -> None:
+    """Say, loudly and once per connection, that this kernel's new TensorFlow port is open to every network."""
+    wide = containment.exposed(opened)
+    if not wide or os.environ.get(containment.BIND_ENV) == containment.EVERY_INTERFACE:
+        return
+    ports = ", ".join(containment.describe(a) for a in wide)
+    warnings.warn(
+        f"this kernel's TensorFlow port ({ports}) listens on every network interface with no authentication: anyone "
+        "who can reach this machine can run code in this kernel. Start Jupyter the workbench's way (`make lab`, or "
+        "`LD_PRELOAD=$(workbench bind-shim) jupyter lab`) and restart the kernel, or keep the port behind a firewall.",
+        ExposedPortsWarning, stacklevel=4)
+
+
+def _connect_with_timeout(tf, spec: dict, name: str, timeout: float) -> None:
+    """TensorFlow's connect has no timeout and waits for every task: a stalled one blocks it forever."""
+
+    def run() -> None:
+        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+        # One tiny remote op: it proves the connection, and TensorFlow opens this process's own
+        # port only then, so what it listens on can be checked now rather than at some later op.
+        job = "worker" if "worker" in spec else sorted(spec)[0]
+        with tf.device(f"/job:{job}/replica:0/task:0/device:CPU:0"):
+            tf.identity(tf.constant(0)).numpy()
+
+    _bounded(run, timeout, f"connecting this kernel to cluster {name!r}")
+
+
+def _bounded(work, timeout: float, what: str) -> None:
+    """Run ``work()`` in a thread for at most ``timeout`` s. TensorFlow cannot cancel what runs past it: the
+    connection is then marked broken (every later use says why) rather than left half-changed."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="workbench-connect", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        _STATE["broken"] = (
+            f"{what} did not finish within {timeout:.0f} s: a task is not answering (stopped, overloaded, or behind "
+            "a firewall; see cluster.status()). TensorFlow cannot cancel the attempt, so restart the kernel before "
+            "connecting again."
+        )
+        raise ClusterStateError(_STATE["broken"])
+    if "error" in outcome:
+        raise ClusterStateError(f"{what} failed: {outcome['error']}")
+
+
+def refresh(cluster, rehosted: str, timeout: float = 60.0) -> bool:
+    """Task ``rehosted`` of ``cluster`` runs on a new server: update this process's connection in place.
+
+    What ClusterCoordinator does when a worker comes back (``update_server_def``): TensorFlow makes a
+    new context on the new server, and what this process made on the other tasks (variables,
+    functions, datasets) stays valid. Then waits until the new server and every other task reach
+    each other. Returns False, doing nothing, when this process is not connected to ``cluster`` or
+    the cluster's shape changed since (the next ``connect()`` connects anew).
+    """
+    deadline = time.monotonic() + timeout
+    with _LOCK:
+        spec = cluster.spec_dict
+        connected = _STATE.get("spec") or {}
+        if _STATE.get("cluster_object") is not cluster or {j: len(a) for j, a in connected.items()} != {
+                j: len(a) for j, a in spec.items()}:
+            return False
+        from tensorflow.python.eager import context
+
+        if _STATE.get("broken"):
+            raise ClusterStateError(_STATE["broken"])
+        server_def = type(context.context().get_server_def())()
+        server_def.CopyFrom(context.context().get_server_def())
+        for job in server_def.cluster.job:
+            for index, address in enumerate(spec.get(job.name, ())):
+                job.tasks[index] = address
+        _bounded(lambda: context.context().update_server_def(server_def), timeout,
+                 f"telling this kernel that {rehosted} of cluster {cluster.name!r} was re-hosted")
+        _STATE["spec"] = spec
+    _await_links(cluster, rehosted, deadline)
+    return True
+
+
+def _await_links(cluster, rehosted: str, deadline: float) -> None:
+    """Wait until ``rehosted`` and every other task reach each other, both ways.
+
+    A peer that called the old server while it was gone has its connection to that address backing
+    off (gRPC waits up to seconds before it tries again); the first step after recovery must not
+    find it so. Each try is a tiny function: the new task makes a value, each peer receives it and
+    sends one back.
+    """
+    import tensorflow as tf
+
+    target = f"{cluster.task(rehosted).task.device}/device:CPU:0"
+    peers = [f"{r.task.device}/device:CPU:0" for r in cluster.tasks if r.name != rehosted]
+
+    @tf.function(autograph=False)
+    def round_trip():
+        total = tf.constant(0.0, tf.float64)
+        for peer in peers:
+            with tf.device(target):
+                there = tf.timestamp()
+            with tf.device(peer):
+                back = there + 1.0
+            with tf.device(target):
+                total += back
+        return total
+
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            round_trip().numpy()
+            return
+        except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError) as exc:
+            last = exc
+            time.sleep(LINK_RETRY_SECONDS)
+    raise ClusterStateError(f"{rehosted} of cluster {cluster.name!r} was re-hosted, but the other tasks could not reach it "
+                            f"in time: {getattr(last, 'message', last)}")
+
+
+def check_epoch(epoch: int, what: str) -> None:
+    """Raise if ``what`` was made under a connection the kernel has since replaced."""
+    if epoch != _STATE["epoch"]:
+        raise ClusterStateError(
+            f"{what} belongs to a cluster connection this kernel has replaced (it now talks to "
+            f"{_STATE['cluster']!r}); its variables are out of reach. Re-run the job on the current cluster, "
+            "or use job.model, the local copy of the trained weights."
+        )
+
+
+def current_epoch() -> int:
+    return _STATE["epoch"]
+
+
+def current_cluster():
+    """The cluster this process is connected to, if it is still running; else None."""
+    cluster = _STATE.get("cluster_object")
+    return cluster if cluster is not None and cluster.state == "running" else None
+
+
+def _refuse_other_strategies() -> None:
+    import tensorflow as tf
+
+    if tf.distribute.has_strategy():
+        raise ClusterStateError(
+            f"a tf.distribute strategy ({type(tf.distribute.get_strategy()).__name__}) is active in this kernel; "
+            "connecting it to a cluster as well has crashed TensorFlow. Leave the strategy's scope, or run that "
+            "code in another kernel."
+        )

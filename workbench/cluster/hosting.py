@@ -1,0 +1,245 @@
+"""Giving engines their TensorFlow tasks, and giving a task a new engine when its own was lost.
+
+``TaskHosting`` is the part of ``wb.Cluster`` that talks to the engines about their tasks: probe
+them, import TensorFlow with the right GPUs, start one server per task, check what they listen on,
+and re-host a task on a fresh engine (``replace_task``) after a crash, a hang or a kill.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import warnings
+from typing import Any
+
+import psutil
+
+from ..errors import (
+    ClusterStartError,
+    ClusterStateError,
+    ExposedPortsWarning,
+    ServerStartError,
+    TensorFlowImportError,
+    VersionMismatchError,
+    WorkbenchError,
+)
+from ..progress import ProgressSink, make_progress
+from . import connection, engine_side
+from .containment import describe, exposed
+from .gpus import assign_gpus
+from .health import LOST, RECOVERING, RUNNING
+from .pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
+from .spec import TaskId
+from .status import TaskRecord
+from .versions import workbench_version
+
+KILL_WAIT_SECONDS = 15.0  # how long re-hosting waits for a hung engine it killed to be gone
+
+
+def _format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class TaskHosting:
+    """The engine side of ``wb.Cluster``'s tasks (a mixin: it uses the cluster's pool, records and health)."""
+
+    def _run_each(self, calls: dict[int, tuple], phase: str, deadline: Deadline, progress: ProgressSink) -> dict[int, Any]:
+        """Run ``{engine_id: (function, *args)}`` on the engines in parallel; results by engine id."""
+        try:
+            return run_on_engines(self._pool.client, calls, deadline, lambda done, total: progress.update(phase, done, total), 0.005)
+        except RemoteCallFailed as exc:
+            raise ClusterStartError(f"engine {exc.engine} failed while {phase}: {exc.reason}") from None
+        except RemoteCallsTimedOut as exc:
+            raise ClusterStartError(
+                f"timed out after {deadline.seconds:.0f} s while {phase}: engine(s) {exc.pending} did not answer. "
+                "Pass a larger start_timeout if they are merely slow."
+            ) from None
+
+    def _assign_tasks(self, assignment: dict[TaskId, int], deadline: Deadline, progress: ProgressSink,
+                      previous: dict[TaskId, TaskRecord] | None = None) -> None:
+        """Give each engine of ``assignment`` its task: probe, import TensorFlow, start the server.
+
+        ``previous`` holds the records of tasks being re-hosted: such a task keeps its address when
+        its new engine is on the same host (and the port is free again).
+        """
+        previous = previous or {}
+        by_engine = {eid: task for task, eid in assignment.items()}
+        controller_ip, lifeline = self._pool.controller_ip, self._pool.lifeline
+        probes = self._run_each({e: (engine_side.probe, controller_ip, lifeline) for e in by_engine}, "probing engines",
+                                deadline, progress)
+        for eid, task in by_engine.items():
+            info = probes[eid]
+            if info["workbench_version"] != workbench_version():
+                raise VersionMismatchError(
+                    f"engine {eid} ({info['host']}, pid {info['pid']}) runs workbench {info['workbench_version']} "
+                    f"but the client runs {workbench_version()}: install the same version in both environments."
+                )
+            self._tasks[task] = TaskRecord(task.job, task.index, eid, info["host"], pid=info["pid"])
+            if self._is_local(self._tasks[task]):
+                self._pool.watch([info["pid"]])
+
+        visible = self._plan_gpus(assignment, probes)
+        imports = self._run_each(
+            {eid: (engine_side.prepare_tensorflow, visible[task]) for task, eid in assignment.items()},
+            "TensorFlow imported", deadline, progress,
+        )
+        for task, eid in assignment.items():
+            self._check_import(eid, probes[eid], imports[eid])
+            record = self._tasks[task]
+            record.tensorflow = imports[eid]["version"]
+            record.address = _format_address(probes[eid]["address"], imports[eid]["port"])
+            old = previous.get(task)
+            if old is not None and old.address.rpartition(":")[0] == record.address.rpartition(":")[0]:
+                record.address = old.address  # the same host: the same address, if its port is free again
+        spec = self.spec_dict
+        servers = self._run_each(
+            {eid: (engine_side.start_server, spec, task.job, task.index) for task, eid in assignment.items()},
+            "TF servers up", deadline, progress,
+        )
+        for task, eid in assignment.items():
+            result = servers[eid]
+            if not result["ok"]:
+                raise ServerStartError(f"the TF server for {task} on engine {eid} did not start: {result['error']}")
+            record = self._tasks[task]
+            record.address = result["address"]
+            record.devices = result["devices"]
+            record.gpus = [g for g in (result["cuda_visible_devices"] or "").split(",") if g]
+            record.state, record.since = RUNNING, time.time()
+
+    def check_exposure(self, records: list[TaskRecord] | None = None, deadline: Deadline | None = None,
+                       stacklevel: int = 2) -> list[str]:
+        """Warn (``ExposedPortsWarning``) if a task listens on every interface; return those ``task address`` lines.
+
+        Asked of the engines themselves, so it holds for engines on other hosts too. A task whose
+        bind address the user set to ``"*"`` chose that and is not reported.
+        """
+        records = self.tasks if records is None else records
+        deadline = deadline or Deadline(30)
+        found = self._run_each({r.engine_id: (engine_side.listening,) for r in records}, "checking ports", deadline,
+                               make_progress(False))
+        open_ports, reasons = [], set()
+        for record in records:
+            state = found[record.engine_id]
+            wide = [f"{record.name} {describe(a)}" for a in exposed([tuple(a) for a in state["listeners"]])]
+            if wide and not state["chosen"]:
+                open_ports += wide
+                reasons.add(state["why"] or "they bound every interface")
+        if open_ports:
+            warnings.warn(
+                f"cluster {self.name!r}: TensorFlow ports listen on every network interface with no authentication: "
+                f"{', '.join(open_ports)}. Anyone who can reach these hosts can run code in those processes. Why, and "
+                f"what to do: {'; '.join(sorted(reasons))}. Until then, keep these ports behind a firewall.",
+                ExposedPortsWarning, stacklevel=stacklevel)
+        return open_ports
+
+    def _plan_gpus(self, assignment: dict[TaskId, int], probes: dict[int, dict]) -> dict[TaskId, list[str]]:
+        if not self._gpus_per_worker:
+            return {task: [] for task in assignment}
+        tasks_by_host: dict[str, list[TaskId]] = {}
+        available: dict[str, list[str]] = {}
+        for task, eid in assignment.items():
+            host = probes[eid]["host"]
+            tasks_by_host.setdefault(host, []).append(task)
+            available.setdefault(host, probes[eid]["gpus"])
+        in_use: dict[str, list[str]] = {}
+        for record in self._tasks.values():
+            if record.task not in assignment:
+                in_use.setdefault(record.host, []).extend(record.gpus)
+        return assign_gpus(tasks_by_host, available, self._gpus_per_worker, in_use)
+
+    def _check_import(self, eid: int, probe: dict, result: dict) -> None:
+        where = f"engine {eid} ({probe['host']}, pid {probe['pid']}, Python {probe['python']})"
+        if not result["ok"]:
+            raise TensorFlowImportError(
+                f"{where} could not import TensorFlow: {result['error']}. Install it in the engines' "
+                "environment (`pip install 'workbench[cpu]'`, or '[gpu]'), or point the launcher at a Python "
+                "that has it."
+            )
+        if result["version"] != self._client_tf_version:
+            raise VersionMismatchError(
+                f"{where} runs TensorFlow {result['version']} but this client runs {self._client_tf_version}: "
+                "install the same TensorFlow version in the client and engine environments."
+            )
+
+    @staticmethod
+    def _is_local(record: TaskRecord) -> bool:
+        from .pool import local_hostnames
+
+        return record.host in local_hostnames()
+
+    # -- re-hosting --------------------------------------------------------------------------
+
+    def replace_task(self, task: str | TaskId, timeout: float | None = None) -> TaskRecord:
+        """Host ``task`` (``"worker:1"``, ``"ps:0"``) on a new engine, after its own was lost or hung.
+
+        A hung engine (``silent`` in ``status()``) is killed first. The new engine keeps the task's
+        address when it runs on the same host (local engines are forked from the warm process: about
+        a second in all), and this kernel's TensorFlow connection is updated, so what lives on the
+        other tasks stays usable. What lived on the replaced task is gone: a ps's variables, a
+        worker's datasets. ``wb.train`` does this by itself when a task of a running job is lost
+        (and restores a ps's variables from the newest checkpoint). The task's state goes
+        ``recovering`` then ``running``; returns its new record.
+        """
+        with self._lifecycle:
+            self._require_running("re-host a task")
+            if self.attached:
+                raise ClusterStateError(f"cluster {self.name!r} is attached: process {self._owner_pid} owns it and "
+                                        "re-hosts its tasks.")
+            old = self.task(task)
+            deadline = Deadline(self._start_timeout if timeout is None else timeout)
+            self.health.set_state(old, RECOVERING, "starting a new engine")
+            added: list[int] = []
+            try:
+                self._kill_engine(old, deadline)
+                added = self._add_engines(1, deadline, make_progress(False))
+                self._assign_tasks({old.task: added[0]}, deadline, make_progress(False), previous={old.task: old})
+                new = self._tasks[old.task]
+                self.check_exposure([new], deadline, stacklevel=3)
+                connection.refresh(self, new.name, deadline.remaining(5))
+            except BaseException as exc:
+                self._undo_replacement(old, added)
+                why = str(exc) if isinstance(exc, WorkbenchError) else f"{type(exc).__name__}: {exc}"
+                self.health.set_state(old, LOST, f"re-hosting failed: {why}")
+                if not isinstance(exc, Exception):
+                    raise
+                raise ClusterStateError(f"re-hosting {old.name} of cluster {self.name!r} failed: {why}") from None
+            new.restarts = old.restarts + 1
+            self._clock_offsets = None  # a new process, maybe on another host: measure again
+            self.health.set_state(new, RUNNING, f"re-hosted on engine {new.engine_id}")
+            return new
+
+    def _kill_engine(self, record: TaskRecord, deadline: Deadline) -> None:
+        """Make sure the engine of ``record`` is gone (SIGKILL: a hung engine handles no gentler request)."""
+        if self._is_local(record):
+            try:
+                psutil.Process(record.pid).kill()
+            except psutil.Error:
+                pass  # already gone
+        elif record.engine_id in self._pool.client.ids:
+            self._pool.client.send_signal(signal.SIGKILL, targets=[record.engine_id], block=False)  # through its nanny
+        wait = Deadline(min(KILL_WAIT_SECONDS, deadline.remaining(1)))
+        while self._engine_alive(record) and not wait.expired:
+            time.sleep(0.02)
+        if self._engine_alive(record):
+            raise ClusterStateError(f"the engine of {record.name} (engine {record.engine_id}, pid {record.pid} on "
+                                    f"{record.host}) was still there {wait.seconds:.0f} s after SIGKILL")
+
+    def _engine_alive(self, record: TaskRecord) -> bool:
+        """The process itself for a local engine; the controller's view for one elsewhere."""
+        if not self._is_local(record):
+            return record.engine_id in self._pool.client.ids
+        try:
+            return psutil.Process(record.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def _undo_replacement(self, old: TaskRecord, added: list[int]) -> None:
+        """A re-hosting that failed: stop the engine it started, and keep the old record."""
+        new = self._tasks.get(old.task)
+        self._tasks[old.task] = old
+        if added:
+            pids = [new.pid] if new is not None and new is not old and self._is_local(new) else []
+            try:
+                self._pool.remove_engines(added, pids, Deadline(15))
+            except Exception:  # noqa: BLE001 - best effort; the engine holds a lifeline and goes with the cluster
+                pass
