@@ -112,6 +112,7 @@ class AllReduceJob(Job):
 
     def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options) -> None:
         self._epoch = None
+        self._ps_names: list[str] = []
         self._group = WorkerGroup(cluster)
         self._engines = self._group.engines
         self._run_id = uuid.uuid4().hex
@@ -176,7 +177,7 @@ class AllReduceJob(Job):
                 self._record(self.start_step + done + i, ours["losses"][i], ours["metrics"][i], names, starts[i], ends[i],
                              self.options.batch_size, aggregated=len(self._engines))
             done += n
-            next_checkpoint = self._checkpoint_due(next_checkpoint)
+            next_checkpoint = self.checkpoint_due(next_checkpoint)
 
     def _trim_engines(self) -> None:
         try:
@@ -203,12 +204,12 @@ class AllReduceJob(Job):
         """A local Keras model (in this kernel, no cluster needed) holding the trained weights."""
         import tensorflow as tf
 
-        from .job import _build_model
+        from .building import build_model
 
         engine = self._engines[0]
         weights = self._call_all({engine: (allreduce_engine.weights, self._run_id)}, "fetching the weights", GROUP_TIMEOUT)[engine]
         with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
-            local = _build_model(self._model_source, self._example())
+            local = build_model(self._model_source, self._example())
         local.set_weights(weights)
         return local
 

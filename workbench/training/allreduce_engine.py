@@ -59,23 +59,23 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
     import keras
     import tensorflow as tf
 
+    from .building import build_model, build_optimizer, seed_initializers
     from .data import DataContext, training_dataset
-    from .job import _build_model, _build_optimizer, _seed_initializers
     from .steps import StepFunctions, resolve_loss, resolve_metrics, stamp_after, steps_in_one_call
 
     strategy = _GROUP["strategy"]
     model_source, data, loss, optimizer, metrics = unpack(payload)
     seed = settings["seed"]
     if settings["seeded"]:
-        _seed_initializers(seed)
+        seed_initializers(seed)
     index, num_workers = settings["index"], settings["num_workers"]
     local_replicas = strategy.num_replicas_in_sync // num_workers
     per_replica = settings["per_worker_batch"] // local_replicas
     probe = training_dataset(data, DataContext(index, num_workers, 1, seed)).element_spec[0]
     example = tf.zeros([1, *probe.shape[1:]], probe.dtype)
     with strategy.scope():
-        model = _build_model(model_source, example)
-        opt = _build_optimizer(optimizer)
+        model = build_model(model_source, example)
+        opt = build_optimizer(optimizer)
         opt.build(model.trainable_variables)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
     fns = StepFunctions(model, opt, resolve_loss(loss), resolve_metrics(metrics))

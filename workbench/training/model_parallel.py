@@ -315,39 +315,59 @@ def placement(target: Any) -> Placement:
 
 
 def _placed_job_class():
-    from .job import Job, _build_optimizer, _update_where_the_variable_lives
+    from .building import build_optimizer, update_where_the_variable_lives
+    from .job import Job
     from .steps import StepFunctions, resolve_loss, resolve_metrics
 
     class PlacedJob(Job):
-        """Training of a ``PlacedModel``: one input pipeline, the layers' tasks in turn, several steps per call."""
+        """Training of a ``PlacedModel``: one input pipeline, the layers' tasks in turn, several steps per call.
+
+        The tasks holding layers play the part of ps tasks: if one is lost, the job re-hosts it, places the
+        model again (``placed.model`` is then the new one) and restores its newest checkpoint.
+        """
+
+        _holders = "task holding layers of the placed model"
 
         def _setup(self, cluster, model: PlacedModel, data, loss, optimizer, options) -> None:
-            import tensorflow as tf
-
             self._epoch = connection.connect(cluster)
             connection.check_epoch(model._epoch, "this placed model")
             self._placed = model
             self._model_source = model._source
-            self._model = model.model
-            self._ps_devices, self._ps_addresses, self._ps_names = [], [], []
+            self._ps_names = list(dict.fromkeys(_task_of(d) for d in model.layer_devices.values()))
+            self._ps_devices = [f"{cluster.task(n).task.device}/device:CPU:0" for n in self._ps_names]
             first_task = _task_of(model.input_device)
             self._workers = [r for r in cluster.tasks if r.name == first_task] or self._workers[:1]
             self._worker_devices = [model.input_device]
-            seed = self._probe_data(data, options)
-            self._optimizer = _build_optimizer(optimizer)
-            _update_where_the_variable_lives(self._optimizer)
+            self._seed = self._probe_data(data, options)
+            self._loss_fn = resolve_loss(loss)
+            self._build_variables()
+            self._setup_checkpoints(resume=options.resume)
+            self._iterators = [self._make_iterator(0)]
+
+        def _build_variables(self) -> None:
+            import tensorflow as tf
+
+            self._model = self._placed.model
+            self._optimizer = build_optimizer(self._optimizer_source)
+            update_where_the_variable_lives(self._optimizer)
             self._optimizer.build(self._model.trainable_variables)  # slots are created beside their variables
-            with tf.device(model.input_device):
+            with tf.device(self._placed.input_device):
                 self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
-            self._fns = StepFunctions(self._model, self._optimizer, resolve_loss(loss), resolve_metrics(options.metrics))
-            self._setup_checkpoints()
-            self._iterators = self._make_iterators(seed)
+            self._fns = StepFunctions(self._model, self._optimizer, self._loss_fn, resolve_metrics(self.options.metrics))
+
+        def _restore_state(self) -> int:
+            placed = self._placed
+            again = place(placed._source, placed.layer_tasks, cluster=self.cluster)
+            placed.model, placed._epoch = again.model, again._epoch
+            return super()._restore_state()
 
         def _async_step_options(self) -> dict:
             return {"output_device": self._placed.output_device}
 
         def _run(self) -> None:
-            self._run_async()
+            from .async_ps import AsyncRun
+
+            AsyncRun(self).run()
 
         @property
         def info(self) -> dict:

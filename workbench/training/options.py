@@ -8,6 +8,7 @@ from pathlib import Path
 from ..errors import ConfigurationError
 
 STRATEGIES = ("async-ps", "sync-ps", "allreduce", "model-parallel")
+POLICIES = ("wait", "drop", "replace")  # what a job does about a hung task or a straggling call
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,16 @@ class TrainOptions:
     step_timeout: float = 300.0  # seconds a sync step may wait for its gradients
     partition_bytes: int = 16 * 2**20  # ps strategies: split variables this large over the ps tasks
     telemetry: bool = True  # step spans and throughput for the dashboards (cluster.telemetry)
+    recover: bool = True  # re-host lost tasks and go on (a ps: from the newest checkpoint); False: fail fast
+    hang_timeout: float = 30.0  # seconds a task may answer nothing before on_hang applies
+    on_hang: str | None = None  # wait | drop | replace; None: replace if recover, else wait
+    straggler_factor: float = 10.0  # a call this many times its peers' median (and >= 1 s) straggles
+    on_straggler: str = "wait"  # wait | drop | replace
     num_workers: int = field(default=1)
+
+    @property
+    def hang_policy(self) -> str:
+        return self.on_hang or ("replace" if self.recover else "wait")
 
     @property
     def per_worker_batch(self) -> int:
@@ -82,4 +92,30 @@ def validate(options: TrainOptions) -> TrainOptions:
         )
     if not isinstance(options.step_timeout, (int, float)) or options.step_timeout <= 0:
         raise ConfigurationError(f"step_timeout={options.step_timeout!r} must be a positive number of seconds.")
+    _validate_fault_handling(options)
     return options
+
+
+def _validate_fault_handling(options: TrainOptions) -> None:
+    if not isinstance(options.recover, bool):
+        raise ConfigurationError(f"recover={options.recover!r}: pass True (re-host lost tasks and go on) or False (fail fast).")
+    for name in ("hang_timeout", "straggler_factor"):
+        value = getattr(options, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigurationError(f"{name}={value!r} must be a positive number.")
+    if options.straggler_factor < 1.5:
+        raise ConfigurationError(f"straggler_factor={options.straggler_factor!r} would flag ordinary calls: use 1.5 or more "
+                                 "(the default 10 flags a call ten times its peers' median).")
+    for name in ("on_hang", "on_straggler"):
+        value = getattr(options, name)
+        if name == "on_hang" and value is None:
+            continue
+        if value not in POLICIES:
+            raise ConfigurationError(f"{name}={value!r} is not a policy: use one of {', '.join(map(repr, POLICIES))}.")
+        if value == "replace" and not options.recover:
+            raise ConfigurationError(f"{name}='replace' re-hosts the task, and recover=False forbids that: pass recover=True "
+                                     "or another policy ('wait', 'drop').")
+        if value == "drop" and options.strategy in ("allreduce", "model-parallel"):
+            raise ConfigurationError(
+                f"{name}='drop': strategy={options.strategy!r} needs every worker in every step, so none can be left out; "
+                "use 'wait' or 'replace'.")

@@ -246,10 +246,19 @@ class StepFunctions:
 
             return compute_gradient
 
+        self._make_pull, self._make_compute = make_pull, make_compute
         self.pull = [make_pull(replica) for replica in replicas]
         self.compute_gradient = [make_compute(r, b) for r, b in zip(replicas, buffers)]
-        self._replicas, self._buffers = replicas, buffers
+        self._replicas, self._buffers = list(replicas), list(buffers)
         self._apply_cache: dict[tuple, Callable] = {}
+
+    def set_worker(self, index: int, replica, buffer: list) -> None:
+        """Worker ``index`` was re-hosted: its new replica and gradient buffer, and the functions that use them."""
+        self._replicas[index], self._buffers[index] = replica, buffer
+        self.pull[index] = self._make_pull(replica)
+        self.compute_gradient[index] = self._make_compute(replica, buffer)
+        for contributors in [c for c in list(self._apply_cache) if index in c]:
+            self._apply_cache.pop(contributors, None)
 
     def apply_gradients(self, contributors: tuple[int, ...]):
         """Average the buffered gradients of ``contributors`` (worker indices) and apply them.

@@ -1,0 +1,154 @@
+"""async-ps: every worker runs chunks of steps, each step applying its own updates on the ps tasks.
+
+Steps are handed out in chunks of ``steps_per_call``; a worker's thread claims the next chunk when
+its call returns, so fast workers run more of them. The chunk of a worker that is lost, hung or
+given up on goes back to the queue and runs elsewhere (``runs.WorkerRun`` decides when).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from ..telemetry.events import PUSH_APPLY
+from .runs import WorkerRun, tick
+from .workers import ACTIVE, DROPPED, RECOVERING, own_executor
+
+
+@dataclass
+class _Call:
+    chunk: tuple[int, int]  # first step, number of steps
+    started: float  # time.monotonic()
+    key: str  # the telemetry span of the call in progress
+    flagged: bool = False  # reported as straggling already
+
+
+def chunks_of(steps: list[int], size: int) -> list[tuple[int, int]]:
+    """Runs of consecutive steps, cut into chunks of at most ``size``: ``[(first, n), ...]`` in order."""
+    chunks: list[tuple[int, int]] = []
+    for step in steps:
+        if chunks and chunks[-1][0] + chunks[-1][1] == step and chunks[-1][1] < size:
+            chunks[-1] = (chunks[-1][0], chunks[-1][1] + 1)
+        else:
+            chunks.append((step, 1))
+    return chunks
+
+
+class AsyncRun(WorkerRun):
+    """One run of an async-ps job's loop, from its missing steps to the end (or to a lost ps)."""
+
+    def __init__(self, job):
+        super().__init__(job)
+        self.pending = chunks_of(job.missing_steps(), self.options.steps_per_call)[::-1]  # pop() takes the next
+        self.in_flight: dict[int, _Call] = {}
+        self.stalled_since: float | None = None  # when the last worker able to take work went away
+        self.checkpoint_lock = threading.Lock()
+        self.next_checkpoint = job.first_checkpoint_at()
+
+    def run(self) -> None:
+        self.job._fns.build_async(**self.job._async_step_options())
+        try:
+            for index in self.slots:
+                self._launch(index)
+            while not self._finished():
+                self._tick()
+                tick()
+        finally:  # a run that ends early (a lost ps) does not wait: its workers' calls may hang on that ps
+            self.halt.set()
+        self._join()
+
+    def _finished(self) -> bool:
+        with self.job._lock:
+            if self.in_flight or any(self.threads[i].is_alive() for i, s in self.slots.items() if s == ACTIVE):
+                return False
+            if not self.pending or self.job._stop.is_set():
+                return True
+        if not any(s in (ACTIVE, RECOVERING) for s in self.slots.values()):
+            self._fail_if_stalled()
+        return False
+
+    def _fail_if_stalled(self) -> None:
+        """No worker can take work: wait for dropped ones to answer again, for at most ``step_timeout``."""
+        from .job import TrainingError
+
+        now = time.monotonic()
+        self.stalled_since = self.stalled_since or now
+        if DROPPED not in self.slots.values() or now - self.stalled_since > self.options.step_timeout:
+            lost = [n for i, n in enumerate(self.names) if self.slots[i] != ACTIVE]
+            raise TrainingError(f"every worker was lost or is hung ({', '.join(lost)}); {self.job.steps_done} of "
+                                f"{self.options.steps - self.job.start_step} steps ran. Check cluster.status().")
+
+    def _has_work(self) -> bool:
+        with self.job._lock:
+            return bool(self.pending)
+
+    # -- a worker's thread ---------------------------------------------------------------------
+
+    def _claim(self, index: int) -> tuple[int, int] | None:
+        with self.job._lock:
+            if self.halt.is_set() or self.job._stop.is_set() or self.slots[index] != ACTIVE or not self.pending:
+                return None
+            return self.pending.pop()
+
+    @own_executor
+    def _work(self, index: int) -> None:
+        import tensorflow as tf
+
+        job, name, device = self.job, self.names[index], self.job._worker_devices[index]
+        while (chunk := self._claim(index)) is not None:
+            first, n = chunk
+            call = _Call(chunk, time.monotonic(), job._recorder.call_started(name, device, first, n))
+            with job._lock:
+                self.in_flight[index] = call
+            try:
+                with tf.device(device):
+                    outputs = job._fns.train_steps(job._iterators[index], tf.constant(n, tf.int32))
+                losses, metrics, stamps, marks = (o.numpy() for o in outputs)
+            except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
+                self.errors.put((index, call, exc))
+                return
+            with job._lock:
+                if self.halt.is_set() or self.in_flight.get(index) is not call:
+                    return  # given up on (or the run ended): its steps run, or ran, elsewhere
+                del self.in_flight[index]
+            self.times.add(time.monotonic() - call.started, n)
+            job._recorder.steps(name, device, first, stamps, marks, self.options.per_worker_batch, PUSH_APPLY, call.key)
+            for i in range(n):
+                job._record(first + i, losses[i], metrics[i], name, stamps[i], stamps[i + 1], self.options.per_worker_batch)
+            try:
+                with self.checkpoint_lock:  # right away, in this thread: checkpoints land close to each multiple
+                    self.next_checkpoint = job.checkpoint_due(self.next_checkpoint)
+            except Exception as exc:  # noqa: BLE001 - a save that found a ps gone (TaskLost), or a failure
+                self.errors.put((None, None, exc))
+                return
+
+    # -- what the run's thread does about it -------------------------------------------------------
+
+    def _current(self, index: int, token) -> bool:
+        with self.job._lock:
+            return self.in_flight.get(index) is token
+
+    def _abandon(self, index: int) -> None:
+        """The call of worker ``index`` will not count: its chunk goes back to the queue (its late result is dropped)."""
+        with self.job._lock:
+            call = self.in_flight.pop(index, None)
+            if call is not None:
+                self.pending.append(call.chunk)
+        if call is not None:
+            self.job._recorder.call_ended(call.key)
+
+    def _check_calls(self) -> None:
+        """Calls past ``step_timeout`` are given up on; straggling ones are flagged (``on_straggler``)."""
+        now = time.monotonic()
+        with self.job._lock:
+            calls = list(self.in_flight.items())
+        for index, call in calls:
+            elapsed, n = now - call.started, call.chunk[1]
+            if elapsed > self.options.step_timeout:
+                self._overdue(index, elapsed)
+                continue
+            limit = self.times.limit(self.options.straggler_factor, n)
+            if limit is not None and elapsed > limit and not call.flagged:
+                call.flagged = True
+                self._straggles(index, self._straggler_detail(n, elapsed))

@@ -1,0 +1,85 @@
+"""What a job builds from the user's arguments: the model, the optimizer, seeded initial weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigurationError
+from .placement import variable_device
+
+
+def seed_initializers(seed: int) -> None:
+    """What ``keras.utils.set_random_seed`` does, minus ``tf.random.set_seed``.
+
+    Keras draws initializer seeds from Python's ``random``. TensorFlow's global seed is left
+    alone: setting it clears the eager caches of every connected task and blocks while any of
+    them is stalled. Data pipelines get their seed explicitly (``ctx.seed``).
+    """
+    import random
+
+    import numpy as np
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+    from keras.src.utils import rng_utils
+
+    global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
+    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def build_model(model: Any, example_features) -> Any:
+    import keras
+    import tensorflow as tf
+
+    if isinstance(model, keras.Model):
+        try:
+            built = keras.models.clone_model(model)
+        except Exception as exc:  # noqa: BLE001 - subclassed models cannot be cloned; say what to pass instead
+            raise ConfigurationError(
+                f"cannot re-create {type(model).__name__} with its variables on the ps tasks ({exc}): pass a "
+                "function that builds the model instead, e.g. model=make_model."
+            ) from None
+    elif callable(model):
+        built = model()
+        if not isinstance(built, keras.Model):
+            raise ConfigurationError(f"the model function returned {type(built).__name__}, not a keras.Model.")
+    else:
+        raise ConfigurationError(f"model={model!r}: pass a function that builds a keras.Model (or a keras.Model).")
+    if not built.built or not built.weights:
+        built(tf.zeros([1, *example_features.shape[1:]], example_features.dtype))
+    return built
+
+
+def build_optimizer(optimizer: Any) -> Any:
+    import keras
+
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        # Re-create it here so that its variables (iterations, slots) live on the ps tasks too.
+        return type(optimizer).from_config(optimizer.get_config())
+    if isinstance(optimizer, (str, dict)):  # a name, or a config {"class_name": ..., "config": {...}}
+        try:
+            return keras.optimizers.get(optimizer)
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"optimizer={optimizer!r} is not a Keras optimizer: {exc}") from None
+    if callable(optimizer):
+        return build_optimizer(optimizer())
+    raise ConfigurationError(f"optimizer={optimizer!r}: pass a name ('adam'), a keras optimizer, or a function returning one.")
+
+
+def update_where_the_variable_lives(optimizer) -> None:
+    """Run the optimizer's per-variable update math on the variable's own device.
+
+    Keras places an update under the caller's device, so an update issued from a worker would read
+    the optimizer slots (e.g. Adam's m and v) from the ps, compute there and write them back: about
+    four times the bytes of a gradient push. Colocated, a step moves the parameters and the gradient.
+    """
+    import tensorflow as tf
+
+    update_step = optimizer.update_step
+
+    def colocated(gradient, variable, learning_rate):
+        with tf.device(variable_device(variable)):
+            return update_step(gradient, variable, learning_rate)
+
+    optimizer.update_step = colocated
