@@ -132,11 +132,30 @@ def refresh(cluster, rehosted: str, timeout: float = 60.0) -> bool:
         for job in server_def.cluster.job:
             for index, address in enumerate(spec.get(job.name, ())):
                 job.tasks[index] = address
-        _bounded(lambda: context.context().update_server_def(server_def), timeout,
+        _bounded(lambda: _update_server_def(context.context(), server_def, deadline), timeout,
                  f"telling this kernel that {rehosted} of cluster {cluster.name!r} was re-hosted")
         _STATE["spec"] = spec
     _await_links(cluster, rehosted, deadline)
     return True
+
+
+def _update_server_def(ctx, server_def, deadline: float) -> None:
+    """``update_server_def``, tried again while the new server is unreachable from here.
+
+    This process called the old server when it went away, so its gRPC channel to that address is in
+    reconnect back-off, and fails fast (``GRPC_FAIL_FAST``) until the back-off ends (TensorFlow caps it
+    at a second).
+    """
+    import tensorflow as tf
+
+    while True:
+        try:
+            ctx.update_server_def(server_def)
+            return
+        except tf.errors.UnavailableError:
+            if time.monotonic() + LINK_RETRY_SECONDS * 2 > deadline:
+                raise
+            time.sleep(LINK_RETRY_SECONDS * 2)
 
 
 def _await_links(cluster, rehosted: str, deadline: float) -> None:

@@ -31,6 +31,11 @@ def train(
     step_timeout: float = 300.0,
     partition_bytes: int = 16 * 2**20,
     telemetry: bool = True,
+    recover: bool = True,
+    hang_timeout: float = 30.0,
+    on_hang: str | None = None,
+    straggler_factor: float = 10.0,
+    on_straggler: str = "wait",
     wait: bool = False,
 ) -> Job:
     """Train a Keras model on ``cluster`` with the workbench's own distributed training loop.
@@ -68,6 +73,21 @@ def train(
         ``job.info["partitioned"]`` lists the split variables.
     telemetry: record step spans and completed steps into ``cluster.telemetry`` for the dashboards
         (``wb.dashboard``). The timings come back with the results of calls the job makes anyway.
+    recover: when a task is lost (its engine killed, OOM, pre-empted) the workbench starts a new engine,
+        re-hosts the same task at the same address, and the job takes it back: a lost worker's steps run
+        on the others meanwhile (none is lost); a lost ps is restored from the newest checkpoint (at most
+        one checkpoint interval is redone, counted in ``job.recoveries``); allreduce re-forms its group
+        and resumes from the newest checkpoint. ``job.history`` marks each recovery, and
+        ``job.faults`` lists what happened. ``recover=False`` keeps failing fast
+        (``wb.ParameterServerLost``; an async-ps worker's steps still move to the others).
+    hang_timeout, on_hang: a task that answers nothing (not even the reaper's ping) for ``hang_timeout``
+        seconds is flagged (a ``wb.TaskFaultWarning``, the status table, panel and dashboard) and handled
+        by ``on_hang``: ``"replace"`` (the default with ``recover``: kill and re-host it), ``"drop"``
+        (leave it out: its steps run elsewhere; in sync-ps it counts like a late backup gradient) or
+        ``"wait"`` (the default without ``recover``; ``step_timeout`` still bounds every wait).
+    straggler_factor, on_straggler: a remote call running ``straggler_factor`` times longer than its
+        peers' median (and at least a second) is flagged and handled by ``on_straggler`` (same policies;
+        default ``"wait"``).
     wait: block until the job ends (else it trains in the background; see ``job.wait()``).
     """
     from .model_parallel import PlacedModel, _placed_job_class
@@ -86,7 +106,8 @@ def train(
         strategy=strategy, steps=steps, batch_size=batch_size, backup_workers=backup_workers,
         steps_per_call=steps_per_call, metrics=tuple(metrics), checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, resume=resume, seed=seed, step_timeout=step_timeout, partition_bytes=partition_bytes,
-        telemetry=bool(telemetry),
+        telemetry=bool(telemetry), recover=recover, hang_timeout=hang_timeout, on_hang=on_hang,
+        straggler_factor=straggler_factor, on_straggler=on_straggler,
         num_workers=(len([t for t in cluster.tasks if t.job == "worker"])
                      if cluster.state == "running" and strategy != "model-parallel" else 1),
     ))

@@ -149,6 +149,8 @@ class Job:
                 self._checkpoint = tf.train.Checkpoint(weights=weights, optimizer=self._optimizer, step=self._step)
             else:
                 self._checkpoint = tf.train.Checkpoint(model=self._model, optimizer=self._optimizer, step=self._step)
+            with tf.device(self._ps_devices[0]):
+                self._checkpoint.save_counter  # noqa: B018 - made now, on the ps (see _save)
             self._manager = tf.train.CheckpointManager(self._checkpoint, self.options.checkpoint_dir, max_to_keep=3)
             if resume:
                 self._restore(self._manager.latest_checkpoint)
@@ -331,10 +333,17 @@ class Job:
     # -- checkpoints, faults and records -------------------------------------------------------
 
     def _save(self) -> None:
+        import tensorflow as tf
+
         with self._lock:
             done = len(self._history)  # the records (in the order they came) that this checkpoint includes
         self._step.assign(self.start_step + done)
-        self.last_checkpoint = self._manager.save(checkpoint_number=self.start_step + done)
+        with tf.device(self._ps_devices[0]):
+            # TensorFlow saves a checkpoint that spans two tasks with a new tf.function each time, and
+            # registers it on every task, holding the GIL: a stopped worker froze the whole kernel. Its
+            # bookkeeping ("/cpu:0": the save counter, the object graph) goes on the first ps here, so
+            # that with one ps a save is plain ops on that ps.
+            self.last_checkpoint = self._manager.save(checkpoint_number=self.start_step + done)
         self._saved_records[self.last_checkpoint] = done
 
     def _save_or_lost(self) -> None:

@@ -142,7 +142,7 @@ class Supervisor:
         if fault is None or fault.kind != kind:
             fault = Fault(task, kind, time.time(), self.job.steps_done, detail, action)
             self._open[task] = fault
-            self.job.faults.append(fault)
+            self.job._faults.append(fault)
             self.cluster.health.flag(task, kind, detail, self.job.name)
             self.say(task, kind, f"{task} {detail} at step {fault.step}: {self._plan(action)}")
         else:

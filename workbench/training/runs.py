@@ -106,7 +106,7 @@ class WorkerRun:
             error = self.job._classify(exc, self.names[index])
             if not isinstance(error, ClusterStateError):
                 raise error
-            self.worker_lost(index, f"failed a call ({type(exc).__name__})")
+            self.worker_lost(index, f"failed a call ({type(exc).__name__}: {_first_line(exc)})")
 
     def worker_lost(self, index: int, detail: str) -> None:
         """Worker ``index`` is gone (or hangs, to be replaced): its work goes to the others; re-host it if allowed."""
@@ -133,6 +133,8 @@ class WorkerRun:
         for event in self.supervisor.events():
             if event.kind == CONTROLLER_LOST:
                 raise ControllerLost(event.detail)
+            if event.kind == LOST and self.supervisor.state(event.task) != LOST:
+                continue  # told before a re-hosting that is over now
             back = event.kind == RUNNING and event.detail == "answering again"
             if event.task in self.job._ps_names:
                 if event.kind == LOST:
@@ -207,6 +209,11 @@ class WorkerRun:
     def _straggler_detail(self, steps: int, elapsed: float) -> str:
         return (f"straggles: a call of {steps} step(s) ran {elapsed:.1f} s, over {self.options.straggler_factor:g}x "
                 "its peers' median")
+
+
+def _first_line(exc: BaseException, limit: int = 160) -> str:
+    text = str(getattr(exc, "message", exc)).strip().splitlines()
+    return (text[0] if text else "")[:limit]
 
 
 def tick() -> None:
