@@ -74,9 +74,9 @@ def test_sync_loss_curve_is_the_same_with_one_or_two_workers(cluster3):
     assert curve_one[-1] < curve_one[0] / 3
 
 
-def test_killed_worker_does_not_stop_async_training(no_leftover_processes):
+def test_without_recovery_a_killed_worker_does_not_stop_async_training(no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-killworker", progress=False) as cluster:
-        job = train(cluster, strategy="async-ps", steps=1500, steps_per_call=5)
+        job = train(cluster, strategy="async-ps", steps=1500, steps_per_call=5, recover=False)
         deadline = time.monotonic() + 120
         while job.steps_done < 100 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -90,10 +90,10 @@ def test_killed_worker_does_not_stop_async_training(no_leftover_processes):
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.90
 
 
-def test_stalled_worker_is_given_up_on_and_async_training_finishes(no_leftover_processes):
+def test_without_recovery_a_stalled_worker_is_given_up_on_and_async_training_finishes(no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-stallworker", progress=False) as cluster:
         stalled = cluster.task("worker:1").pid
-        job = train(cluster, strategy="async-ps", steps=1200, steps_per_call=5, step_timeout=20)
+        job = train(cluster, strategy="async-ps", steps=1200, steps_per_call=5, step_timeout=20, recover=False)
         deadline = time.monotonic() + 120
         while job.steps_done < 100 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -108,10 +108,10 @@ def test_stalled_worker_is_given_up_on_and_async_training_finishes(no_leftover_p
         assert job.history[-1]["worker"] == "worker:0"
 
 
-def test_killed_ps_fails_the_job_naming_the_checkpoint(tmp_path, no_leftover_processes):
+def test_without_recovery_a_killed_ps_fails_the_job_naming_the_checkpoint(tmp_path, no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-killps", progress=False) as cluster:
         job = train(cluster, strategy="async-ps", steps=5000, steps_per_call=5,
-                    checkpoint_dir=str(tmp_path), checkpoint_every=50)
+                    checkpoint_dir=str(tmp_path), checkpoint_every=50, recover=False)
         deadline = time.monotonic() + 120
         while (job.last_checkpoint is None or job.steps_done < 120) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -122,3 +122,4 @@ def test_killed_ps_fails_the_job_naming_the_checkpoint(tmp_path, no_leftover_pro
         assert "/job:ps/replica:0/task:0" in message and "unreachable" in message
         assert f"resume from {tmp_path}/ckpt-" in message and "resume=True" in message
         assert job.state == "failed"
+        assert cluster.task("ps:0").state == "lost" and cluster.task("ps:0").restarts == 0  # not re-hosted

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cluster import connection
-from ..cluster.health import LOST, RECOVERING
+from ..cluster.health import LOST, RECOVERING, SILENT
 from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
 from ..telemetry.recorder import StepRecorder
 from .building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
@@ -342,7 +342,8 @@ class Job:
             # TensorFlow saves a checkpoint that spans two tasks with a new tf.function each time, and
             # registers it on every task, holding the GIL: a stopped worker froze the whole kernel. Its
             # bookkeeping ("/cpu:0": the save counter, the object graph) goes on the first ps here, so
-            # that with one ps a save is plain ops on that ps.
+            # that with one ps a save is plain ops on that ps; with more, no save starts while a task
+            # is silent (checkpoint_due).
             self.last_checkpoint = self._manager.save(checkpoint_number=self.start_step + done)
         self._saved_records[self.last_checkpoint] = done
 
@@ -356,6 +357,8 @@ class Job:
     def checkpoint_due(self, next_at: int) -> int:
         """Save if ``next_at`` steps are done (then return the next multiple to save at); else return ``next_at``."""
         every = self.options.checkpoint_every
+        if any(r.state == SILENT for r in self.cluster.tasks):
+            return next_at  # saving could block on it (see _save): after it answers, or is replaced
         if self.options.checkpoint_dir and every and self.start_step + self.steps_done >= next_at:
             self._save_or_lost()
             return (self.start_step + self.steps_done) // every * every + every
@@ -392,9 +395,13 @@ class Job:
                  if self.last_checkpoint else "no checkpoint was written (pass checkpoint_dir= and checkpoint_every=)")
         names = ", ".join(lost)
         error = ParameterServerLost(
-            f"the {self._holders} {names} ({', '.join(self.cluster.task(n).address for n in lost)}) is unreachable, so "
+            f"the {self._holders} {names} ({', '.join(self._where(n) for n in lost)}) is unreachable, so "
             f"the model's variables are lost at step {step}: {where}.")
         return TaskLost(lost, "was lost (the model's variables lived there)", error)
+
+    def _where(self, name: str) -> str:
+        record = self.cluster.task(name)
+        return f"{record.task.device} at {record.address}"
 
     def _recover_state(self, lost: TaskLost) -> None:
         """Re-host the lost tasks, rebuild the job's variables, restore this job's newest checkpoint, go on from it."""
