@@ -171,3 +171,37 @@ def test_lost_controller_fails_the_job_within_seconds_and_leaves_nothing(no_left
             cluster.scale(workers=3)
     finally:
         cluster.stop()
+
+
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
+def test_allreduce_forms_its_group_again_and_resumes_from_the_checkpoint(fault, tmp_path, no_leftover_processes):
+    every = 100
+    with wb.Cluster(ps=0, workers=2, name="wb-test-arrecover", progress=False) as cluster:
+        job = train(cluster, strategy="allreduce", steps=600, steps_per_call=10, hang_timeout=3,
+                    checkpoint_dir=str(tmp_path), checkpoint_every=every)
+        _wait_for(_steps_reached(job, 250), 120, "250 steps")
+        old = {name: cluster.task(name) for name in ("worker:0", "worker:1")}
+        os.kill(old["worker:1"].pid, fault)
+        try:
+            job.wait(300)
+        finally:
+            if psutil.pid_exists(old["worker:1"].pid):
+                os.kill(old["worker:1"].pid, signal.SIGCONT)
+        assert job.state == "done" and job.recoveries == 1
+        (record,) = job.faults
+        assert record["task"] == "worker:1" and record["action"] == "restored"
+        assert record["resumed_from"] % every == 0 and 0 <= record["redone"] <= every
+        assert [r["step"] for r in job.history] == list(range(600))
+        for name in old:  # TensorFlow cannot re-form a running group: every worker was re-hosted
+            _assert_recovered(cluster, name, old[name])
+        assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.90
+
+
+def test_allreduce_without_recovery_fails_fast_naming_the_worker(no_leftover_processes):
+    with wb.Cluster(ps=0, workers=2, name="wb-test-arfail", progress=False) as cluster:
+        job = train(cluster, strategy="allreduce", steps=100000, steps_per_call=10, recover=False)
+        _wait_for(_steps_reached(job, 50), 120, "50 steps")
+        os.kill(cluster.task("worker:1").pid, signal.SIGKILL)
+        with pytest.raises(wb.TrainingError, match=r"worker:1 was lost .*recover=True"):
+            job.wait(60)
+        assert job.state == "failed" and cluster.task("worker:1").state == "lost"

@@ -17,13 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster import engine_side
+from ..cluster.health import LOST, RECOVERING
 from ..cluster.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
-from ..errors import ClusterStateError, ConfigurationError
+from ..errors import ClusterStateError, ConfigurationError, ControllerLost
 from ..telemetry.events import ALLREDUCE_APPLY
 from . import allreduce_engine
 from .job import Job, TrainingError
+from .recovery import TaskLost
 
 GROUP_TIMEOUT = 120.0  # forming the group and building the model on every worker
+LOSS_GRACE = 3.0  # seconds a failed call waits for the health monitor to say whether a worker was lost
 
 
 def _is_installed(module_name: str) -> bool:
@@ -80,10 +83,14 @@ class WorkerGroup:
     def name(self, engine_id: int) -> str:
         return next(r.name for r in self.workers if r.engine_id == engine_id)
 
-    def call_all(self, calls: dict[int, tuple], what: str, timeout: float) -> dict[int, Any]:
-        """Run ``{engine: (function, *args)}`` on the worker engines at once; results by engine."""
+    def call_all(self, calls: dict[int, tuple], what: str, timeout: float, check=None) -> dict[int, Any]:
+        """Run ``{engine: (function, *args)}`` on the worker engines at once; results by engine.
+
+        ``check()`` runs while waiting, and may raise to stop waiting (the calls are then left to fail).
+        """
         try:
-            return run_on_engines(self.client, calls, Deadline(timeout), poll=0.005)
+            return run_on_engines(self.client, calls, Deadline(timeout), poll=0.005,
+                                  on_progress=(lambda _done, _total: check()) if check else None)
         except RemoteCallFailed as exc:
             raise TrainingError(f"{self.name(exc.engine)} failed while {what}: {exc.reason}") from None
         except RemoteCallsTimedOut as exc:
@@ -113,22 +120,38 @@ class AllReduceJob(Job):
     def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options) -> None:
         self._epoch = None
         self._ps_names: list[str] = []
-        self._group = WorkerGroup(cluster)
-        self._engines = self._group.engines
         self._run_id = uuid.uuid4().hex
         self._payload = portable((model, data, loss, optimizer, tuple(options.metrics)))
+        self.start_step = self._form_and_prepare(resume=options.resume)
+        if options.resume:
+            self.last_checkpoint = self._latest_checkpoint()
+
+    def _form_and_prepare(self, resume: bool) -> int:
+        """Form the group on the current worker engines and build the job there; return the step it starts at."""
+        options = self.options
+        self._group = WorkerGroup(self.cluster)
+        self._workers, self._engines = self._group.workers, self._group.engines
         self._group.form()
         seed = 0 if options.seed is None else options.seed
         settings = dict(seed=seed, seeded=options.seed is not None, num_workers=len(self._engines),
-                        per_worker_batch=options.per_worker_batch, resume=options.resume, checkpoint_dir=options.checkpoint_dir)
+                        per_worker_batch=options.per_worker_batch, resume=resume, checkpoint_dir=options.checkpoint_dir)
         prepared = self._call_all(
             {e: (allreduce_engine.prepare, self._run_id, self._payload, {**settings, "index": i}) for i, e in enumerate(self._engines)},
             "building the model on the workers", GROUP_TIMEOUT)
         first = prepared[self._engines[0]]
-        self.start_step, self.metric_names = first["start_step"], first["metric_names"]
+        self.metric_names = first["metric_names"]
         self.replicas, self.per_replica_batch = first["replicas"], first["per_replica_batch"]
-        if options.resume:
-            self.last_checkpoint = self._latest_checkpoint()
+        return first["start_step"]
+
+    def _restore_state(self) -> int:
+        """After its workers were re-hosted: form the group again, and go on from the job's newest checkpoint."""
+        kept = self._saved_records.get(self.last_checkpoint, 0)  # 0 for the checkpoint the job resumed from
+        step = self._form_and_prepare(resume=self.last_checkpoint is not None)
+        if step != self.start_step + kept:
+            raise TrainingError(f"the all-reduce workers restored step {step} from {self.last_checkpoint}, but the job "
+                                f"saved step {self.start_step + kept} there: another run wrote to "
+                                f"{self.options.checkpoint_dir!r}; give each job a checkpoint_dir of its own.")
+        return kept
 
     def _latest_checkpoint(self) -> str | None:
         import tensorflow as tf
@@ -136,7 +159,42 @@ class AllReduceJob(Job):
         return tf.train.latest_checkpoint(self.options.checkpoint_dir)
 
     def _call_all(self, calls: dict[int, tuple], what: str, timeout: float) -> dict[int, Any]:
-        return self._group.call_all(calls, what, timeout)
+        """Call the workers together; a worker lost or hung meanwhile ends the call with ``TaskLost``."""
+        try:
+            return self._group.call_all(calls, what, timeout, check=self._check_workers)
+        except TrainingError:
+            self._check_workers(grace=LOSS_GRACE)  # a failed call is often the first sign: let health catch up
+            raise
+
+    def _check_workers(self, grace: float = 0.0) -> None:
+        """Raise ``TaskLost`` (every worker) if one is lost, or silent past ``hang_timeout`` with ``on_hang="replace"``.
+
+        Every worker waits for every other in an all-reduce, and TensorFlow cannot take a new member
+        into a running group, so the job re-forms the group on new engines from its newest checkpoint.
+        """
+        if self.cluster.failure:
+            raise ControllerLost(self.cluster.failure)
+        names = [r.name for r in self._workers]
+        deadline = time.monotonic() + grace
+        while True:
+            lost = [n for n in names if self._supervisor is not None and self._supervisor.state(n) in (LOST, RECOVERING)]
+            hung = self._supervisor.hung(names) if self._supervisor is not None else []
+            if hung and self.options.hang_policy != "replace":
+                for name in hung:
+                    self._supervisor.fault(name, "silent", f"answered nothing for {self.options.hang_timeout:.0f} s", "waited")
+                hung = []
+            if lost or hung or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        if not (lost or hung):
+            return
+        at_fault = lost or hung
+        why = "was lost (its engine exited)" if lost else f"answered nothing for {self.options.hang_timeout:.0f} s"
+        error = TrainingError(f"{', '.join(at_fault)} {why}, and an all-reduce needs every worker: the job stopped at step "
+                              f"{self.start_step + self.steps_done}. With recover=True the workbench forms the group "
+                              "again on new engines and resumes from the newest checkpoint.")
+        raise TaskLost(names, f"{why}; every worker is re-hosted (TensorFlow cannot take a new member into a running "
+                       "all-reduce group)", error, label=", ".join(at_fault))
 
     @property
     def info(self) -> dict:
@@ -154,8 +212,8 @@ class AllReduceJob(Job):
         total = self.options.steps - self.start_step
         chunk = self.options.steps_per_call
         names = ",".join(r.name for r in self._workers)
-        next_checkpoint = self.options.checkpoint_every
-        done = 0
+        next_checkpoint = self.first_checkpoint_at()
+        done = self.steps_done  # after a restore: the steps its checkpoint includes
         while done < total and not self._stop.is_set():
             n = min(chunk, total - done)
             first = self.start_step + done
@@ -186,10 +244,12 @@ class AllReduceJob(Job):
             pass
 
     def _save(self) -> None:
-        step = self.start_step + self.steps_done
+        done = self.steps_done
+        step = self.start_step + done
         saved = self._call_all({e: (allreduce_engine.save, self._run_id, self.options.checkpoint_dir, step) for e in self._engines},
                                "writing a checkpoint", GROUP_TIMEOUT)
         self.last_checkpoint = saved[self._engines[0]]
+        self._saved_records[self.last_checkpoint] = done
 
     def evaluate(self, data: Callable | None = None, batch_size: int = 256) -> dict[str, float]:
         """Loss and metrics of the trained weights over one pass of ``data(ctx)``, on ``worker:0``."""

@@ -351,6 +351,8 @@ class Job:
         """``_save()``; a save that found a ps gone raises ``TaskLost`` (the job then restores, or fails)."""
         try:
             self._save()
+        except TaskLost:
+            raise
         except Exception as exc:  # noqa: BLE001 - classified
             raise self._classify(exc, "the job's checkpointing") from None
 
@@ -408,7 +410,7 @@ class Job:
         if self.recoveries >= MAX_RESTORES:
             raise TrainingError(f"{', '.join(lost.tasks)} {lost.why}, after {self.recoveries} restores already in this job: "
                                 "giving up (check what kills the task: cluster.status(), the engines' memory).")
-        label = ", ".join(lost.tasks)
+        label = lost.label
         source = self.last_checkpoint or "the initial weights (no checkpoint yet: pass checkpoint_every= to redo less)"
         fault = self._supervisor.fault(label, "lost", lost.why, "restored")
         fault.detail += f"; restoring {source}"

@@ -34,9 +34,10 @@ STRAGGLER_SAMPLES = 8  # completed calls needed before calls are compared with t
 class TaskLost(Exception):
     """Tasks a run cannot go on without were lost; ``error`` is what a job with ``recover=False`` raises."""
 
-    def __init__(self, tasks: list[str], why: str, error: BaseException):
+    def __init__(self, tasks: list[str], why: str, error: BaseException, label: str = ""):
         super().__init__(why)
         self.tasks, self.why, self.error = tasks, why, error
+        self.label = label or ", ".join(tasks)  # the task(s) at fault, named in job.faults and messages
 
 
 @dataclass
