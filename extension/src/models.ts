@@ -12,6 +12,8 @@ export interface ITaskInfo {
   devices: string[];
   gpus: string[];
   state: string;
+  note: string;
+  restarts: number;
 }
 
 export interface IClusterInfo {

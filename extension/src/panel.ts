@@ -247,10 +247,15 @@ class ClusterCard {
     const rows = info.tasks.map(task => {
       const row = el('tr', { 'data-task': task.name });
       const devices = task.devices.map(d => d.split('/device:')[1] ?? d).join(', ');
-      for (const text of [task.name, String(task.engine_id), task.address, devices || '—', task.state]) {
+      const health = task.restarts > 0 ? `${task.state}, re-hosted ${task.restarts}x` : task.state;
+      for (const text of [task.name, String(task.engine_id), task.address, devices || '—', health]) {
         row.append(el('td', {}, text));
       }
-      row.lastElementChild?.classList.add(`wb-health-${task.state}`);
+      const cell = row.lastElementChild as HTMLElement | null;
+      cell?.classList.add(`wb-health-${task.state}`);
+      if (cell && task.note) {
+        cell.title = task.note; // why: "its engine exited", "not answering", "re-hosted on engine 3"
+      }
       return row;
     });
     this.tasks.replaceChildren(head, ...rows);

@@ -157,3 +157,31 @@ def test_timeline_draws_only_the_segments_in_view():
     timeline.update(now=1100.0)
     visible = [r.visible for _, r in timeline.segments]
     assert visible[1] and not visible[5] and visible[-1]  # that segment, and the newest (still streaming)
+
+
+def test_task_health_events_become_markers_on_their_tasks_rows():
+    from workbench.dashboard.data import FAULT_COLOURS, fault_columns, task_row
+    from workbench.telemetry.events import TaskEvent
+
+    rows = [row_name("/job:ps/replica:0/task:0/device:CPU:0"), row_name(W0),
+            row_name("/job:worker/replica:0/task:1/device:GPU:0"), row_name("/job:worker/replica:0/task:1/device:CPU:0")]
+    assert task_row("worker:1", rows) == "/job:worker/task:1/device:GPU:0"  # its first row
+    assert task_row("worker:7", rows) is None
+    events = [TaskEvent("worker:1", "lost", 5.0, "its engine exited"), TaskEvent("worker:1", "recovering", 5.5),
+              TaskEvent("worker:1", "running", 7.0, "re-hosted on engine 3"),
+              TaskEvent("ps:0", "restored", 8.0, "resumed from step 100", job="async-ps-1"),
+              TaskEvent("worker:9", "lost", 9.0),  # a task the timeline does not show
+              TaskEvent("controller", "controller-lost", 9.5)]  # not a task row: the notebook says it
+    columns = fault_columns([*events, span(0, 1.0, 2.0)], rows)
+    assert columns["kind"] == ["lost", "recovering", "running", "restored"]
+    assert columns["x"] == [5000.0, 5500.0, 7000.0, 8000.0]
+    assert columns["row"][:3] == ["/job:worker/task:1/device:GPU:0"] * 3 and columns["row"][3].startswith("/job:ps/task:0/")
+    assert columns["colour"] == [FAULT_COLOURS[k] for k in columns["kind"]] and columns["job"][3] == "async-ps-1"
+
+    log = EventLog()
+    timeline = TimelineComponent(log, rows)
+    log.extend(events)
+    log.append(span(0, 1.0, 2.0))
+    assert timeline.update(now=10.0) == 1
+    assert timeline.fault_source.data["kind"] == ["lost", "recovering", "running", "restored"]
+    assert timeline.update(now=10.0) == 0 and len(timeline.fault_source.data["kind"]) == 4  # streamed once

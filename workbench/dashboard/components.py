@@ -14,7 +14,7 @@ from collections import deque
 
 from ..telemetry.events import PHASES, StepSpan
 from ..telemetry.log import EventLog
-from .data import RATE_WINDOW, TOTAL, RecentRates, ThroughputBins, new_rows, row_name, span_columns
+from .data import RATE_WINDOW, TOTAL, RecentRates, ThroughputBins, fault_columns, new_rows, row_name, span_columns
 from .summary import JobSummary
 
 # The kernel's log keeps the newest 100,000 events, and a timeline keeps as many bars, in segments
@@ -27,6 +27,9 @@ FOLLOW_MS = 30_000.0  # the timeline follows the newest 30 s until the user pans
 EVENTS_PER_UPDATE = 20_000  # a long backlog is streamed over several updates, none of them long
 PHASE_COLOURS = ("#9467bd", "#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7")  # PHASES order
 SERIES_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+FAULT_ROLLOVER = 2_000  # fault markers kept on a timeline
 
 
 def _bokeh():
@@ -94,9 +97,17 @@ class TimelineComponent:
         self.plot = plot = timeline_figure(self.rows)
         plot.hbar(y="row", left="left", right="right", height=0.7, source=self.open_source, color=self._colour,
                   fill_alpha=0.45, hatch_pattern="/", hatch_alpha=0.5, line_color="#555555")
-        plot.add_tools(HoverTool(tooltips=[  # every renderer, segments added later included
+        self._span_hover = HoverTool(renderers=[plot.renderers[-1]], tooltips=[  # segments join it as they are made
             ("task", "@task"), ("phase", "@phase"), ("step", "@step (x@steps)"), ("duration", "@duration_ms{0.0} ms"),
-            ("examples", "@examples"), ("job", "@job")]))
+            ("examples", "@examples"), ("job", "@job")])
+        plot.add_tools(self._span_hover)
+        # task health and what jobs did about it: lost, silent, straggling, recovering, back
+        self.fault_source = ColumnDataSource(fault_columns([], self.rows), name="timeline_faults")
+        faults = plot.scatter(x="x", y="row", source=self.fault_source, marker="diamond", size=13, color="colour",
+                              line_color="#222222")
+        plot.add_tools(HoverTool(renderers=[faults], tooltips=[("task", "@task"), ("", "@kind"), ("why", "@detail"),
+                                                                ("job", "@job"), ("at", "@x{%H:%M:%S}")],
+                                 formatters={"@x": "datetime"}))
         self._new_segment()
         self.root = column(Div(text=phase_legend()), plot, sizing_mode="stretch_width")
 
@@ -124,6 +135,7 @@ class TimelineComponent:
         source = ColumnDataSource(span_columns([]), name=f"timeline_steps_{self._segment_number}")
         renderer = self.plot.hbar(y="row", left="left", right="right", height=0.7, source=source, color=self._colour,
                                   line_color=None)
+        self._span_hover.renderers = [*self._span_hover.renderers, renderer]
         self.segments.append((source, renderer))
         self.extents[id(source)] = [math.inf, -math.inf]
         full = len(self.segments) - 1
@@ -131,6 +143,7 @@ class TimelineComponent:
             gone, old = self.segments.popleft()
             del self.extents[id(gone)]
             self.plot.renderers = [r for r in self.plot.renderers if r is not old]
+            self._span_hover.renderers = [r for r in self._span_hover.renderers if r is not old]
 
     def _stream(self, columns: dict[str, list]) -> None:
         done, total = 0, len(columns["left"])
@@ -177,6 +190,9 @@ class TimelineComponent:
             _set_rows(self.plot, self.rows)
         if spans:
             self._stream(span_columns(spans))
+        faults = fault_columns(batch.events, self.rows)
+        if faults["x"]:
+            self.fault_source.stream(faults, rollover=FAULT_ROLLOVER)
         self._show_segments_in_view()
         if running or self.open_source.data["left"]:
             self.open_source.data = span_columns(running, now)

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..telemetry.events import COMPUTE, PHASES, JobProgress, StepDone, StepSpan
+from ..telemetry.events import COMPUTE, PHASES, JobProgress, StepDone, StepSpan, TaskEvent
 
 TOTAL = "total"
 SPAN_COLUMNS = ("row", "left", "right", "phase", "task", "step", "steps", "duration_ms", "examples", "job")
@@ -48,6 +48,35 @@ def span_columns(spans: Iterable[StepSpan], now: float | None = None) -> dict[st
         columns["duration_ms"].append((end - span.start) * 1000.0)
         columns["examples"].append(span.examples)
         columns["job"].append(span.job)
+    return columns
+
+
+FAULT_COLUMNS = ("row", "x", "task", "kind", "detail", "job", "colour")
+# Fault markers on the timeline: red for a task gone, amber for one not answering or straggling, green when it is back.
+FAULT_COLOURS = {"lost": "#d62728", "failed": "#d62728", "silent": "#ff9f1c", "straggler": "#ff9f1c", "dropped": "#ff9f1c",
+                 "recovering": "#9467bd", "running": "#2ca02c", "re-hosted": "#2ca02c", "restored": "#2ca02c",
+                 "waited": "#2ca02c"}
+
+
+def task_row(task: str, rows: list[str]) -> str | None:
+    """The first timeline row of task ``worker:1`` (its CPU, or its first device), if the timeline shows it."""
+    job, _, index = task.partition(":")
+    prefix = f"/job:{job}/task:{index}/"
+    return next((row for row in rows if row.startswith(prefix)), None)
+
+
+def fault_columns(events: Iterable, rows: list[str]) -> dict[str, list]:
+    """Task health events (``TaskEvent``) -> markers on the rows of their tasks (events of tasks not shown are left out)."""
+    columns: dict[str, list] = {name: [] for name in FAULT_COLUMNS}
+    for event in events:
+        if not isinstance(event, TaskEvent) or event.kind not in FAULT_COLOURS:
+            continue
+        row = task_row(event.task, rows)
+        if row is None:
+            continue
+        for name, value in zip(FAULT_COLUMNS, (row, event.time * 1000.0, event.task, event.kind, event.detail, event.job,
+                                               FAULT_COLOURS[event.kind])):
+            columns[name].append(value)
     return columns
 
 

@@ -70,7 +70,7 @@ class ClusterManager:
         here = local_hostnames()
         for task in record.tasks:
             if task.state == "running" and task.host in here and not psutil.pid_exists(task.pid):
-                task.state = "lost"
+                task.state, task.note = "lost", "its process is gone"
         return ClusterInfo.from_record(record, owned_here=record.name in self._owned)
 
     def summary(self, name: str) -> JobNow | None:

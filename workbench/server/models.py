@@ -19,7 +19,9 @@ class TaskInfo:
     pid: int
     devices: list[str]
     gpus: list[str]
-    state: str  # starting | running | lost | stopped
+    state: str  # starting | running | silent | lost | recovering | stopped
+    note: str = ""  # why it is in that state ("its engine exited", "re-hosted on engine 3")
+    restarts: int = 0  # times the task was re-hosted on a new engine
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ class ClusterInfo:
     def from_record(cls, record: ClusterRecord, owned_here: bool = False) -> ClusterInfo:
         """A registry record (written by ``Cluster``) -> the panel's view of it."""
         tasks = [TaskInfo(name=t.name, job=t.job, index=t.index, engine_id=t.engine_id, host=t.host, address=t.address,
-                          pid=t.pid, devices=list(t.devices), gpus=list(t.gpus), state=t.state) for t in record.tasks]
+                          pid=t.pid, devices=list(t.devices), gpus=list(t.gpus), state=t.state, note=t.note,
+                          restarts=t.restarts) for t in record.tasks]
         dashboard = record.endpoints.get("dashboard")
         return cls(name=record.name, state=record.state, engines=record.engines, owned=record.owned,
                    client_pid=record.client_pid, tasks=tasks, dashboard=dashboard.url if dashboard else None,
