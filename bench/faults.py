@@ -11,8 +11,9 @@ one more window, and is stopped. Reported per fault:
   interval for a ps, 0 for a worker);
 - lost: steps that never ran (gaps in ``job.history``'s steps, up to the last step done 2 s before the
   job was stopped; goal 0);
-- after/before: steps per second in the window after recovery against the window before the
-  fault (goal >= 0.95), both on the workers' clocks, from the job's own history.
+- after/before: steps per second in the window from the first recovered step against the window
+  before the fault (goal >= 0.95), both on the workers' clocks, from the job's own history; and the
+  same for a window starting ``SETTLE`` s later (a re-hosted task's first calls trace its functions).
 
     python bench/faults.py [--window 8] [--json bench/results/faults.json] [--only worker-kill-async ...]
 """
@@ -55,6 +56,7 @@ FAULTS = [
     Fault("allreduce-worker-kill", "allreduce", "worker:1", signal.SIGKILL, ps=0, checkpoint_every=200),
 ]
 HANG_TIMEOUT = 3.0  # seconds a stopped worker may answer nothing before it is replaced
+SETTLE = 2.0  # the second window after recovery starts this long after the first recovered step
 
 
 def _rate(history: list[dict], start: float, end: float) -> float:
@@ -84,7 +86,7 @@ def measure(fault: Fault, warmup: float, window: float) -> dict:
             _wait(lambda: any(f["recovered"] for f in job.faults if f["kind"] == "lost") or job.state != "running",
                   180, "the recovery")
             recovered_at = max(f["recovered"] for f in job.faults if f["kind"] == "lost")
-            _wait(lambda: time.time() > recovered_at + window + 2, window + 60, "the window after recovery")
+            _wait(lambda: time.time() > recovered_at + SETTLE + window + 4, window + 60, "the windows after recovery")
         finally:
             if fault.signal == signal.SIGSTOP and cluster.task(fault.target).pid == victim.pid:
                 os.kill(victim.pid, signal.SIGCONT)
@@ -110,6 +112,7 @@ def measure(fault: Fault, warmup: float, window: float) -> dict:
             "lost": done - len({r["step"] for r in history if r["step"] < done}),
             "before_steps_per_s": _rate(history, injected - window, injected),
             "after_steps_per_s": _rate(history, first, first + window),
+            "settled_steps_per_s": _rate(history, first + SETTLE, first + SETTLE + window),
             "faults": faults,
         }
 
@@ -127,10 +130,12 @@ def main() -> int:
             continue
         row = measure(fault, args.warmup, args.window)
         row["ratio"] = row["after_steps_per_s"] / row["before_steps_per_s"]
+        row["settled_ratio"] = row["settled_steps_per_s"] / row["before_steps_per_s"]
         rows.append(row)
         print(f"{row['fault']:22s} detected {row['detected_s']:5.1f} s  recovery {row['recovery_s']:5.1f} s  "
               f"redone {row['redone']:4d} (interval {row['checkpoint_every']})  lost {row['lost']}  "
-              f"{row['before_steps_per_s']:6.1f} -> {row['after_steps_per_s']:6.1f} steps/s  after/before {row['ratio']:.2f}",
+              f"{row['before_steps_per_s']:6.1f} -> {row['after_steps_per_s']:6.1f} steps/s  after/before {row['ratio']:.2f} "
+              f"({row['settled_ratio']:.2f} from {SETTLE:g} s on)",
               flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=2))
