@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 import warnings
 from pathlib import Path
@@ -22,6 +21,7 @@ import psutil
 import pytest
 from conftest import ARTIFACTS
 from jupyter_client import KernelManager
+from jupyter_helpers import wait_for_server
 
 import workbench as wb
 from workbench.cluster import containment
@@ -140,11 +140,7 @@ def contained_server(tmp_path):
     server = subprocess.Popen(command, env={**_shim_env(), "JUPYTER_RUNTIME_DIR": str(runtime)},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while not list(runtime.glob("jpserver-*.json")):
-            assert server.poll() is None and time.monotonic() < deadline, "the Jupyter server did not start"
-            time.sleep(0.2)
-        url = json.loads(next(runtime.glob("jpserver-*.json")).read_text())["url"].rstrip("/")
+        url = wait_for_server(runtime, server)
 
         def call(method: str, path: str, body=None):
             request = urllib.request.Request(f"{url}/{path}", method=method, headers={"Authorization": "token attack"},

@@ -205,3 +205,29 @@ def test_allreduce_without_recovery_fails_fast_naming_the_worker(no_leftover_pro
         with pytest.raises(wb.TrainingError, match=r"worker:1 was lost .*recover=True"):
             job.wait(60)
         assert job.state == "failed" and cluster.task("worker:1").state == "lost"
+
+
+def test_sync_ps_drops_a_hung_worker_and_takes_it_back_when_it_answers(no_leftover_processes):
+    with wb.Cluster(ps=1, workers=2, name="wb-test-drop", progress=False) as cluster:
+        job = train(cluster, strategy="sync-ps", steps=800, hang_timeout=3, on_hang="drop")
+        _wait_for(_steps_reached(job, 100), 120, "100 steps")
+        stopped = cluster.task("worker:1")
+        os.kill(stopped.pid, signal.SIGSTOP)
+        try:
+            _wait_for(lambda: any(f["action"] == "dropped" for f in job.faults) or job.state != "running", 30,
+                      "worker:1 dropped")
+            dropped_at = job.steps_done
+            _wait_for(_steps_reached(job, dropped_at + 50), 60, "steps without worker:1")  # steps go on without it
+        finally:
+            os.kill(stopped.pid, signal.SIGCONT)
+            resumed = time.time()
+        job.wait(300)
+        assert job.state == "done" and [r["step"] for r in job.history] == list(range(800))
+        (fault,) = [f for f in job.faults if f["task"] == "worker:1" and f["kind"] == "silent"]
+        assert fault["action"] == "dropped" and "answering again" in fault["detail"] and fault["recovered"] is not None
+        assert job.dropped_gradients >= 1  # its gradient of the step in flight, counted like a late backup one
+        assert all(r["worker"] == "worker:0" for r in job.history[dropped_at:dropped_at + 50])
+        assert any("worker:1" in r["worker"].split(",") for r in job.history if r["start"] > resumed)  # back
+        record = cluster.task("worker:1")
+        assert record.pid == stopped.pid and record.restarts == 0 and record.state == "running"  # not replaced
+        assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.90

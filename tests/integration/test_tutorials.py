@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from conftest import ARTIFACTS, ROOT
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_helpers import wait_for_server
 from memory_cap import MemoryCap
 from nbclient import NotebookClient
 
@@ -60,10 +60,7 @@ def capped(binder_env, tmp_path_factory):
         "argv": cap.command(str(binder_env.python), "-m", "ipykernel_launcher", "-f", "{connection_file}"),
         "display_name": "Binder environment, 2 GiB cap", "language": "python"}))
     try:
-        deadline = time.monotonic() + 120
-        while not list(runtime.glob("jpserver-*.json")):
-            assert server.poll() is None and time.monotonic() < deadline, "JupyterLab did not start inside the cgroup"
-            time.sleep(0.2)
+        wait_for_server(runtime, server, what="JupyterLab inside the cgroup")
         yield Capped(cap, server, base / "kernels", {})
     finally:
         server.terminate()

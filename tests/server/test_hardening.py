@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,6 +21,7 @@ import pytest
 import tornado.httpclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jupyter_helpers import wait_for_server
 
 from workbench.errors import ConfigurationError
 from workbench.server.models import StartForm
@@ -91,11 +91,7 @@ def server(tmp_path_factory):
     process = subprocess.Popen(command, env={**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while not list(runtime.glob("jpserver-*.json")):
-            assert process.poll() is None and time.monotonic() < deadline, "the Jupyter server did not start"
-            time.sleep(0.2)
-        yield json.loads(next(runtime.glob("jpserver-*.json")).read_text())["url"].rstrip("/")
+        yield wait_for_server(runtime, process)
     finally:
         process.terminate()
         try:

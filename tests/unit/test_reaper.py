@@ -87,6 +87,15 @@ class _FakeEngine:
         self._thread = threading.Thread(target=self._answer, daemon=True)
         self._thread.start()
 
+    def close(self):
+        """As a process's exit does: shut the connection down (a bare close() from another thread can leave a
+        blocked recv() holding the socket open, and send no FIN)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
     def _answer(self):
         try:
             while ping := self.sock.recv(64):
@@ -126,7 +135,7 @@ def test_reaper_reports_silent_alive_lost_and_exited_processes():
         assert 2.5 <= time.monotonic() - started <= 6.0 and silent["seconds"] >= 3.0
         engine.answering.set()
         assert _next_event(events) == {"event": "alive", "pid": 4242, "host": "node-7"}
-        engine.sock.close()  # the engine died
+        engine.close()  # the engine died
         assert _next_event(events) == {"event": "lost", "pid": 4242, "host": "node-7"}
         proc.kill()
         proc.wait(timeout=10)

@@ -52,6 +52,10 @@ class WorkerRun:
         """Whether ``token`` (what failed) is still worker ``index``'s current work."""
         raise NotImplementedError
 
+    def _leave_out(self, index: int) -> None:
+        """Policy ``"drop"``: worker ``index``'s current work will not count (as if it came late)."""
+        self._abandon(index)
+
     def _rebuild(self, index: int) -> None:
         """Worker ``index`` was re-hosted: make again what the run keeps on it."""
         self.job.rebuild_worker(index)
@@ -125,7 +129,7 @@ class WorkerRun:
 
     def _drop(self, index: int, kind: str, detail: str) -> None:
         """Go on without worker ``index`` until it answers again (``on_hang`` / ``on_straggler`` = ``"drop"``)."""
-        self._abandon(index)
+        self._leave_out(index)
         self.slots[index] = DROPPED
         self.supervisor.fault(self.names[index], kind, detail, "dropped")
 
@@ -175,7 +179,7 @@ class WorkerRun:
         if policy == "replace":
             self.worker_lost(index, detail)
         elif policy == "drop":
-            self._abandon(index)  # its work goes to the others; its late result is dropped
+            self._leave_out(index)  # its work goes to the others; its late result is dropped
             self.supervisor.fault(self.names[index], "straggler", detail, "dropped")
         else:
             self.supervisor.fault(self.names[index], "straggler", detail, "waited")

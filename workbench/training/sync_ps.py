@@ -41,6 +41,7 @@ class SyncRun(WorkerRun):
         self.results: dict[int, list[_Arrival]] = defaultdict(list)  # step -> arrivals, in the order they came
         self.computing: dict[int, tuple[int, float, bool]] = {}  # worker -> (step, monotonic start, flagged)
         self.given_up: dict[int, set[int]] = defaultdict(set)  # step -> workers not waited for (dropped stragglers)
+        self.left_out: list[tuple[int, int]] = []  # (step, worker) not waited for by policy ("drop")
         self.required = self.options.required_gradients
         self.aggregated = 0
 
@@ -82,7 +83,10 @@ class SyncRun(WorkerRun):
         if finished:
             self._join()
         with self.cond:
-            job.dropped_gradients += sum(len(v) for v in self.results.values()) - self.aggregated
+            late = sum(len(v) for v in self.results.values()) - self.aggregated
+            # a gradient left out by policy that never came counts like a late one (on_hang / on_straggler = "drop")
+            never = sum(1 for step, index in self.left_out if index not in {a.index for a in self.results.get(step, ())})
+            job.dropped_gradients += late + never
 
     def _has_work(self) -> bool:
         return not self.halt.is_set()
@@ -188,6 +192,11 @@ class SyncRun(WorkerRun):
 
     def _current(self, index: int, token) -> bool:
         return self.threads.get(index) is token and self.slots[index] in (ACTIVE, DROPPED)
+
+    def _leave_out(self, index: int) -> None:
+        with self.cond:
+            self.left_out.append((self.current, index))
+        self._abandon(index)
 
     def _abandon(self, index: int) -> None:
         """Worker ``index``'s gradient for the current step is not waited for (if it comes, it may still count)."""
