@@ -9,6 +9,7 @@ is left behind.
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -167,6 +168,10 @@ def test_lost_controller_fails_the_job_within_seconds_and_leaves_nothing(no_left
         assert time.monotonic() - killed < 15
         assert "resume=True" in str(info.value) and "wb.Cluster(" in str(info.value)
         _wait_for(lambda: cluster.state == "failed", 40, "the cluster torn down")
+        from IPython.paths import get_ipython_dir
+
+        # the hub's engine record, which a killed controller leaves behind, is gone too
+        assert not Path(get_ipython_dir(), "profile_default", "log", "engineswb-test-controller.json").exists()
         with pytest.raises(wb.ControllerLost):
             cluster.scale(workers=3)
     finally:

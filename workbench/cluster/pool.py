@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Coroutine, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -299,6 +300,7 @@ class OwnedPool:
             log=_quiet_logger(),
             **kwargs,
         )
+        self._remove_engine_state()  # left by a controller that was killed: with it, the next hub of this name timed out
         self._loop.run(self._ipp.start_controller(), deadline.remaining(1))
         self.watch(_launcher_pids(self._ipp.controller))
         if self._warm is not None:  # connect while the warm process still imports
@@ -413,6 +415,7 @@ class OwnedPool:
                 self._loop.run(self._ipp.stop_cluster(), deadline.remaining(5))
             except Exception:  # noqa: BLE001 - the processes are gone already; files are secondary
                 pass
+            self._remove_engine_state()
         if self._warm is not None:
             self._warm.close(timeout=deadline.remaining(1))
             self._warm = None
@@ -423,6 +426,13 @@ class OwnedPool:
             self._loop.close()
             self._loop = None
         self._ipp = None
+
+    def _remove_engine_state(self) -> None:
+        """The hub's record of its engines (``<profile>/log/engines<cluster id>.json``), which it removes only on a clean
+        exit. A file left by a killed controller made the next controller of the same name time out its clients."""
+        profile = getattr(self._ipp, "profile_dir", "")
+        if profile:
+            Path(profile, "log", f"engines{self.name}.json").unlink(missing_ok=True)
 
     @property
     def cluster_file(self) -> str:
