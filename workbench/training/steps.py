@@ -267,6 +267,19 @@ class StepFunctions:
         buffers: a late worker is never waited for, not even by a receive. Non-trainable state
         (e.g. BatchNorm statistics) is taken from the first contributor's replica.
         """
+        return self._apply_function(contributors)()
+
+    def prepare_apply(self, sets) -> None:
+        """Trace the apply functions of these contributor sets now, while every task answers.
+
+        TensorFlow registers a newly traced function on every task, and waits for each, holding the
+        GIL: traced while a worker is stopped, it would freeze this whole process, the code that
+        handles the stopped worker included. Call under the device scope ``apply_gradients`` runs in.
+        """
+        for contributors in sets:
+            self._apply_function(tuple(contributors)).get_concrete_function()
+
+    def _apply_function(self, contributors: tuple[int, ...]):
         import tensorflow as tf
 
         if contributors not in self._apply_cache:
@@ -290,7 +303,7 @@ class StepFunctions:
                 return tf.stack([start, stamp_after([_written(self.model.weights)])])
 
             self._apply_cache[contributors] = apply
-        return self._apply_cache[contributors]()
+        return self._apply_cache[contributors]
 
     def build_evaluate(self, make_dataset: Callable):
         import tensorflow as tf

@@ -9,6 +9,7 @@ history says how many) until it is back.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import defaultdict
@@ -59,11 +60,13 @@ class SyncRun(WorkerRun):
     def _rebuild(self, index: int) -> None:
         super()._rebuild(index)
         self.job._fns.set_worker(index, *self._replica(index))
+        self._prepare_apply([index])
 
     def run(self) -> None:
         job = self.job
         replicas, buffers = zip(*(self._replica(i) for i in self.slots))
         job._fns.build_sync(list(replicas), list(buffers))
+        self._prepare_apply(list(self.slots))
         next_checkpoint = job.first_checkpoint_at()
         finished = False
         try:
@@ -87,6 +90,21 @@ class SyncRun(WorkerRun):
             # a gradient left out by policy that never came counts like a late one (on_hang / on_straggler = "drop")
             never = sum(1 for step, index in self.left_out if index not in {a.index for a in self.results.get(step, ())})
             job.dropped_gradients += late + never
+
+    def _prepare_apply(self, workers: list[int]) -> None:
+        """Trace, now, the apply functions a step can need with one worker out (lost, dropped, or late).
+
+        Every set of N - k contributors, and with k = 0 every set of N - 1, that includes one of
+        ``workers``: a function traced later, while a worker is stopped, would freeze the kernel
+        (``StepFunctions.prepare_apply``). Two workers out at once may still need a new one.
+        """
+        import tensorflow as tf
+
+        n, need = len(self.slots), self.required
+        sizes = {need} | ({n - 1} if need == n and n > 1 else set())
+        sets = [c for size in sizes for c in itertools.combinations(range(n), size) if set(c) & set(workers)]
+        with tf.device(self.job._ps_devices[0]):
+            self.job._fns.prepare_apply(sets)
 
     def _has_work(self) -> bool:
         return not self.halt.is_set()
