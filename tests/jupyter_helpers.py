@@ -22,3 +22,13 @@ def wait_for_server(runtime: Path, process: subprocess.Popen, timeout: float = 1
         except OSError:
             assert process.poll() is None and time.monotonic() < deadline, f"{what} wrote {url} but never listened there"
             time.sleep(0.1)
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    """Terminate a server the test started; kill it if it has not exited within 30 s."""
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from conftest import ARTIFACTS
 from jupyter_client import KernelManager
-from jupyter_helpers import wait_for_server
+from jupyter_helpers import stop_server, wait_for_server
 
 import workbench as wb
 from workbench.cluster import containment
@@ -153,12 +153,7 @@ def contained_server(tmp_path):
         yield server
         call("DELETE", "workbench/api/clusters/wb-attack-panel")
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
+        stop_server(server)
 
 
 def test_no_port_of_a_kernel_its_cluster_or_the_jupyter_server_is_reachable_from_another_host(

@@ -20,7 +20,7 @@ import pytest
 from conftest import ARTIFACTS, ROOT
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_helpers import wait_for_server
+from jupyter_helpers import stop_server, wait_for_server
 from memory_cap import MemoryCap
 from nbclient import NotebookClient
 
@@ -63,12 +63,7 @@ def capped(binder_env, tmp_path_factory):
         wait_for_server(runtime, server, what="JupyterLab inside the cgroup")
         yield Capped(cap, server, base / "kernels", {})
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
+        stop_server(server)
         cap.remove()
 
 

@@ -21,7 +21,7 @@ import pytest
 import tornado.httpclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jupyter_helpers import wait_for_server
+from jupyter_helpers import stop_server, wait_for_server
 
 from workbench.errors import ConfigurationError
 from workbench.server.models import StartForm
@@ -93,12 +93,7 @@ def server(tmp_path_factory):
     try:
         yield wait_for_server(runtime, process)
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop_server(process)
 
 
 def _call(base: str, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:

@@ -26,6 +26,7 @@ from .job import Job, TrainingError
 from .recovery import TaskLost
 
 GROUP_TIMEOUT = 120.0  # forming the group and building the model on every worker
+HEALTH_POLL_SECONDS = 0.1  # how often a waiting call looks at the workers' health
 LOSS_GRACE = 3.0  # seconds a failed call waits for the health monitor to say whether a worker was lost
 
 
@@ -121,6 +122,7 @@ class AllReduceJob(Job):
         self._epoch = None
         self._ps_names: list[str] = []
         self._run_id = uuid.uuid4().hex
+        self._next_health_check = 0.0
         self._payload = portable((model, data, loss, optimizer, tuple(options.metrics)))
         self.start_step = self._form_and_prepare(resume=options.resume)
         if options.resume:
@@ -161,10 +163,17 @@ class AllReduceJob(Job):
     def _call_all(self, calls: dict[int, tuple], what: str, timeout: float) -> dict[int, Any]:
         """Call the workers together; a worker lost or hung meanwhile ends the call with ``TaskLost``."""
         try:
-            return self._group.call_all(calls, what, timeout, check=self._check_workers)
+            return self._group.call_all(calls, what, timeout, check=self._check_workers_now_and_then)
         except TrainingError:
             self._check_workers(grace=LOSS_GRACE)  # a failed call is often the first sign: let health catch up
             raise
+
+    def _check_workers_now_and_then(self) -> None:
+        """``_check_workers()``, at most every ``HEALTH_POLL_SECONDS``: the calls are polled every few milliseconds."""
+        now = time.monotonic()
+        if now >= self._next_health_check:
+            self._next_health_check = now + HEALTH_POLL_SECONDS
+            self._check_workers()
 
     def _check_workers(self, grace: float = 0.0) -> None:
         """Raise ``TaskLost`` (every worker) if one is lost, or silent past ``hang_timeout`` with ``on_hang="replace"``.

@@ -359,9 +359,9 @@ class Job:
     def checkpoint_due(self, next_at: int) -> int:
         """Save if ``next_at`` steps are done (then return the next multiple to save at); else return ``next_at``."""
         every = self.options.checkpoint_every
-        if any(r.state == SILENT for r in self.cluster.tasks):
-            return next_at  # saving could block on it (see _save): after it answers, or is replaced
         if self.options.checkpoint_dir and every and self.start_step + self.steps_done >= next_at:
+            if any(r.state == SILENT for r in self.cluster.tasks):
+                return next_at  # saving could block on it (see _save): after it answers, or is replaced
             self._save_or_lost()
             return (self.start_step + self.steps_done) // every * every + every
         return next_at

@@ -79,6 +79,16 @@ class CallTimes:
         return max(MIN_STRAGGLER_SECONDS, factor * statistics.median(self._per_step) * steps)
 
 
+def _drain(items: queue.SimpleQueue) -> list:
+    """What the queue holds now, oldest first, without waiting."""
+    found = []
+    while True:
+        try:
+            found.append(items.get_nowait())
+        except queue.Empty:
+            return found
+
+
 class Supervisor:
     """One job's fault handling: health events in, re-hosting in the background, faults out."""
 
@@ -100,21 +110,11 @@ class Supervisor:
 
     def events(self) -> list[TaskEvent]:
         """Health events since the last call (the job's own tasks, and the controller's loss)."""
-        found = []
-        while True:
-            try:
-                found.append(self._events.get_nowait())
-            except queue.Empty:
-                return found
+        return _drain(self._events)
 
     def rehosted(self) -> list[tuple[str, bool]]:
         """Tasks whose re-hosting finished since the last call: ``(task, succeeded)``."""
-        done = []
-        while True:
-            try:
-                done.append(self._back.get_nowait())
-            except queue.Empty:
-                return done
+        return _drain(self._back)
 
     def hung(self, names: list[str]) -> list[str]:
         """Those of ``names`` that answered nothing for ``hang_timeout`` seconds or more."""
@@ -128,10 +128,6 @@ class Supervisor:
             return self.cluster.task(name).state
         except Exception:  # noqa: BLE001 - a task scaled away counts as lost
             return LOST
-
-    @property
-    def recovering(self) -> bool:
-        return any(thread.is_alive() for thread in self._rehosting.values())
 
     # -- faults ------------------------------------------------------------------------------
 
