@@ -99,8 +99,12 @@ def test_killed_ps_is_restored_from_the_newest_checkpoint_in_the_same_kernel(str
         # the history: every step once, those from the checkpoint on marked as run after the restore
         history = job.history
         assert [r["step"] for r in history] == list(range(steps))
-        assert {r["recovery"] for r in history if r["step"] >= fault["resumed_from"]} == {1}
-        assert {r["recovery"] for r in history if r["step"] < fault["resumed_from"]} == {0}
+        # the records the checkpoint includes are kept (in async-ps, the first to come, not always the lowest
+        # steps); every other step ran after the restore
+        assert sum(r["recovery"] == 0 for r in history) == fault["resumed_from"]
+        assert {r["recovery"] for r in history} == {0, 1}
+        if strategy == "sync-ps":  # steps finish in order
+            assert {r["recovery"] for r in history if r["step"] >= fault["resumed_from"]} == {1}
         _assert_recovered(cluster, "ps:0", old)
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.90
 
