@@ -45,6 +45,11 @@ def test_scale_stop_and_context_manager(no_leftover_processes, registry_dir):
         with pytest.raises(wb.ConfigurationError, match="at least one worker"):
             cluster.scale(workers=0)
 
+        # a second cluster of the same name is refused before it starts anything; the first keeps running
+        with pytest.raises(wb.ClusterStartError, match="'wb-test-scale' is already running.*another name"):
+            wb.Cluster(ps=1, workers=1, name="wb-test-scale", progress=False).start()
+        assert cluster.client.ids and cluster.state == "running"
+
         everything = _tree([r.pid for r in cluster.tasks])
         assert (registry_dir / "wb-test-scale.json").exists()
     assert cluster.state == "stopped"

@@ -174,12 +174,20 @@ def test_lost_controller_fails_the_job_within_seconds_and_leaves_nothing(no_left
         _wait_for(lambda: cluster.state == "failed", 40, "the cluster torn down")
         from IPython.paths import get_ipython_dir
 
-        # the hub's engine record, which a killed controller leaves behind, is gone too
-        assert not Path(get_ipython_dir(), "profile_default", "log", "engineswb-test-controller.json").exists()
+        # what a killed controller leaves behind (its connection files, the hub's engine record, the cluster
+        # file) is gone too: the stale connection file made the next cluster of this name time out its client
+        profile = Path(get_ipython_dir(), "profile_default")
+        left = [*profile.glob("security/*wb-test-controller*"), *profile.glob("log/engineswb-test-controller*")]
+        assert left == []
         with pytest.raises(wb.ControllerLost):
             cluster.scale(workers=3)
     finally:
         cluster.stop()
+    again = wb.Cluster(ps=1, workers=1, name="wb-test-controller", progress=False).start()
+    try:
+        assert again.state == "running"
+    finally:
+        again.stop()
 
 
 @pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])

@@ -306,6 +306,7 @@ class Cluster(TaskHosting):
             raise ClusterStateError(
                 f"cluster {self.name!r} is {self._state}; a Cluster starts once. Create a new wb.Cluster(...)."
             )
+        self._refuse_a_running_name()
         progress = make_progress(self._progress_option)
         deadline = Deadline(self._start_timeout)
         self._state = "starting"
@@ -342,6 +343,15 @@ class Cluster(TaskHosting):
             f"in {deadline.seconds - deadline.remaining():.1f} s"
         )
         return self
+
+    def _refuse_a_running_name(self) -> None:
+        """A second cluster of a running one's name would share its registry record and ipyparallel files."""
+        record = registry.read_record(self.name)
+        if record is not None and record.client_alive():
+            raise ClusterStartError(
+                f"a cluster named {self.name!r} is already running (owned by process {record.client_pid}): "
+                f"give this one another name, e.g. wb.Cluster(..., name={self.name + '-2'!r}), or stop that one first."
+            )
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop every task and everything this cluster started. Safe to call twice."""

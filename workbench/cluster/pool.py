@@ -9,6 +9,7 @@ ipyparallel cluster the user already runs and never stops them.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -191,6 +192,17 @@ def _launcher_pids(launcher: Any) -> list[int]:
     return pids
 
 
+def _live_controller(cluster_file: Path) -> int:
+    """The pid of the controller an ipyparallel cluster file records, if a controller still runs there (0 if not;
+    its command line does not name the cluster id)."""
+    try:
+        pid = int(json.loads(cluster_file.read_text())["controller"]["state"]["pid"])
+        cmdline = " ".join(psutil.Process(pid).cmdline())
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return 0
+    return pid if "ipyparallel.controller" in cmdline or "ipcontroller" in cmdline else 0
+
+
 def _process_tree(pids: Iterable[int]) -> list[psutil.Process]:
     procs: dict[int, psutil.Process] = {}
     for pid in pids:
@@ -300,8 +312,10 @@ class OwnedPool:
             log=_quiet_logger(),
             **kwargs,
         )
-        self._remove_engine_state()  # left by a controller that was killed: with it, the next hub of this name timed out
+        self._remove_stale_controller_files()
         self._loop.run(self._ipp.start_controller(), deadline.remaining(1))
+        for path in self._controller_files():  # a killed kernel leaves them too; the reaper removes them then
+            self.remove_on_death(path)
         self.watch(_launcher_pids(self._ipp.controller))
         if self._warm is not None:  # connect while the warm process still imports
             self.client = self._loop.run(self._ipp.connect_client(), deadline.remaining(1))
@@ -415,7 +429,8 @@ class OwnedPool:
                 self._loop.run(self._ipp.stop_cluster(), deadline.remaining(5))
             except Exception:  # noqa: BLE001 - the processes are gone already; files are secondary
                 pass
-            self._remove_engine_state()
+            for path in self._controller_files():  # a killed controller removed none of them
+                Path(path).unlink(missing_ok=True)
         if self._warm is not None:
             self._warm.close(timeout=deadline.remaining(1))
             self._warm = None
@@ -427,12 +442,32 @@ class OwnedPool:
             self._loop = None
         self._ipp = None
 
-    def _remove_engine_state(self) -> None:
-        """The hub's record of its engines (``<profile>/log/engines<cluster id>.json``), which it removes only on a clean
-        exit. A file left by a killed controller made the next controller of the same name time out its clients."""
+    def _controller_files(self) -> list[str]:
+        """What ipyparallel keeps on disk for this cluster id: its cluster file, the controller's connection
+        files and the hub's engine record. A clean controller exit removes them; a killed one leaves them."""
         profile = getattr(self._ipp, "profile_dir", "")
-        if profile:
-            Path(profile, "log", f"engines{self.name}.json").unlink(missing_ok=True)
+        if not profile:
+            return []
+        security = Path(profile, "security")
+        return [str(security / f"cluster-{self.name}.json"),
+                *(str(security / f"ipcontroller-{self.name}-{kind}.json") for kind in ("client", "engine")),
+                str(Path(profile, "log", f"engines{self.name}.json"))]
+
+    def _remove_stale_controller_files(self) -> None:
+        """Files left by a dead controller of this name. Left in place, the new cluster read the old connection
+        file before its own controller wrote one and its client timed out ("Hub connection request timed out")."""
+        files = self._controller_files()
+        if not files:
+            return
+        pid = _live_controller(Path(files[0]))
+        if pid:
+            raise ClusterStartError(
+                f"an ipyparallel controller for cluster id {self.name!r} is already running (pid {pid}, recorded in "
+                f"{files[0]}); give this cluster another name, or stop that one first "
+                f"(`ipcluster stop --cluster-id={self.name}`)."
+            )
+        for path in files:
+            Path(path).unlink(missing_ok=True)
 
     @property
     def cluster_file(self) -> str:
