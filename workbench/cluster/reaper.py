@@ -4,9 +4,10 @@ The client starts one reaper per cluster, in its own session, and keeps a pipe t
 The reaper
 
 * hosts the **lifeline**: every engine holds a TCP connection to it and exits when it closes;
-* tracks the local processes the client started (controller, engines) and the registry file;
+* tracks the local processes the client started (controller, engines) and the files to remove
+  with them (the registry record, ipyparallel's connection and cluster files);
 * when the pipe closes without a ``release`` message (the client died), kills those processes
-  and removes the registry file, then exits, which closes every lifeline;
+  and removes those files, then exits, which closes every lifeline;
 * reports on its stdout, one JSON line each, what it sees of the engines and of the processes
   the client asked it to keep an eye on: ``{"event": "lost", "pid", "host"}`` when an engine's
   lifeline closes (the engine is gone, wherever it ran), ``"silent"`` when an engine has not
@@ -14,7 +15,7 @@ The reaper
   when it answers again, and ``{"event": "exited", "pid"}`` when a process named in a
   ``health`` message (the controller) is gone.
 
-Client → reaper messages are JSON lines: ``{"watch": pid}``, ``{"registry": path}``,
+Client → reaper messages are JSON lines: ``{"watch": pid}``, ``{"registry": path}`` (a file to remove),
 ``{"health": pid}``, ``{"release": true}``. The reaper's first stdout line is ``"<host> <port>"``
 of the lifeline. An engine's first line on its lifeline is ``"<token> <pid> <host>"``; after it,
 the engine echoes every byte the reaper sends (one ping every ``PING_SECONDS``).
