@@ -23,6 +23,10 @@ def test_allreduce_learns_digits_with_every_worker_in_every_step(cluster):
     x, y = wb.datasets.digits_arrays("test")
     accuracy = float(np.mean(np.argmax(job.model.predict(x, verbose=0), axis=1) == y))
     assert accuracy == pytest.approx(result["accuracy"], abs=1e-6)
+    import tensorflow as tf
+
+    batched = job.evaluate(tf.data.Dataset.from_tensor_slices((x, y)).batch(64))  # as Keras users pass it
+    assert batched["examples"] == 450 and batched["accuracy"] == pytest.approx(result["accuracy"], abs=1e-6)
 
 
 def test_allreduce_follows_the_same_loss_curve_as_sync_ps(cluster):

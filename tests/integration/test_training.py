@@ -37,6 +37,28 @@ def test_job_model_is_a_local_keras_model_with_the_trained_weights(cluster):
     assert all("localhost" in w.value.device for w in model.weights)
 
 
+def test_evaluate_takes_a_dataset_batched_or_not_as_keras_users_pass_it(cluster):
+    import tensorflow as tf
+
+    job = train(cluster, steps=200).wait(300)
+    reference = job.evaluate(wb.datasets.digits_test)
+    x, y = wb.datasets.digits_arrays("test")
+    examples = tf.data.Dataset.from_tensor_slices((x, y))
+    for dataset in (examples, examples.batch(50), examples.batch(7).prefetch(2)):
+        result = job.evaluate(dataset)
+        assert result["examples"] == 450
+        assert result["accuracy"] == pytest.approx(reference["accuracy"], abs=1e-6)
+        assert result["loss"] == pytest.approx(reference["loss"], rel=1e-4)
+    with pytest.raises(wb.WorkbenchError, match=r"job.evaluate\(ndarray\).*tf.data.Dataset of \(features, labels\)"):
+        job.evaluate(x)
+    with pytest.raises(wb.WorkbenchError, match=r"its elements are .*tf.data.Dataset of \(features, labels\)"):
+        job.evaluate(tf.data.Dataset.from_tensor_slices(x))
+    with pytest.raises(wb.WorkbenchError, match="features have shape .*examples of rank 1"):
+        job.evaluate(tf.data.Dataset.from_tensor_slices((x.reshape(-1, 8, 8, 1), y)))
+    with pytest.raises(wb.WorkbenchError, match="failed on its data.*features like the training data's"):
+        job.evaluate(tf.data.Dataset.from_tensor_slices((x[:, :10], y)))
+
+
 def test_variables_and_optimizer_state_live_on_the_ps(cluster):
     job = train(cluster, steps=10).wait(120)
     devices = {w.value.device for w in job._model.weights} | {v.value.device for v in job._optimizer.variables}

@@ -22,8 +22,10 @@ from ..cluster.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_
 from ..errors import ClusterStateError, ConfigurationError, ControllerLost
 from ..telemetry.events import ALLREDUCE_APPLY
 from . import allreduce_engine
+from .evaluation import check_evaluation_data, is_dataset
 from .job import Job, TrainingError
 from .recovery import TaskLost
+from .steps import resolve_loss
 
 GROUP_TIMEOUT = 120.0  # forming the group and building the model on every worker
 HEALTH_POLL_SECONDS = 0.1  # how often a waiting call looks at the workers' health
@@ -124,6 +126,7 @@ class AllReduceJob(Job):
         self._run_id = uuid.uuid4().hex
         self._next_health_check = 0.0
         self._payload = portable((model, data, loss, optimizer, tuple(options.metrics)))
+        self._loss_fn = resolve_loss(loss)
         self.start_step = self._form_and_prepare(resume=options.resume)
         if options.resume:
             self.last_checkpoint = self._latest_checkpoint()
@@ -261,7 +264,10 @@ class AllReduceJob(Job):
         self._saved_records[self.last_checkpoint] = done
 
     def evaluate(self, data: Callable | None = None, batch_size: int = 256) -> dict[str, float]:
-        """Loss and metrics of the trained weights over one pass of ``data(ctx)``, on ``worker:0``."""
+        """Loss and metrics of the trained weights over one pass of ``data(ctx)``, on ``worker:0`` (see ``Job.evaluate``)."""
+        if is_dataset(data):
+            return self._evaluate_here(data, batch_size)
+        check_evaluation_data(data)
         engine = self._engines[0]
         result = self._call_all({engine: (allreduce_engine.evaluate, self._run_id, portable(data or self._data), batch_size)},
                                 "evaluating", GROUP_TIMEOUT)[engine]
@@ -281,6 +287,9 @@ class AllReduceJob(Job):
             local = build_model(self._model_source, self._example())
         local.set_weights(weights)
         return local
+
+    def _example_rank(self) -> int:
+        return self._example().shape.rank
 
     def _example(self):
         import tensorflow as tf

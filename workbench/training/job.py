@@ -22,6 +22,7 @@ from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
 from ..telemetry.recorder import StepRecorder
 from .building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
 from .data import DataContext, evaluation_dataset, training_dataset
+from .evaluation import check_evaluation_data, evaluate_dataset, is_dataset
 from .options import TrainOptions
 from .placement import PsPlacer, optimizer_targets, shards_of, tf_variable
 from .recovery import Supervisor, TaskLost
@@ -254,10 +255,17 @@ class Job:
         self._thread.join(timeout)
 
     def evaluate(self, data: Callable | None = None, batch_size: int = 256) -> dict[str, float]:
-        """Loss and metrics of the trained variables over one pass of ``data(ctx)`` (on ``worker:0``)."""
+        """Loss and metrics of the trained variables over one pass of ``data``.
+
+        ``data(ctx)`` (default: the training data function) runs on ``worker:0``. A ``tf.data.Dataset``
+        of ``(features, labels)``, batched or one example each, runs in this kernel on ``job.model``.
+        """
         import tensorflow as tf
 
         connection.check_epoch(self._epoch, "this job")
+        if is_dataset(data):
+            return self._evaluate_here(data, batch_size)
+        check_evaluation_data(data)
         data = data or self._data
         seed = 0 if self.options.seed is None else self.options.seed
         self._fns.build_evaluate(tf.autograph.experimental.do_not_convert(lambda: evaluation_dataset(data, batch_size, seed)))
@@ -265,6 +273,13 @@ class Job:
             values, count = self._fns.evaluate()
         values = values.numpy().tolist()
         return {"loss": values[0], **dict(zip(self.metric_names, values[1:])), "examples": int(count.numpy())}
+
+    def _evaluate_here(self, dataset, batch_size: int) -> dict[str, float]:
+        return evaluate_dataset(self.model, dataset, self._loss_fn, resolve_metrics(self.options.metrics),
+                                self._example_rank(), batch_size)
+
+    def _example_rank(self) -> int:
+        return len(self._example_shape)
 
     @property
     def model(self):

@@ -1,0 +1,74 @@
+"""``job.evaluate(dataset)``: a ``tf.data.Dataset`` the user holds in the kernel, evaluated in the kernel.
+
+A data *function* ``data(ctx)`` is evaluated where the job trains (it builds its pipeline there).
+A dataset object lives in this process (its tensors, or a generator, are here), so it runs here,
+on a local model holding the trained weights (``job.model``), batched or not as Keras users pass
+it to ``model.evaluate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ConfigurationError
+
+_WHAT_TO_PASS = ("pass a tf.data.Dataset of (features, labels) pairs, batched or one example each, "
+                 "or a data function data(ctx) like the one the job trains on")
+
+
+def is_dataset(data: Any) -> bool:
+    import tensorflow as tf
+
+    return isinstance(data, tf.data.Dataset)
+
+
+def check_evaluation_data(data: Any) -> None:
+    """Anything but a data function or a dataset gets an error saying what to pass."""
+    if data is not None and not callable(data) and not is_dataset(data):
+        raise ConfigurationError(f"job.evaluate({type(data).__name__}): {_WHAT_TO_PASS}.")
+
+
+def evaluate_dataset(model, dataset, loss_fn: Callable, metric_fns: dict[str, Callable], example_rank: int,
+                     batch_size: int) -> dict[str, float]:
+    """Loss and metrics of ``model`` over one pass of ``dataset``, weighted by examples.
+
+    ``example_rank`` is the rank of one batch of features the model trains on (batch dimension
+    included): features of that rank are batches, of one less single examples (batched here).
+    """
+    import tensorflow as tf
+
+    spec = dataset.element_spec
+    if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], tf.TensorSpec)):
+        raise ConfigurationError(f"job.evaluate(dataset): its elements are {spec}; {_WHAT_TO_PASS}.")
+    rank = spec[0].shape.rank
+    if rank == example_rank - 1:
+        dataset = dataset.batch(batch_size)
+    elif rank != example_rank:
+        raise ConfigurationError(
+            f"job.evaluate(dataset): its features have shape {spec[0].shape}, and the model takes examples of rank "
+            f"{example_rank - 1} (batches of rank {example_rank}); {_WHAT_TO_PASS}."
+        )
+
+    @tf.function
+    def batch_values(x, y):
+        logits = model(x, training=False)
+        values = [tf.reduce_mean(loss_fn(y, logits))] + [tf.cast(fn(y, logits), tf.float32) for fn in metric_fns.values()]
+        return tf.cast(tf.stack(values), tf.float64), tf.cast(tf.shape(x)[0], tf.float64)
+
+    totals, count = None, 0.0
+    with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+        try:
+            for x, y in dataset:
+                values, weight = batch_values(x, y)
+                totals = values * weight if totals is None else totals + values * weight
+                count += float(weight)
+        except (tf.errors.OpError, TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"job.evaluate(dataset) failed on its data ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                f"{_WHAT_TO_PASS}, with features like the training data's."
+            ) from None
+    if totals is None:
+        raise ConfigurationError(f"job.evaluate(dataset): the dataset is empty; {_WHAT_TO_PASS}.")
+    values = (totals / count).numpy().tolist()
+    return {"loss": values[0], **dict(zip(metric_fns, values[1:])), "examples": int(count)}
