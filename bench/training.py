@@ -1,21 +1,43 @@
-"""Training throughput: the workbench's async-ps loop against a hand-written TF loop, same cluster, one run.
+"""Training throughput: the workbench's loops against strong hand-written TensorFlow, one cluster, steady state.
 
-Baseline: a straightforward ``ParameterServerStrategy`` + ``ClusterCoordinator`` custom loop (one
-step per scheduled closure, per-worker datasets), run in a separate process (one process must not
-mix TF cluster connections), against the *same* running cluster. Both train the same Keras MLP on
-the same digits data with the same global batch. Runs alternate, and the figures are medians, so
-both see the same machine load. Goal: workbench / baseline >= 1.0 in steps/s.
+On one ``wb.Cluster(ps=1, workers=N)`` (``--workers``, default 3), every line trains the same model
+(MLP 64-256-256-10, relu), on the same data (digits, ``workbench.datasets.digits_arrays("train")``),
+with the same per-worker batch (``--per-worker-batch``, 32: a global batch of 32 N), Adam(0.001)
+and sparse cross-entropy from logits:
 
-Also reported: sync-ps (backup_workers 0 and 1) and allreduce throughput, and the loopback bytes per step
-(``/proc/net/dev``; this includes a little control traffic, and on one machine all ps<->worker
-traffic crosses loopback).
+- workbench ``async-ps`` (``steps_per_call`` K, ``--steps-per-call``, default 10), against
+  ``ParameterServerStrategy`` + ``ClusterCoordinator`` with K steps per scheduled function (a
+  ``tf.range`` loop, per-worker datasets) — goal: workbench / baseline >= 1.1 in steps/s; and, as a
+  secondary line, against the same baseline with one step per closure;
+- workbench ``sync-ps`` with ``backup_workers`` k = 0 and 1, against TF1 between-graph
+  ``SyncReplicasOptimizer`` (``replicas_to_aggregate`` N - k, ``MonitoredTrainingSession`` clients,
+  one per worker) — goal: >= 1.0 for each k;
+- workbench ``allreduce`` (no baseline).
 
-    python bench/training.py [--repeats 3] [--steps 600]
+The baselines run in processes of their own (``bench/training_baselines.py``: one process must not mix
+TensorFlow cluster connections) against the same running cluster's ``spec_dict``.
+
+Every line is measured by one estimator, in steady state: from each run, points (time, steps finished
+by then) — the workbench: its ``job.history`` step end times (workers' clocks); PSS: a worker-side
+``tf.timestamp()`` after each step's update; TF1: each client's ``(time.time(), global step)`` after
+each ``session.run`` — and the rate over the window from the first point at >= 20% of the run's steps
+to the last point at <= 90% of them, so start-up, tracing and the tail fall outside it on every side.
+A step is one optimizer update: one worker's batch in async-ps and PSS, N - k batches in sync-ps and
+SyncReplicas, N batches in allreduce (examples/s says so). Bytes per step: loopback bytes received
+(``/proc/net/dev``) over each whole run (start-up included, both sides; on one machine all ps <-> worker
+traffic crosses loopback, and so does anything else on this machine's loopback meanwhile) / steps.
+
+Within each repeat the runs alternate, baseline then workbench (the order reversed every other repeat);
+the figures are medians over repeats (``--repeats``, default 3), and the ratios are ratios of medians;
+the raw per-repeat values go to ``--json`` (``bench/results/training.json``). A line that fails is
+reported and left out; the script then exits 1.
+
+    python bench/training.py [--repeats 3] [--steps 600] [--sync-steps 300] [--workers 3]
 
 ``--containment`` measures instead what keeping TensorFlow's ports on their ClusterSpec address costs:
 fresh 1 ps + 2 worker clusters, alternating between the default (the bind shim binds 127.0.0.1) and
 ``WORKBENCH_BIND_ADDRESS="*"`` (every interface, TensorFlow's own behaviour), async-ps and all-reduce on
-each; medians and ratios. Goal: no cost beyond noise.
+each, with the same estimator; medians and ratios. Goal: no cost beyond noise.
 
     python bench/training.py --containment [--repeats 5]
 """
@@ -23,58 +45,38 @@ each; medians and ratios. Goal: no cost beyond noise.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
-import textwrap
-import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from training_baselines import LEARNING_RATE, run_pss, run_sync_replicas
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HIDDEN = 256
+WINDOW = (0.2, 0.9)  # the steady-state window, as fractions of a run's steps
+TIMEOUT = 900.0  # seconds any one run (a workbench job, a baseline's processes) may take
+SEED = 0
 
-BASELINE = textwrap.dedent("""
-    import json, sys, time
-    import numpy as np
-    import tensorflow as tf, keras
-    from workbench.datasets import digits_arrays
-    spec, steps, batch, hidden = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec(spec), rpc_layer="grpc")
-    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    x, y = digits_arrays("train")
-    per_worker = batch // len(spec["worker"])
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(hidden, activation="relu"),
-                                  keras.layers.Dense(hidden, activation="relu"), keras.layers.Dense(10)])
-        optimizer = keras.optimizers.Adam(0.001)
-        optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    def dataset_fn():
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y), seed=0).repeat()
-        return dataset.batch(per_worker, drop_remainder=True).prefetch(2)
-    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    @tf.function
-    def step(it):
-        def replica(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(yb, model(xb, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-        xb, yb = next(it)
-        return strategy.run(replica, args=(xb, yb))
-    for _ in range(20):
-        coordinator.schedule(step, args=(iterator,))
-    coordinator.join()
-    start = time.perf_counter()
-    for _ in range(steps):
-        coordinator.schedule(step, args=(iterator,))
-    coordinator.join()
-    print("RESULT " + json.dumps({"seconds": time.perf_counter() - start}))
-""")
+Points = list[tuple[float, int]]
+
+
+def steady_rate(points: Points) -> float:
+    """Steps per second over the window from the first point at >= 20% of the steps to the last at <= 90%.
+
+    ``points`` are ``(time, steps finished by then)``, in any order; the run's steps are the largest count.
+    """
+    points = sorted(points)
+    total = max(count for _, count in points)
+    first = next((p for p in points if p[1] >= WINDOW[0] * total), None)
+    last = next((p for p in reversed(points) if p[1] <= WINDOW[1] * total), None)
+    if first is None or last is None or last[0] <= first[0] or last[1] <= first[1]:
+        raise ValueError(f"no steady-state window in {len(points)} points ({total} steps): run more steps")
+    return (last[1] - first[1]) / (last[0] - first[0])
 
 
 def loopback_bytes() -> int:
@@ -84,33 +86,189 @@ def loopback_bytes() -> int:
     return 0
 
 
-def baseline_run(spec: dict, steps: int, batch: int) -> float:
-    proc = subprocess.run([sys.executable, "-c", BASELINE, json.dumps(spec), str(steps), str(batch), str(HIDDEN)],
-                          capture_output=True, text=True, timeout=900)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if not lines:
-        raise RuntimeError(f"baseline failed:\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][7:])["seconds"]
+@dataclass(frozen=True)
+class Run:
+    steps_per_s: float
+    examples_per_s: float
+    bytes_per_step: float
+    steps: int
 
 
-def workbench_run(cluster, steps: int, batch: int, **kwargs) -> tuple[float, float]:
+def measured(run: Callable[[], tuple[Points, float]], steps: int) -> Run:
+    """Run ``run() -> (points, examples per step)``, counting the loopback bytes around it."""
+    before = loopback_bytes()
+    points, examples_per_step = run()
+    rate = steady_rate(points)
+    return Run(rate, rate * examples_per_step, (loopback_bytes() - before) / steps, steps)
+
+
+def make_model():
+    import keras
+
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(HIDDEN, activation="relu"),
+                             keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(10)])
+
+
+def workbench_run(cluster, *, strategy: str, steps: int, batch: int, steps_per_call: int, backup_workers: int = 0) -> Run:
     import keras
 
     import workbench as wb
 
-    def make_model():
-        return keras.Sequential([keras.Input((64,)), keras.layers.Dense(HIDDEN, activation="relu"),
-                                 keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(10)])
+    def run() -> tuple[Points, float]:
+        job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                       keras.optimizers.Adam(LEARNING_RATE), steps=steps, batch_size=batch, steps_per_call=steps_per_call,
+                       seed=SEED, strategy=strategy, backup_workers=backup_workers)
+        try:
+            job.wait(TIMEOUT)
+        except TimeoutError:
+            job.stop()
+            raise
+        history = job.history
+        ends = sorted(record["end"] for record in history)
+        return list(zip(ends, range(1, len(ends) + 1))), sum(r["examples"] for r in history) / len(history)
 
-    def run(n):
-        return wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                        keras.optimizers.Adam(0.001), steps=n, batch_size=batch, seed=0, **kwargs).wait(900)
+    return measured(run, steps)
 
-    run(20)  # trace and warm up, as the baseline does
-    before, start = loopback_bytes(), time.perf_counter()
-    run(steps)
-    seconds = time.perf_counter() - start
-    return seconds, (loopback_bytes() - before) / steps
+
+def pss_run(spec: dict, *, steps: int, steps_per_call: int, per_worker_batch: int) -> Run:
+    def run() -> tuple[Points, float]:
+        stamps = run_pss(spec, steps=steps, steps_per_call=steps_per_call, per_worker_batch=per_worker_batch,
+                         hidden=HIDDEN, seed=SEED, timeout=TIMEOUT)
+        return list(zip(sorted(stamps), range(1, len(stamps) + 1))), per_worker_batch
+
+    return measured(run, steps)
+
+
+def sync_replicas_run(spec: dict, *, steps: int, backup_workers: int, per_worker_batch: int) -> Run:
+    def run() -> tuple[Points, float]:
+        points = run_sync_replicas(spec, steps=steps, backup_workers=backup_workers, per_worker_batch=per_worker_batch,
+                                   hidden=HIDDEN, seed=SEED, timeout=TIMEOUT)
+        return points, (len(spec["worker"]) - backup_workers) * per_worker_batch
+
+    return measured(run, steps)
+
+
+@dataclass(frozen=True)
+class Line:
+    name: str
+    label: str
+    run: Callable[[], Run]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    workbench: str
+    baseline: str
+    goal: float | None
+
+
+def lines(cluster, args: argparse.Namespace) -> list[Line]:
+    """One repeat's runs, in order: each baseline next to the workbench line it is compared with."""
+    spec, k, b = cluster.spec_dict, args.steps_per_call, args.per_worker_batch
+    n = len(spec["worker"])
+
+    def workbench(strategy: str, steps: int, backup: int = 0) -> Callable[[], Run]:
+        return lambda: workbench_run(cluster, strategy=strategy, steps=steps, batch=b * n, steps_per_call=k,
+                                     backup_workers=backup)
+
+    return [
+        Line("pss-k", f"PSS + ClusterCoordinator, {k} steps/closure",
+             lambda: pss_run(spec, steps=args.steps, steps_per_call=k, per_worker_batch=b)),
+        Line("async-ps", f"workbench async-ps (steps_per_call {k})", workbench("async-ps", args.steps)),
+        Line("pss-1", "PSS + ClusterCoordinator, 1 step/closure",
+             lambda: pss_run(spec, steps=args.steps, steps_per_call=1, per_worker_batch=b)),
+        Line("tf1-k0", f"TF1 SyncReplicas, aggregate {n} of {n}",
+             lambda: sync_replicas_run(spec, steps=args.sync_steps, backup_workers=0, per_worker_batch=b)),
+        Line("sync-ps-k0", "workbench sync-ps, backup_workers 0", workbench("sync-ps", args.sync_steps)),
+        Line("tf1-k1", f"TF1 SyncReplicas, aggregate {n - 1} of {n}",
+             lambda: sync_replicas_run(spec, steps=args.sync_steps, backup_workers=1, per_worker_batch=b)),
+        Line("sync-ps-k1", "workbench sync-ps, backup_workers 1", workbench("sync-ps", args.sync_steps, backup=1)),
+        Line("allreduce", "workbench allreduce", workbench("allreduce", args.steps)),
+    ]
+
+
+def comparisons(args: argparse.Namespace) -> dict[str, Comparison]:
+    k = args.steps_per_call
+    return {
+        f"async-ps / PSS {k} steps/closure": Comparison("async-ps", "pss-k", 1.1),
+        "async-ps / PSS 1 step/closure": Comparison("async-ps", "pss-1", None),
+        "sync-ps k=0 / TF1 SyncReplicas k=0": Comparison("sync-ps-k0", "tf1-k0", 1.0),
+        "sync-ps k=1 / TF1 SyncReplicas k=1": Comparison("sync-ps-k1", "tf1-k1", 1.0),
+    }
+
+
+def summarize(raw: dict[str, list[dict]], args: argparse.Namespace) -> dict:
+    """Medians over the repeats that ran, and ratios of medians (with the per-repeat ratios)."""
+    medians = {}
+    for name, runs in raw.items():
+        done = [run for run in runs if "error" not in run]
+        if done:
+            medians[name] = {key: statistics.median(run[key] for run in done)
+                             for key in ("steps_per_s", "examples_per_s", "bytes_per_step")}
+    ratios = {}
+    for title, c in comparisons(args).items():
+        if c.workbench in medians and c.baseline in medians:
+            per_repeat = [w["steps_per_s"] / b["steps_per_s"] for w, b in zip(raw[c.workbench], raw[c.baseline])
+                          if "error" not in w and "error" not in b]
+            ratios[title] = {"ratio": medians[c.workbench]["steps_per_s"] / medians[c.baseline]["steps_per_s"],
+                             "goal": c.goal, "per_repeat": per_repeat}
+    return {"medians": medians, "ratios": ratios}
+
+
+def print_report(summary: dict, labels: dict[str, str], raw: dict[str, list[dict]]) -> None:
+    width = max(len(label) for label in labels.values())
+    print(f"\n{'median over repeats':{width}s}  {'steps/s':>8s}  {'examples/s':>10s}  {'MB/step':>8s}")
+    for name, label in labels.items():
+        m = summary["medians"].get(name)
+        errors = sum("error" in run for run in raw[name])
+        note = f"  ({errors} run(s) failed)" if errors else ""
+        if m is None:
+            print(f"{label:{width}s}  {'failed':>8s}{note}")
+        else:
+            print(f"{label:{width}s}  {m['steps_per_s']:8.1f}  {m['examples_per_s']:10.0f}  "
+                  f"{m['bytes_per_step'] / 1e6:8.2f}{note}")
+    print("\nratios of median steps/s")
+    for title, r in summary["ratios"].items():
+        goal = f"goal >= {r['goal']:.1f}, {'met' if r['ratio'] >= r['goal'] else 'NOT met'}" if r["goal"] else "secondary"
+        runs = ", ".join(f"{x:.2f}" for x in r["per_repeat"])
+        print(f"  {title:36s} {r['ratio']:5.2f}  ({goal}; per repeat: {runs})")
+
+
+def training_main(args: argparse.Namespace) -> int:
+    import workbench as wb
+
+    with wb.Cluster(ps=1, workers=args.workers, progress=False) as cluster:
+        order = lines(cluster, args)
+        raw: dict[str, list[dict]] = {line.name: [] for line in order}
+        workbench_run(cluster, strategy="async-ps", steps=2 * args.steps_per_call * args.workers,
+                      batch=args.per_worker_batch * args.workers, steps_per_call=args.steps_per_call)  # warm the cluster
+        for repeat in range(args.repeats):
+            for line in order if repeat % 2 == 0 else order[::-1]:
+                try:
+                    run = asdict(line.run())
+                    print(f"repeat {repeat + 1}/{args.repeats} {line.label}: {run['steps_per_s']:.1f} steps/s, "
+                          f"{run['examples_per_s']:.0f} examples/s, {run['bytes_per_step'] / 1e6:.2f} MB/step", flush=True)
+                except Exception as exc:  # noqa: BLE001 - one failed line is reported; the others still run
+                    run = {"error": f"{type(exc).__name__}: {exc}"}
+                    print(f"repeat {repeat + 1}/{args.repeats} {line.label}: FAILED {run['error'][:2000]}", flush=True)
+                raw[line.name].append(run)
+        gc.collect()  # the jobs' remote resources are freed now, while their tasks still run, not at exit
+    summary = summarize(raw, args)
+    labels = {line.name: line.label for line in order}
+    print_report(summary, labels, raw)
+    failed = sorted(name for name, runs in raw.items() if any("error" in run for run in runs))
+    result = {
+        "model": f"MLP 64-{HIDDEN}-{HIDDEN}-10 (~{(64 * HIDDEN + HIDDEN * HIDDEN + HIDDEN * 10) * 4 / 1e3:.0f} kB of weights)",
+        "cluster": {"ps": 1, "workers": args.workers},
+        "per_worker_batch": args.per_worker_batch, "global_batch": args.per_worker_batch * args.workers,
+        "steps_per_call": args.steps_per_call, "steps": args.steps, "sync_steps": args.sync_steps, "repeats": args.repeats,
+        "estimator": f"steady-state rate between {WINDOW[0]:.0%} and {WINDOW[1]:.0%} of each run's steps",
+        "lines": labels, **summary, "failed": failed, "raw": raw,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2))
+    print(f"\nwritten: {args.json}")
+    return 1 if failed else 0
 
 
 def _tensorflow_addresses(cluster) -> set[str]:
@@ -124,18 +282,20 @@ def containment_main(args: argparse.Namespace) -> int:
     import workbench as wb
     from workbench.cluster.containment import BIND_ENV, EVERY_INTERFACE
 
+    workers = 2
     modes = {"contained": {}, "every interface": {BIND_ENV: EVERY_INTERFACE}}
     rates: dict[str, dict[str, list[float]]] = {mode: {"async-ps": [], "allreduce": []} for mode in modes}
     for i in range(args.repeats):
         for mode, env in modes.items():
-            with wb.Cluster(ps=1, workers=2, progress=False, env=env) as cluster:
+            with wb.Cluster(ps=1, workers=workers, progress=False, env=env) as cluster:
                 addresses = _tensorflow_addresses(cluster)
                 wide = bool(addresses & {"::", "0.0.0.0"})
                 if wide != (mode == "every interface"):
                     raise RuntimeError(f"{mode}: the tasks listen on {sorted(addresses)}, not what this mode means")
                 for strategy in ("async-ps", "allreduce"):
-                    seconds, _ = workbench_run(cluster, args.steps, args.batch, strategy=strategy)
-                    rates[mode][strategy].append(args.steps / seconds)
+                    run = workbench_run(cluster, strategy=strategy, steps=args.steps, batch=args.per_worker_batch * workers,
+                                        steps_per_call=args.steps_per_call)
+                    rates[mode][strategy].append(run.steps_per_s)
             print(f"run {i + 1}/{args.repeats} {mode:15s}: async-ps {rates[mode]['async-ps'][-1]:6.1f} steps/s, "
                   f"allreduce {rates[mode]['allreduce'][-1]:6.1f} steps/s (listening on {sorted(addresses)})", flush=True)
     medians = {mode: {k: statistics.median(v) for k, v in by.items()} for mode, by in rates.items()}
@@ -144,67 +304,27 @@ def containment_main(args: argparse.Namespace) -> int:
         print(f"{strategy:10s} contained {contained:6.1f} steps/s, every interface {wide:6.1f}: ratio {contained / wide:.2f}")
     path = args.json.with_name("containment.json") if args.json.name == "training.json" else args.json
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"medians": medians, "raw": rates}, indent=2))
+    path.write_text(json.dumps({"estimator": f"steady-state rate between {WINDOW[0]:.0%} and {WINDOW[1]:.0%} of each "
+                                             "run's steps", "medians": medians, "raw": rates}, indent=2))
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=600, help="steps of each async-ps, PSS and allreduce run")
+    parser.add_argument("--sync-steps", type=int, help="steps of each sync-ps and SyncReplicas run (default: steps // 2)")
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--per-worker-batch", type=int, default=32)
+    parser.add_argument("--steps-per-call", type=int, default=10, help="the workbench's steps_per_call, and PSS's K")
     parser.add_argument("--containment", action="store_true", help="contained ports against every interface")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "training.json")
     args = parser.parse_args()
+    if args.sync_steps is None:
+        args.sync_steps = args.steps // 2
     if args.containment:
         return containment_main(args)
-
-    import workbench as wb
-
-    results: dict[str, list] = {"baseline": [], "async": [], "async_bytes": [], "sync0": [], "sync1": [], "sync_bytes": [],
-                                "allreduce": [], "allreduce_bytes": []}
-    with wb.Cluster(ps=1, workers=2, progress=False) as cluster:
-        spec = cluster.spec_dict
-        for i in range(args.repeats):
-            results["baseline"].append(args.steps / baseline_run(spec, args.steps, args.batch))
-            seconds, per_step = workbench_run(cluster, args.steps, args.batch, strategy="async-ps")
-            results["async"].append(args.steps / seconds)
-            results["async_bytes"].append(per_step)
-            seconds, per_step = workbench_run(cluster, args.steps // 3, args.batch, strategy="sync-ps")
-            results["sync0"].append(args.steps // 3 / seconds)
-            results["sync_bytes"].append(per_step)
-            seconds, _ = workbench_run(cluster, args.steps // 3, args.batch, strategy="sync-ps", backup_workers=1)
-            results["sync1"].append(args.steps // 3 / seconds)
-            seconds, per_step = workbench_run(cluster, args.steps, args.batch, strategy="allreduce")
-            results["allreduce"].append(args.steps / seconds)
-            results["allreduce_bytes"].append(per_step)
-            print(f"run {i + 1}/{args.repeats}: baseline {results['baseline'][-1]:.1f} steps/s, workbench async-ps "
-                  f"{results['async'][-1]:.1f}, sync-ps {results['sync0'][-1]:.1f} (k=1: {results['sync1'][-1]:.1f}), "
-                  f"allreduce {results['allreduce'][-1]:.1f}", flush=True)
-    median = {k: statistics.median(v) for k, v in results.items()}
-    summary = {
-        "model": f"MLP 64-{HIDDEN}-{HIDDEN}-10 (~{(64 * HIDDEN + HIDDEN * HIDDEN + HIDDEN * 10) * 4 / 1e3:.0f} kB of weights)",
-        "global_batch": args.batch,
-        "baseline_steps_per_s": median["baseline"],
-        "workbench_async_steps_per_s": median["async"],
-        "ratio": median["async"] / median["baseline"],
-        "goal_ratio": 1.0,
-        # async steps (and the baseline's) each take one worker's half of the global batch; a sync-ps step
-        # the whole batch (k=1 with 2 workers: one half); an allreduce step the whole batch
-        "examples_per_s": {"baseline": median["baseline"] * args.batch / 2, "async": median["async"] * args.batch / 2,
-                           "sync-ps": median["sync0"] * args.batch, "sync-ps k=1": median["sync1"] * args.batch / 2,
-                           "allreduce": median["allreduce"] * args.batch},
-        "sync_ps_steps_per_s": median["sync0"],
-        "sync_ps_backup1_steps_per_s": median["sync1"],
-        "allreduce_steps_per_s": median["allreduce"],
-        "loopback_bytes_per_step": {"async-ps": median["async_bytes"], "sync-ps": median["sync_bytes"],
-                                    "allreduce": median["allreduce_bytes"]},
-        "raw": results,
-    }
-    print(json.dumps({k: v for k, v in summary.items() if k != "raw"}, indent=2))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(summary, indent=2))
-    return 0
+    return training_main(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,262 @@
+"""Hand-written TensorFlow baselines for ``bench/training.py``, each run in processes of its own.
+
+One process must not mix TensorFlow cluster connections (the bench's own process is the workbench's
+client), so each baseline runs as ``python bench/training_baselines.py <kind> '<json config>'``
+against the bench's running cluster, and hands back raw timings; ``bench/training.py`` turns every
+side's timings into rates with one estimator.
+
+- ``pss``: ``ParameterServerStrategy`` + ``ClusterCoordinator``. Each scheduled ``tf.function`` runs
+  ``steps_per_call`` steps in a ``tf.range`` loop (TensorFlow's advice: pack several steps into one
+  function) and returns one worker-side ``tf.timestamp()`` per step, taken after that step's update.
+- ``sync-replicas``: TF1 between-graph replication with ``SyncReplicasOptimizer``, one client process
+  per worker task, each a ``MonitoredTrainingSession`` on its worker's master. Each client appends
+  ``(time, global step)`` after every step to a file (non-chief clients are terminated, see below).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+SCRIPT = str(Path(__file__).resolve())
+LEARNING_RATE = 0.001
+STDERR_TAIL = 3000
+
+
+class BaselineError(RuntimeError):
+    """A baseline process failed or ran past its time; the message carries the end of its stderr."""
+
+
+# ---------------------------------------------------------------- bench side: launch and collect
+
+
+def run_pss(spec: dict, *, steps: int, steps_per_call: int, per_worker_batch: int, hidden: int, seed: int,
+            timeout: float) -> list[float]:
+    """Worker-side end times of ``steps`` PSS + ClusterCoordinator steps, ``steps_per_call`` per closure."""
+    config = {"spec": spec, "steps": steps, "steps_per_call": steps_per_call, "per_worker_batch": per_worker_batch,
+              "hidden": hidden, "seed": seed}
+    try:
+        proc = subprocess.run([sys.executable, SCRIPT, "pss", json.dumps(config)], capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise BaselineError(f"PSS baseline ran past {timeout} s:\n{_tail(exc.stderr)}") from None
+    results = [line[len("RESULT "):] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not results:
+        raise BaselineError(f"PSS baseline failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
+    return json.loads(results[-1])["stamps"]
+
+
+def run_sync_replicas(spec: dict, *, steps: int, backup_workers: int, per_worker_batch: int, hidden: int,
+                      seed: int, timeout: float, grace: float = 5.0) -> list[tuple[float, int]]:
+    """``(time, global step)`` after each step of every TF1 SyncReplicasOptimizer client, until global step ``steps``.
+
+    The chief's session is created first: a non-chief that checks for initialized variables too early
+    sleeps 30 s (SessionManager's ``recovery_wait_secs``) before it looks again. When the chief stops,
+    a non-chief client still waiting for a token stays blocked for good (SyncReplicasOptimizer's known
+    limit; in this bench's runs they usually reach the last step too): they get ``grace`` seconds to end
+    by themselves, then are terminated.
+    """
+    workers = len(spec["worker"])
+    container = "syncreplicas" + uuid.uuid4().hex[:12]  # fresh queues and variables; no underscores allowed
+    with tempfile.TemporaryDirectory(prefix="wb-bench-syncreplicas-") as tmp:
+        tmp_path = Path(tmp)
+        ready = tmp_path / "chief-ready"
+        procs: list[subprocess.Popen] = []
+        try:
+            for index in range(workers):
+                config = {"spec": spec, "index": index, "steps": steps, "backup_workers": backup_workers,
+                          "per_worker_batch": per_worker_batch, "hidden": hidden, "seed": seed, "container": container,
+                          "points": str(tmp_path / f"worker{index}.points"), "ready": str(ready)}
+                with open(tmp_path / f"worker{index}.stderr", "w") as stderr:
+                    procs.append(subprocess.Popen([sys.executable, SCRIPT, "sync-replicas", json.dumps(config)],
+                                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr, text=True))
+            deadline = time.monotonic() + timeout
+            _wait_until(lambda: ready.exists(), procs, tmp_path, deadline, "the chief's session to be created")
+            for index, proc in enumerate(procs[1:], 1):
+                try:
+                    proc.stdin.write("go\n")
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    raise BaselineError(f"SyncReplicas client {index} exited before its session was created:\n"
+                                        f"{_tail_file(tmp_path / f'worker{index}.stderr')}") from None
+            _wait_until(lambda: procs[0].poll() is not None, procs, tmp_path, deadline, "the chief to reach the last step")
+            if procs[0].returncode != 0:
+                raise BaselineError(f"SyncReplicas chief failed (exit {procs[0].returncode}):\n"
+                                    f"{_tail_file(tmp_path / 'worker0.stderr')}")
+            end = time.monotonic() + grace
+            for proc in procs[1:]:
+                try:
+                    proc.wait(max(0.0, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            for proc in procs:
+                _terminate(proc)
+        points = []
+        for index in range(workers):
+            path = tmp_path / f"worker{index}.points"
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    stamp, step = line.split()
+                    points.append((float(stamp), int(step)))
+        return points
+
+
+def _wait_until(done, procs: list[subprocess.Popen], tmp_path: Path, deadline: float, what: str) -> None:
+    """Poll ``done()`` until ``deadline``; a client that exits with an error before that fails the run."""
+    while not done():
+        for index, proc in enumerate(procs):
+            if proc.poll() not in (None, 0):
+                raise BaselineError(f"SyncReplicas client {index} failed (exit {proc.returncode}) while waiting for "
+                                    f"{what}:\n{_tail_file(tmp_path / f'worker{index}.stderr')}")
+        if time.monotonic() > deadline:
+            raise BaselineError(f"SyncReplicas baseline: timed out waiting for {what}:\n"
+                                f"{_tail_file(tmp_path / 'worker0.stderr')}")
+        time.sleep(0.05)
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    if proc.stdin and not proc.stdin.closed:
+        with contextlib.suppress(OSError):  # a client that died leaves a broken pipe
+            proc.stdin.close()
+
+
+def _tail(text: str | bytes | None) -> str:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return (text or "")[-STDERR_TAIL:]
+
+
+def _tail_file(path: Path) -> str:
+    return _tail(path.read_text(errors="replace")) if path.exists() else ""
+
+
+# ---------------------------------------------------------------- baseline processes
+
+
+def pss_main(config: dict) -> None:
+    import keras
+    import tensorflow as tf
+
+    from workbench.datasets import digits_arrays
+
+    spec, k, per_worker_batch = config["spec"], config["steps_per_call"], config["per_worker_batch"]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec(spec), rpc_layer="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    x, y = digits_arrays("train")
+    keras.utils.set_random_seed(config["seed"])
+    with strategy.scope():
+        model = _keras_mlp(keras, config["hidden"])
+        optimizer = keras.optimizers.Adam(LEARNING_RATE)
+        optimizer.build(model.trainable_variables)  # slots on the ps now, not in the first traced step
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    variables = model.trainable_variables
+
+    def dataset_fn():
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y), seed=config["seed"]).repeat()
+        return dataset.batch(per_worker_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    def replica_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        # Reads of the updated variables run on their ps after the update (automatic control dependencies)
+        # and are only waited on, never sent: the step's timestamp follows its whole update.
+        return tf.group(*[tf.convert_to_tensor(v) for v in [*variables, optimizer.iterations]])
+
+    @tf.function
+    def train_steps(iterator):
+        stamps = tf.TensorArray(tf.float64, size=k)
+        for i in tf.range(k):
+            updated = strategy.run(replica_step, args=next(iterator))
+            with tf.control_dependencies([updated]):
+                stamps = stamps.write(i, tf.timestamp())
+        return stamps.stack()
+
+    calls = [coordinator.schedule(train_steps, args=(iterator,)) for _ in range(-(-config["steps"] // k))]
+    coordinator.join()
+    stamps = sorted(float(t) for call in calls for t in call.fetch())
+    print("RESULT " + json.dumps({"stamps": stamps}), flush=True)
+
+
+def _keras_mlp(keras, hidden: int):
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(hidden, activation="relu"),
+                             keras.layers.Dense(hidden, activation="relu"), keras.layers.Dense(10)])
+
+
+def sync_replicas_main(config: dict) -> None:
+    import tensorflow as tf
+
+    from workbench.datasets import digits_arrays
+
+    v1 = tf.compat.v1
+    v1.disable_eager_execution()  # Keras 3 layers do not build in TF1 graphs: the MLP is written out below
+    spec, index = config["spec"], config["index"]
+    workers, is_chief = len(spec["worker"]), config["index"] == 0
+    worker_device = f"/job:worker/task:{index}"
+    x, y = digits_arrays("train")
+    v1.set_random_seed(config["seed"])
+    setter = v1.train.replica_device_setter(cluster=tf.train.ClusterSpec(spec), worker_device=worker_device)
+    with v1.container(config["container"]), v1.device(setter):
+        global_step = v1.train.get_or_create_global_step()
+        with v1.device(worker_device):
+            dataset = tf.data.Dataset.from_tensor_slices((x, y)).shard(workers, index)
+            dataset = dataset.shuffle(len(y), seed=config["seed"]).repeat()
+            dataset = dataset.batch(config["per_worker_batch"], drop_remainder=True).prefetch(2)
+            xb, yb = v1.data.make_one_shot_iterator(dataset).get_next()
+        logits = _graph_mlp(v1, tf, xb, config["hidden"])
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=logits))
+        optimizer = v1.train.SyncReplicasOptimizer(v1.train.AdamOptimizer(LEARNING_RATE),
+                                                   replicas_to_aggregate=workers - config["backup_workers"],
+                                                   total_num_replicas=workers)
+        train_op = optimizer.minimize(loss, global_step=global_step)
+        with tf.control_dependencies([train_op]):
+            step_after = tf.identity(global_step.read_value())  # read once this worker's step is through
+    hooks = [optimizer.make_session_run_hook(is_chief), v1.train.StopAtStepHook(last_step=config["steps"])]
+    session_config = v1.ConfigProto(device_filters=["/job:ps", worker_device])
+    if not is_chief:
+        sys.stdin.readline()  # the bench says when the chief's session exists (see run_sync_replicas)
+    with open(config["points"], "w", buffering=1) as points:  # line by line: non-chiefs end terminated
+        sess = v1.train.MonitoredTrainingSession(
+            master="grpc://" + spec["worker"][index], is_chief=is_chief, hooks=hooks, config=session_config,
+            log_step_count_steps=0, stop_grace_period_secs=2)
+        if is_chief:
+            Path(config["ready"]).touch()
+        while not sess.should_stop():
+            _, step = sess.run([train_op, step_after])
+            points.write(f"{time.time():.6f} {step}\n")
+    sess.close()
+
+
+def _graph_mlp(v1, tf, inputs, hidden: int):
+    """64-hidden-hidden-10 with relu, glorot-uniform weights and zero biases, as Keras' Dense builds it."""
+    out = inputs
+    for layer, (fan_in, fan_out) in enumerate([(64, hidden), (hidden, hidden), (hidden, 10)]):
+        kernel = v1.get_variable(f"dense{layer}/kernel", [fan_in, fan_out], initializer=v1.glorot_uniform_initializer())
+        bias = v1.get_variable(f"dense{layer}/bias", [fan_out], initializer=v1.zeros_initializer())
+        out = tf.matmul(out, kernel) + bias
+        if layer < 2:
+            out = tf.nn.relu(out)
+    return out
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    {"pss": pss_main, "sync-replicas": sync_replicas_main}[sys.argv[1]](json.loads(sys.argv[2]))
