@@ -1,5 +1,7 @@
 """Start, scale and stop own their processes: nothing is left behind."""
 
+from pathlib import Path
+
 import psutil
 import pytest
 from conftest import run_tf_client, wait_gone
@@ -59,3 +61,21 @@ def test_scale_stop_and_context_manager(no_leftover_processes, registry_dir):
     cluster.stop()  # a second stop is harmless
     with pytest.raises(wb.ClusterStateError, match="stopped"):
         cluster.start()
+
+
+def test_a_controller_of_the_same_id_started_elsewhere_is_refused_and_left_alone(no_leftover_processes):
+    import ipyparallel as ipp
+
+    foreign = ipp.Cluster(cluster_id="wb-test-foreign", n=0, log_level=40)
+    foreign.start_controller_sync()
+    try:
+        foreign.connect_client_sync().close()  # the controller is up: its connection files are written
+        files = [foreign.cluster_file, *foreign.controller.connection_files.values()]
+        with pytest.raises(wb.ClusterStartError, match="controller for cluster id 'wb-test-foreign' is already running"):
+            wb.Cluster(ps=1, workers=1, name="wb-test-foreign", progress=False).start()
+        # the refused start removed none of the running controller's files, and a client still connects to it
+        assert [f for f in files if not Path(f).exists()] == []
+        with foreign.connect_client_sync() as client:
+            assert client.ids == []
+    finally:
+        foreign.stop_cluster_sync()

@@ -256,6 +256,7 @@ class OwnedPool:
         self.client: Any = None
         self._watched: set[int] = set()
         self._warm: Any = None  # the warm process engines are forked from (fork launcher only)
+        self._files_ours = False  # ipyparallel's files for this cluster id: removed at close only if so
         if launcher in LOCAL_LAUNCHERS:  # loaded at exec: the warm process, and every engine it forks or that starts anew
             self._engine_env = engine_environment(self._engine_env)
         self.fork_notice = ""  # why engines were started as new processes instead of forks ("" if they were not)
@@ -313,6 +314,7 @@ class OwnedPool:
             **kwargs,
         )
         self._remove_stale_controller_files()
+        self._files_ours = True  # from here on, the files of this cluster id are this pool's
         self._loop.run(self._ipp.start_controller(), deadline.remaining(1))
         for path in self._controller_files():  # a killed kernel leaves them too; the reaper removes them then
             self.remove_on_death(path)
@@ -424,7 +426,7 @@ class OwnedPool:
         # Terminate every process at once (engines, nannies, controller): engines hold nothing a
         # graceful shutdown would save, and TF servers cannot shut down cleanly anyway.
         kill_process_trees([(p.pid, 0.0) for p in tree], grace=min(5.0, deadline.remaining(1)))
-        if self._ipp is not None and self._loop is not None:
+        if self._ipp is not None and self._loop is not None and self._files_ours:
             try:  # ipyparallel's bookkeeping: connection and cluster files, logs
                 self._loop.run(self._ipp.stop_cluster(), deadline.remaining(5))
             except Exception:  # noqa: BLE001 - the processes are gone already; files are secondary
