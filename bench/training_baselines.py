@@ -25,6 +25,8 @@ import time
 import uuid
 from pathlib import Path
 
+from workbench.cluster.reaper import kill_process_trees
+
 SCRIPT = str(Path(__file__).resolve())
 LEARNING_RATE = 0.001
 STDERR_TAIL = 3000
@@ -124,12 +126,8 @@ def _wait_until(done, procs: list[subprocess.Popen], tmp_path: Path, deadline: f
 
 def _terminate(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        kill_process_trees([(proc.pid, 0.0)], grace=10.0)  # the workbench's own: SIGTERM, then SIGKILL
+        proc.wait(10)
     if proc.stdin and not proc.stdin.closed:
         with contextlib.suppress(OSError):  # a client that died leaves a broken pipe
             proc.stdin.close()
