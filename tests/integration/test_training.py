@@ -55,6 +55,8 @@ def test_evaluate_takes_a_dataset_batched_or_not_as_keras_users_pass_it(cluster)
         job.evaluate(tf.data.Dataset.from_tensor_slices(x))
     with pytest.raises(wb.WorkbenchError, match="features have shape .*examples of rank 1"):
         job.evaluate(tf.data.Dataset.from_tensor_slices((x.reshape(-1, 8, 8, 1), y)))
+    with pytest.raises(wb.WorkbenchError, match="repeats forever.*drop its .repeat"):
+        job.evaluate(examples.repeat().batch(50))
     with pytest.raises(wb.WorkbenchError, match="failed on its data.*features like the training data's"):
         job.evaluate(tf.data.Dataset.from_tensor_slices((x[:, :10], y)))
 

@@ -41,6 +41,9 @@ def evaluate_dataset(model, dataset, loss_fn: Callable, metric_fns: dict[str, Ca
     spec = dataset.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], tf.TensorSpec)):
         raise ConfigurationError(f"job.evaluate(dataset): its elements are {spec}; {_WHAT_TO_PASS}.")
+    if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+        raise ConfigurationError("job.evaluate(dataset): the dataset repeats forever, so one pass never ends; "
+                                 f"drop its .repeat() (or .take(n) what to evaluate); {_WHAT_TO_PASS}.")
     rank = spec[0].shape.rank
     if rank == example_rank - 1:
         dataset = dataset.batch(batch_size)
