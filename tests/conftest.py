@@ -40,6 +40,17 @@ def pytest_runtest_makereport(item, call):
     setattr(item, f"rep_{report.when}", report)
 
 
+def pytest_runtest_logreport(report):
+    """Print a failure's details as soon as it happens, not only in the summary at the end.
+
+    A suite that is cut off later (a CI time limit, the faulthandler backstop) still shows why each
+    earlier test failed.
+    """
+    if report.failed:
+        sys.__stderr__.write(f"\n---- {report.nodeid} ({report.when}) failed ----\n{report.longreprtext[-6000:]}\n----\n")
+        sys.__stderr__.flush()
+
+
 @pytest.fixture(scope="session")
 def registry_dir() -> Path:
     return Path(_REGISTRY)

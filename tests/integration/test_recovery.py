@@ -6,14 +6,13 @@ is at least 0.90, the task is back to ``running`` on a new engine at its address
 is left behind.
 """
 
-import os
 import signal
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from training_helpers import train
+from training_helpers import signal_process, train
 
 import workbench as wb
 from workbench.telemetry.events import TaskEvent
@@ -54,7 +53,7 @@ def test_killed_worker_is_rehosted_and_rejoins_without_losing_a_step(strategy, s
                     checkpoint_dir=str(tmp_path), checkpoint_every=200)
         _wait_for(_steps_reached(job, 150), 120, "150 steps")
         old = cluster.task("worker:1")
-        os.kill(old.pid, signal.SIGKILL)
+        signal_process(old.pid, signal.SIGKILL)
         killed = time.time()
         # the kernel's own records follow the truth within seconds (no job or panel needed)
         _wait_for(lambda: cluster.task("worker:1").state in ("lost", "recovering", "starting"), 5, "worker:1 marked lost")
@@ -86,7 +85,7 @@ def test_killed_ps_is_restored_from_the_newest_checkpoint_in_the_same_kernel(str
                   "a checkpoint and 250 steps")
         old = cluster.task("ps:0")
         with pytest.warns(wb.TaskFaultWarning, match="ps:0"):
-            os.kill(old.pid, signal.SIGKILL)
+            signal_process(old.pid, signal.SIGKILL)
             job.wait(600)
 
         assert job.state == "done" and job.recoveries == 1
@@ -114,7 +113,7 @@ def test_stopped_worker_is_flagged_then_replaced(no_leftover_processes):
         job = train(cluster, strategy="async-ps", steps=4000, steps_per_call=5, hang_timeout=3)
         _wait_for(_steps_reached(job, 150), 120, "150 steps")
         old = cluster.task("worker:1")
-        os.kill(old.pid, signal.SIGSTOP)  # alive, but answering nothing: a frozen host
+        signal_process(old.pid, signal.SIGSTOP)  # alive, but answering nothing: a frozen host
         try:
             _wait_for(lambda: cluster.task("worker:1").state != "running", 10, "worker:1 flagged")
             assert cluster.task("worker:1").state in ("silent", "recovering", "starting")
@@ -122,7 +121,7 @@ def test_stopped_worker_is_flagged_then_replaced(no_leftover_processes):
             job.wait(600)
         finally:
             if psutil.pid_exists(old.pid):
-                os.kill(old.pid, signal.SIGCONT)
+                signal_process(old.pid, signal.SIGCONT)
         assert job.state == "done"
         assert sorted(r["step"] for r in job.history) == list(range(4000))
         lost = [f for f in job.faults if f["kind"] == "lost"]
@@ -137,16 +136,16 @@ def test_task_health_and_replace_task_without_a_job(no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-health", progress=False) as cluster:
         cluster.connect()  # this kernel as the cluster's TF client: re-hosting must keep it working
         worker = cluster.task("worker:0")
-        os.kill(worker.pid, signal.SIGSTOP)
+        signal_process(worker.pid, signal.SIGSTOP)
         try:
             _wait_for(lambda: cluster.task("worker:0").state == "silent", 10, "worker:0 silent")
             assert "silent (not answering)" in str(cluster.status())
         finally:
-            os.kill(worker.pid, signal.SIGCONT)
+            signal_process(worker.pid, signal.SIGCONT)
         _wait_for(lambda: cluster.task("worker:0").state == "running", 10, "worker:0 answering again")
 
         old = cluster.task("worker:1")
-        os.kill(old.pid, signal.SIGKILL)
+        signal_process(old.pid, signal.SIGKILL)
         _wait_for(lambda: cluster.task("worker:1").state == "lost", 5, "worker:1 lost")
         assert "lost (its engine exited)" in str(cluster.status())
         new = cluster.replace_task("worker:1", timeout=60)
@@ -165,7 +164,7 @@ def test_lost_controller_fails_the_job_within_seconds_and_leaves_nothing(no_left
         job = train(cluster, strategy="async-ps", steps=100000, steps_per_call=5)
         _wait_for(_steps_reached(job, 100), 120, "100 steps")
         (controller,) = cluster._pool.controller_pids
-        os.kill(controller, signal.SIGKILL)
+        signal_process(controller, signal.SIGKILL)
         killed = time.monotonic()
         with pytest.raises(wb.ControllerLost, match="controller") as info:
             job.wait(60)
@@ -198,12 +197,12 @@ def test_allreduce_forms_its_group_again_and_resumes_from_the_checkpoint(fault, 
                     checkpoint_dir=str(tmp_path), checkpoint_every=every)
         _wait_for(_steps_reached(job, 250), 120, "250 steps")
         old = {name: cluster.task(name) for name in ("worker:0", "worker:1")}
-        os.kill(old["worker:1"].pid, fault)
+        signal_process(old["worker:1"].pid, fault)
         try:
             job.wait(300)
         finally:
             if psutil.pid_exists(old["worker:1"].pid):
-                os.kill(old["worker:1"].pid, signal.SIGCONT)
+                signal_process(old["worker:1"].pid, signal.SIGCONT)
         assert job.state == "done" and job.recoveries == 1
         (record,) = job.faults
         assert record["task"] == "worker:1" and record["action"] == "restored"
@@ -218,7 +217,7 @@ def test_allreduce_without_recovery_fails_fast_naming_the_worker(no_leftover_pro
     with wb.Cluster(ps=0, workers=2, name="wb-test-arfail", progress=False) as cluster:
         job = train(cluster, strategy="allreduce", steps=100000, steps_per_call=10, recover=False)
         _wait_for(_steps_reached(job, 50), 120, "50 steps")
-        os.kill(cluster.task("worker:1").pid, signal.SIGKILL)
+        signal_process(cluster.task("worker:1").pid, signal.SIGKILL)
         with pytest.raises(wb.TrainingError, match=r"worker:1 was lost .*recover=True"):
             job.wait(60)
         assert job.state == "failed" and cluster.task("worker:1").state == "lost"
@@ -229,14 +228,14 @@ def test_sync_ps_drops_a_hung_worker_and_takes_it_back_when_it_answers(no_leftov
         job = train(cluster, strategy="sync-ps", steps=800, hang_timeout=3, on_hang="drop")
         _wait_for(_steps_reached(job, 100), 120, "100 steps")
         stopped = cluster.task("worker:1")
-        os.kill(stopped.pid, signal.SIGSTOP)
+        signal_process(stopped.pid, signal.SIGSTOP)
         try:
             _wait_for(lambda: any(f["action"] == "dropped" for f in job.faults) or job.state != "running", 30,
                       "worker:1 dropped")
             dropped_at = job.steps_done
             _wait_for(_steps_reached(job, dropped_at + 50), 60, "steps without worker:1")  # steps go on without it
         finally:
-            os.kill(stopped.pid, signal.SIGCONT)
+            signal_process(stopped.pid, signal.SIGCONT)
             resumed = time.time()
         job.wait(300)
         assert job.state == "done" and [r["step"] for r in job.history] == list(range(800))

@@ -1,13 +1,12 @@
 """Lost workers and lost parameter servers, and sync exactness across worker counts, on real clusters."""
 
-import os
 import signal
 import time
 
 import keras
 import numpy as np
 import pytest
-from training_helpers import LOSS, make_model, train
+from training_helpers import LOSS, make_model, signal_process, train
 
 import workbench as wb
 
@@ -80,7 +79,7 @@ def test_without_recovery_a_killed_worker_does_not_stop_async_training(no_leftov
         deadline = time.monotonic() + 120
         while job.steps_done < 100 and time.monotonic() < deadline:
             time.sleep(0.05)
-        os.kill(cluster.task("worker:1").pid, signal.SIGKILL)
+        signal_process(cluster.task("worker:1").pid, signal.SIGKILL)
         job.wait(600)
         assert job.state == "done"
         assert job.lost_workers == ["worker:1"]
@@ -97,11 +96,11 @@ def test_without_recovery_a_stalled_worker_is_given_up_on_and_async_training_fin
         deadline = time.monotonic() + 120
         while job.steps_done < 100 and time.monotonic() < deadline:
             time.sleep(0.05)
-        os.kill(stalled, signal.SIGSTOP)  # alive but answering nothing, like a hung host
+        signal_process(stalled, signal.SIGSTOP)  # alive but answering nothing, like a hung host
         try:
             job.wait(300)
         finally:
-            os.kill(stalled, signal.SIGCONT)
+            signal_process(stalled, signal.SIGCONT)
         assert job.state == "done"
         assert job.lost_workers == ["worker:1"]
         assert [r["step"] for r in job.history] == list(range(1200))  # each once; the stalled chunk re-ran
@@ -115,7 +114,7 @@ def test_without_recovery_a_killed_ps_fails_the_job_naming_the_checkpoint(tmp_pa
         deadline = time.monotonic() + 120
         while (job.last_checkpoint is None or job.steps_done < 120) and time.monotonic() < deadline:
             time.sleep(0.05)
-        os.kill(cluster.task("ps:0").pid, signal.SIGKILL)
+        signal_process(cluster.task("ps:0").pid, signal.SIGKILL)
         with pytest.raises(wb.ParameterServerLost) as info:
             job.wait(300)
         message = str(info.value)

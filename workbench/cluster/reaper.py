@@ -44,7 +44,8 @@ SILENT_SECONDS = 3.0  # an engine that has not answered for this long is reporte
 
 
 def kill_process_trees(pids: list[tuple[int, float]], grace: float = KILL_GRACE_SECONDS) -> None:
-    """Terminate each ``(pid, create_time)`` and its descendants; SIGKILL what remains after ``grace``."""
+    """Terminate (and continue, if stopped) each ``(pid, create_time)`` and its descendants; SIGKILL what remains
+    after ``grace``."""
     procs: dict[int, psutil.Process] = {}
     for pid, created in pids:
         try:
@@ -58,6 +59,7 @@ def kill_process_trees(pids: list[tuple[int, float]], grace: float = KILL_GRACE_
     for proc in procs.values():
         try:
             proc.terminate()
+            proc.resume()  # a stopped process (SIGSTOP, a frozen host) only handles its SIGTERM once continued
         except psutil.Error:
             pass
     _gone, alive = psutil.wait_procs(list(procs.values()), timeout=grace)
