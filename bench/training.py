@@ -32,7 +32,7 @@ the figures are medians over repeats (``--repeats``, default 3), and the ratios 
 the raw per-repeat values go to ``--json`` (``bench/results/training.json``). A line that fails is
 reported and left out; the script then exits 1.
 
-    python bench/training.py [--repeats 3] [--steps 600] [--sync-steps 300] [--workers 3]
+    python bench/training.py [--repeats 3] [--steps 600] [--sync-steps 300] [--workers 3] [--lines pss-k,async-ps]
 
 ``--containment`` measures instead what keeping TensorFlow's ports on their ClusterSpec address costs:
 fresh 1 ps + 2 worker clusters, alternating between the default (the bind shim binds 127.0.0.1) and
@@ -239,6 +239,12 @@ def training_main(args: argparse.Namespace) -> int:
 
     with wb.Cluster(ps=1, workers=args.workers, progress=False) as cluster:
         order = lines(cluster, args)
+        if args.lines:
+            wanted = set(args.lines.split(","))
+            unknown = wanted - {line.name for line in order}
+            if unknown:
+                raise SystemExit(f"--lines: unknown line(s) {sorted(unknown)}; choose from {[line.name for line in order]}")
+            order = [line for line in order if line.name in wanted]
         raw: dict[str, list[dict]] = {line.name: [] for line in order}
         workbench_run(cluster, strategy="async-ps", steps=2 * args.steps_per_call * args.workers,
                       batch=args.per_worker_batch * args.workers, steps_per_call=args.steps_per_call)  # warm the cluster
@@ -317,6 +323,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--per-worker-batch", type=int, default=32)
     parser.add_argument("--steps-per-call", type=int, default=10, help="the workbench's steps_per_call, and PSS's K")
+    parser.add_argument("--lines", help="comma-separated line names to run (default: all): pss-k, async-ps, pss-1, "
+                        "tf1-k0, sync-ps-k0, tf1-k1, sync-ps-k1, allreduce")
     parser.add_argument("--containment", action="store_true", help="contained ports against every interface")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "training.json")
     args = parser.parse_args()

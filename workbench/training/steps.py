@@ -2,11 +2,9 @@
 
 * ``train_steps(iterator, n)`` (async-ps) runs ``n`` optimizer steps inside one remote call on a
   worker: parameters are read from the ps tasks and updates written back at every step.
-* ``pull[w]()`` then ``compute_gradient[w](iterator)`` (sync-ps): copy the parameters into worker
-  ``w``'s replica of the model, then compute one gradient there and keep it there, in that
-  worker's gradient buffer. Only the pull touches the ps, and it is short: a call that spans the
-  ps and a slow worker keeps the ps side open until the worker is done, so a slow input
-  pipeline or a slow worker must not run inside one.
+* ``worker_step[w](iterator)`` (sync-ps): copy the parameters into worker ``w``'s replica of the
+  model, then compute one gradient there and keep it there, in that worker's gradient buffer.
+  One remote call per worker and step; the ps side of it only reads and sends the parameters.
 * ``apply_gradients(contributors)`` (sync-ps) runs once the kernel saw the first N - k workers
   finish a step: the ps tasks read those workers' buffers, average and apply them. Late workers
   are not read at all, so a stalled one holds up nothing; the kernel drops and counts their
@@ -220,43 +218,39 @@ class StepFunctions:
 
     def build_sync(self, replicas: list, buffers: list[list]):
         """``replicas[w]``: a copy of the model on worker ``w``; ``buffers[w]``: its last gradient, there too."""
-        import tensorflow as tf
-
-        def make_pull(replica):
-            @tf.function
-            def pull():
-                start = tf.timestamp()
-                with tf.control_dependencies([start]):
-                    for local, remote in zip(replica.weights, self.model.weights):
-                        local.assign(remote)
-                return tf.stack([start, stamp_after([_written(replica.weights)])])
-
-            return pull
-
-        def make_compute(replica, buffer: list):
-            @tf.function
-            def compute_gradient(iterator):
-                start = tf.timestamp()
-                x, y = next(iterator)
-                loss, metrics, grads = self._loss_and_grads(x, y, model=replica)
-                written = [b.assign(tf.convert_to_tensor(g, b.dtype)) for b, g in zip(buffer, grads)]
-                with tf.control_dependencies(written):
-                    end = tf.timestamp()
-                return loss, tf.stack(metrics) if metrics else tf.zeros([0]), tf.stack([start, end])
-
-            return compute_gradient
-
-        self._make_pull, self._make_compute = make_pull, make_compute
-        self.pull = [make_pull(replica) for replica in replicas]
-        self.compute_gradient = [make_compute(r, b) for r, b in zip(replicas, buffers)]
+        self.worker_step = [self._make_worker_step(r, b) for r, b in zip(replicas, buffers)]
         self._replicas, self._buffers = list(replicas), list(buffers)
         self._apply_cache: dict[tuple, Callable] = {}
+
+    def _make_worker_step(self, replica, buffer: list):
+        """``worker_step[w](iterator) -> (loss, metrics, stamps)``: pull, then one gradient into the buffer.
+
+        One remote call: the ps side only sends the parameters, and the worker's next batch is made
+        while they arrive. ``stamps``: the pull's start, its end (the compute's start), the end.
+        """
+        import tensorflow as tf
+
+        @tf.function
+        def worker_step(iterator):
+            start = tf.timestamp()
+            with tf.control_dependencies([start]):
+                for local, remote in zip(replica.weights, self.model.weights):
+                    local.assign(remote)
+            pulled = stamp_after([_written(replica.weights)])
+            x, y = next(iterator)
+            with tf.control_dependencies([pulled]):  # the forward pass reads the pulled parameters
+                loss, metrics, grads = self._loss_and_grads(x, y, model=replica)
+            written = [b.assign(tf.convert_to_tensor(g, b.dtype)) for b, g in zip(buffer, grads)]
+            with tf.control_dependencies(written):
+                end = tf.timestamp()
+            return loss, tf.stack(metrics) if metrics else tf.zeros([0]), tf.stack([start, pulled, end])
+
+        return worker_step
 
     def set_worker(self, index: int, replica, buffer: list) -> None:
         """Worker ``index`` was re-hosted: its new replica and gradient buffer, and the functions that use them."""
         self._replicas[index], self._buffers[index] = replica, buffer
-        self.pull[index] = self._make_pull(replica)
-        self.compute_gradient[index] = self._make_compute(replica, buffer)
+        self.worker_step[index] = self._make_worker_step(replica, buffer)
         for contributors in [c for c in list(self._apply_cache) if index in c]:
             self._apply_cache.pop(contributors, None)
 

@@ -29,7 +29,7 @@ class _Arrival:
     name: str
     loss: float
     metrics: list
-    stamps: list  # worker-side start and end of the gradient
+    stamps: list  # worker-side start and end of the gradient (after the pull)
 
 
 class SyncRun(WorkerRun):
@@ -185,11 +185,9 @@ class SyncRun(WorkerRun):
         last = -1
         while (step := self._next_step(index, last)) is not None:
             key = job._recorder.call_started(name, device, step, 1)
-            pull, compute = job._fns.pull[index], job._fns.compute_gradient[index]
             try:
                 with tf.device(device):
-                    pulled = pull().numpy()  # the replica holds this step's parameters before computing on it
-                    loss, metrics, stamps = compute(job._iterators[index])
+                    loss, metrics, stamps = job._fns.worker_step[index](job._iterators[index])
                 loss, metrics, stamps = float(loss.numpy()), metrics.numpy(), stamps.numpy()
             except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
                 job._recorder.call_ended(key)
@@ -199,11 +197,11 @@ class SyncRun(WorkerRun):
                 started = self.computing.pop(index, (step, time.monotonic(), False))[1]
                 if self.halt.is_set():
                     return
-                self.results[step].append(_Arrival(index, name, loss, metrics, stamps))
+                self.results[step].append(_Arrival(index, name, loss, metrics, stamps[1:]))
                 self.cond.notify_all()
             self.times.add(time.monotonic() - started)
-            job._recorder.span(name, device, PULL, step, pulled[0], pulled[1])
-            job._recorder.span(name, device, COMPUTE, step, stamps[0], stamps[1], self.options.per_worker_batch, key)
+            job._recorder.span(name, device, PULL, step, stamps[0], stamps[1])
+            job._recorder.span(name, device, COMPUTE, step, stamps[1], stamps[2], self.options.per_worker_batch, key)
             last = step
 
     # -- what the run's thread does about it -------------------------------------------------------
