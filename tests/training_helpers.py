@@ -33,6 +33,6 @@ def signal_process(pid: int, sig: int) -> None:
     """
     me = psutil.Process()
     ours = {me.pid, *(p.pid for p in me.parents())}
-    assert pid and pid > 1 and pid not in ours and os.getpgid(pid) != os.getpgid(0), (
+    assert pid > 1 and pid not in ours and os.getpgid(pid) != os.getpgid(0), (
         f"refusing to send signal {sig} to pid {pid}: it is not a process the test started")
     os.kill(pid, sig)

@@ -22,7 +22,6 @@ from ..cluster.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_
 from ..errors import ClusterStateError, ConfigurationError, ControllerLost
 from ..telemetry.events import ALLREDUCE_APPLY
 from . import allreduce_engine
-from .evaluation import check_evaluation_data, is_dataset
 from .job import Job, TrainingError
 from .recovery import TaskLost
 from .steps import resolve_loss
@@ -263,13 +262,10 @@ class AllReduceJob(Job):
         self.last_checkpoint = saved[self._engines[0]]
         self._saved_records[self.last_checkpoint] = done
 
-    def evaluate(self, data: Callable | None = None, batch_size: int = 256) -> dict[str, float]:
-        """Loss and metrics of the trained weights over one pass of ``data(ctx)``, on ``worker:0`` (see ``Job.evaluate``)."""
-        if is_dataset(data):
-            return self._evaluate_here(data, batch_size)
-        check_evaluation_data(data)
+    def _evaluate_data_function(self, data: Callable, batch_size: int) -> dict[str, float]:
+        """One pass of ``data(ctx)`` on ``worker:0``'s engine, on the weights it trained (see ``Job.evaluate``)."""
         engine = self._engines[0]
-        result = self._call_all({engine: (allreduce_engine.evaluate, self._run_id, portable(data or self._data), batch_size)},
+        result = self._call_all({engine: (allreduce_engine.evaluate, self._run_id, portable(data), batch_size)},
                                 "evaluating", GROUP_TIMEOUT)[engine]
         values = result["values"]
         return {"loss": values[0], **dict(zip(self.metric_names, values[1:])), "examples": result["count"]}

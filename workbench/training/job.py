@@ -260,13 +260,16 @@ class Job:
         ``data(ctx)`` (default: the training data function) runs on ``worker:0``. A ``tf.data.Dataset``
         of ``(features, labels)``, batched or one example each, runs in this kernel on ``job.model``.
         """
-        import tensorflow as tf
-
-        connection.check_epoch(self._epoch, "this job")
         if is_dataset(data):
             return self._evaluate_here(data, batch_size)
         check_evaluation_data(data)
-        data = data or self._data
+        return self._evaluate_data_function(data or self._data, batch_size)
+
+    def _evaluate_data_function(self, data: Callable, batch_size: int) -> dict[str, float]:
+        """One pass of ``data(ctx)`` on ``worker:0``, on the trained variables where they live."""
+        import tensorflow as tf
+
+        connection.check_epoch(self._epoch, "this job")
         seed = 0 if self.options.seed is None else self.options.seed
         self._fns.build_evaluate(tf.autograph.experimental.do_not_convert(lambda: evaluation_dataset(data, batch_size, seed)))
         with tf.device(self._worker_devices[0]):
