@@ -88,19 +88,21 @@ def resolve_metrics(metrics: Any) -> dict[str, Callable]:
 
 
 def _written(variables):
-    """A scalar that exists only once every variable's last write landed: wait on it (``.numpy()``).
+    """A scalar that exists only once every variable's last write landed: depend on it, or wait on it.
 
-    Reads of a variable come after its writes in a ``tf.function``, but a call's result can reach
-    the kernel before ops it does not depend on have run; the next call, from another thread's
-    executor, would then read stale values.
+    Reads of a variable come after its writes in a ``tf.function`` (automatic control
+    dependencies), so this waits for every shard's read, each where the shard lives. Not
+    ``tf.size(read)``: with a static shape, ``tf.size`` becomes a constant when the graph is
+    built and depends on nothing, so ops "after" it would not wait for the writes at all.
     """
     import tensorflow as tf
 
-    sizes = []
+    reads = []
     for shard in (s for v in variables for s in shards_of(v)):
         with tf.device(shard.device):
-            sizes.append(tf.size(shard.read_value()))
-    return tf.add_n(sizes) if sizes else tf.constant(0)
+            reads.append(shard.read_value())
+    with tf.control_dependencies(reads):
+        return tf.constant(0)
 
 
 def stamp_after(tensors) -> Any:
