@@ -425,7 +425,9 @@ class OwnedPool:
             self.client = None
         # Terminate every process at once (engines, nannies, controller): engines hold nothing a
         # graceful shutdown would save, and TF servers cannot shut down cleanly anyway.
-        kill_process_trees([(p.pid, 0.0) for p in tree], grace=min(5.0, deadline.remaining(1)))
+        # The watched pids too, alive or not: what a killed controller forked is left in its process group.
+        kill_process_trees([(p.pid, 0.0) for p in tree] + [(pid, 0.0) for pid in self._watched],
+                           grace=min(5.0, deadline.remaining(1)))
         if self._ipp is not None and self._loop is not None and self._files_ours:
             try:  # ipyparallel's bookkeeping: connection and cluster files, logs
                 self._loop.run(self._ipp.stop_cluster(), deadline.remaining(5))

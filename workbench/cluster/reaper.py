@@ -44,8 +44,8 @@ SILENT_SECONDS = 3.0  # an engine that has not answered for this long is reporte
 
 
 def kill_process_trees(pids: list[tuple[int, float]], grace: float = KILL_GRACE_SECONDS) -> None:
-    """Terminate (and continue, if stopped) each ``(pid, create_time)`` and its descendants; SIGKILL what remains
-    after ``grace``."""
+    """Terminate (and continue, if stopped) each ``(pid, create_time)``, its descendants and the rest of the
+    process group it led; SIGKILL what remains after ``grace``."""
     procs: dict[int, psutil.Process] = {}
     for pid, created in pids:
         try:
@@ -56,6 +56,8 @@ def kill_process_trees(pids: list[tuple[int, float]], grace: float = KILL_GRACE_
                 procs[member.pid] = member
         except psutil.Error:
             continue
+    for member in _left_in_groups(dict(pids)):
+        procs.setdefault(member.pid, member)
     for proc in procs.values():
         try:
             proc.terminate()
@@ -69,6 +71,26 @@ def kill_process_trees(pids: list[tuple[int, float]], grace: float = KILL_GRACE_
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=grace)
+
+
+def _left_in_groups(leaders: dict[int, float]) -> list[psutil.Process]:
+    """Live processes in the process group of one of ``leaders`` (pid -> create time, 0 if unknown).
+
+    A killed leader's children are re-parented to init, out of reach of ``children()``, but keep its
+    group: a controller killed with SIGKILL left a process it had forked running. A group's id is
+    its leader's pid, and Linux gives no new process a pid still used as a group id, so the group
+    of a dead leader is still that leader's. This process's own group is never included.
+    """
+    own = os.getpgid(0)
+    left = []
+    for proc in psutil.process_iter(["create_time"]):
+        try:
+            group = os.getpgid(proc.pid)
+        except OSError:
+            continue
+        if group in leaders and group != own and proc.pid != group and proc.info["create_time"] >= leaders[group] - 1.0:
+            left.append(proc)
+    return left
 
 
 def _listen(host: str) -> socket.socket:
