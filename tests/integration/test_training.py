@@ -119,3 +119,33 @@ def test_throughput_counts_the_steps_after_warmup_on_the_workers_clocks(cluster)
     assert rate["examples_per_s"] == pytest.approx(rate["steps_per_s"] * 16)  # 32 over 2 workers, per step
     with pytest.raises(wb.TrainingError, match="at least 2 steps after warmup=39"):
         job.throughput(warmup=39)
+
+
+def test_a_new_connection_keeps_finished_jobs_weights_and_waits_for_no_running_job(no_leftover_processes):
+    """scale() changes the cluster's shape, so the next job connects the kernel anew: what the old
+    connection made is let go first (freed later, it crashed the kernel), finished jobs keep their
+    trained weights here, and a job still running on the old connection is named, not broken."""
+    with wb.Cluster(ps=1, workers=1, name="wb-test-reconnect", progress=False) as cluster:
+        first = train(cluster, steps=100).wait(300)
+        weights = first.model.get_weights()
+        reference = first.evaluate(wb.datasets.digits_test)
+        cluster.scale(workers=2)
+        train(cluster, strategy="sync-ps", steps=50).wait(300)  # a new connection
+
+        assert all(np.array_equal(a, b) for a, b in zip(first.model.get_weights(), weights))
+        x, y = wb.datasets.digits_arrays("test")
+        import tensorflow as tf
+
+        here = first.evaluate(tf.data.Dataset.from_tensor_slices((x, y)).batch(50))
+        assert here["accuracy"] == pytest.approx(reference["accuracy"], abs=1e-6)
+        with pytest.raises(wb.ClusterStateError, match="replaced.*job.model"):
+            first.evaluate(wb.datasets.digits_test)  # on the tasks: out of reach now
+
+        running = train(cluster, steps=1_000_000)
+        cluster.scale(workers=3)  # worker:2 is new; the running job does not use it
+        with pytest.raises(wb.ClusterStateError,
+                           match=rf"while job {running.name} runs on cluster 'wb-test-reconnect'.*job.stop\(\)"):
+            train(cluster, steps=20, batch_size=60)
+        assert running.state == "running"
+        running.stop()
+        assert train(cluster, steps=20, batch_size=60).wait(120).state == "done"

@@ -5,20 +5,30 @@ variable and function of the first unusable, and mixing connection modes in one 
 crashed it (a segmentation fault kills the kernel). So the workbench connects the kernel once per
 cluster, through ``connect()``, and objects made under a connection record its epoch: using one
 after the kernel moved to another cluster raises a clear error instead.
+
+What TensorFlow made under a connection must be freed before the connection is replaced: freed
+afterwards, its deleter runs against devices that no longer exist, and when the garbage collector
+did that during another thread's tracing it crashed the kernel (segmentation fault). Objects that
+hold such state (jobs) register with ``connect(..., holder=)``; before the next connection they are
+asked to let go of it, and what is already garbage is collected while the old connection stands.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
 import warnings
+import weakref
 
 from ..errors import ClusterStateError, ExposedPortsWarning
 from . import containment
 
 _LOCK = threading.Lock()
 _STATE = {"spec": None, "cluster": None, "epoch": 0}
+_HOLDERS: weakref.WeakSet = weakref.WeakSet()  # what holds TensorFlow state made under the current connection
+SETTLE_SECONDS = 30.0  # how long a holder whose cluster stopped gets to finish (a job failing over its lost tasks)
 LINK_RETRY_SECONDS = 0.1
 # How this process talks to the tasks, set before its first connection (TensorFlow reads them then).
 # ParameterServerStrategy's own two settings: one outstanding request per task and no global executor
@@ -29,8 +39,14 @@ CLIENT_ENVIRONMENT = {"TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE": "False", "TF_P
                       "GRPC_FAIL_FAST": "true"}
 
 
-def connect(cluster, timeout: float = 60.0) -> int:
-    """Make this process a TF client of ``cluster`` (idempotent); return the connection epoch."""
+def connect(cluster, timeout: float = 60.0, holder=None) -> int:
+    """Make this process a TF client of ``cluster`` (idempotent); return the connection epoch.
+
+    ``holder`` (optional) will hold TensorFlow state made under this connection: it has
+    ``settle(timeout) -> str | None`` (wait up to ``timeout`` s until it no longer runs; else say
+    what runs) and ``release_remote()`` (let go of that state), called before the kernel connects
+    elsewhere.
+    """
     import tensorflow as tf
 
     if cluster.state != "running":
@@ -40,10 +56,12 @@ def connect(cluster, timeout: float = 60.0) -> int:
     spec = cluster.spec_dict
     with _LOCK:
         if _STATE["spec"] == spec:
+            _hold(holder)
             return _STATE["epoch"]
         if _STATE.get("broken"):
             raise ClusterStateError(_STATE["broken"])
         _refuse_other_strategies()
+        _let_go(cluster.name)
         for name, value in CLIENT_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
         # TensorFlow adds this process to the cluster as "localhost:<port>": no other host ever connects to
@@ -52,7 +70,30 @@ def connect(cluster, timeout: float = 60.0) -> int:
         _connect_with_timeout(tf, spec, cluster.name, timeout)
         _warn_if_exposed(sorted(set(containment.listeners()) - before))
         _STATE.update(spec=spec, cluster=cluster.name, cluster_object=cluster, epoch=_STATE["epoch"] + 1)
+        _hold(holder)
         return _STATE["epoch"]
+
+
+def _hold(holder) -> None:
+    if holder is not None:
+        _HOLDERS.add(holder)
+
+
+def _let_go(name: str) -> None:
+    """Before a new connection: refuse while a holder still runs; else free what the current one made."""
+    holders = list(_HOLDERS)
+    old = _STATE.get("cluster_object")
+    grace = 0.0 if old is not None and old.state == "running" else SETTLE_SECONDS  # a stopped cluster's jobs are ending
+    running = [what for what in (h.settle(grace) for h in holders) if what]
+    if running:
+        raise ClusterStateError(
+            f"cannot connect this kernel to cluster {name!r} while {', '.join(running)} on cluster {_STATE['cluster']!r}: "
+            "the kernel holds one cluster connection at a time, and a new one (another cluster, or this one after "
+            "scale()) ends what runs on the old. Wait for it (job.wait()) or stop it (job.stop()), then try again.")
+    for holder in holders:
+        holder.release_remote()
+    _HOLDERS.clear()
+    gc.collect()
 
 
 def _warn_if_exposed(opened: list[tuple[str, int]]) -> None:

@@ -89,6 +89,7 @@ class Job:
         self.metric_names = list(resolve_metrics(options.metrics))
         self.name = f"{options.strategy}-{next(_JOB_NUMBERS)}"
         self._saved_records: dict[str, int] = {}  # checkpoint path -> records of the history it includes
+        self._local_weights: list | None = None  # the trained weights, kept when the kernel's connection is replaced
         self._setup(cluster, model, data, loss, optimizer, options)
         self._recorder = StepRecorder(cluster.telemetry if options.telemetry else None, self.name,
                                       cluster.clock_offsets() if options.telemetry else None)
@@ -97,7 +98,7 @@ class Job:
 
     def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions) -> None:
         """Parameter-server strategies: variables on the ps tasks, steps driven from this kernel."""
-        self._epoch = connection.connect(cluster)
+        self._epoch = connection.connect(cluster, holder=self)
         ps_tasks = [r for r in cluster.tasks if r.job == "ps"]
         if not ps_tasks:
             raise ConfigurationError(
@@ -289,11 +290,38 @@ class Job:
         """A local Keras model (in this kernel, no cluster needed) holding the trained weights."""
         import tensorflow as tf
 
-        connection.check_epoch(self._epoch, "this job")
+        weights = self._local_weights
+        if weights is None:
+            connection.check_epoch(self._epoch, "this job")
+            weights = self._read_weights()
         with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
             local = build_model(self._model_source, tf.zeros(self._example_shape, self._example_dtype))
-        local.set_weights([tf.convert_to_tensor(tf_variable(w)).numpy() for w in self._model.weights])
+        local.set_weights(weights)
         return local
+
+    def _read_weights(self) -> list:
+        import tensorflow as tf
+
+        return [tf.convert_to_tensor(tf_variable(w)).numpy() for w in self._model.weights]
+
+    # -- the kernel's connection ---------------------------------------------------------------
+
+    def settle(self, timeout: float) -> str | None:
+        """Wait up to ``timeout`` s for the job to end; say what runs if it still does (``connection``)."""
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return f"job {self.name} runs" if self._thread.is_alive() else None
+
+    def release_remote(self) -> None:
+        """The kernel connects elsewhere: keep the trained weights here (``job.model``), drop what lived on the tasks."""
+        if self._local_weights is None and getattr(self, "_model", None) is not None:
+            try:
+                self._local_weights = self._read_weights()
+            except Exception:  # noqa: BLE001 - the tasks are gone (a stopped cluster): job.model then says so
+                self._local_weights = None
+        for name in ("_model", "_optimizer", "_step", "_fns", "_iterators", "_checkpoint", "_manager"):
+            if hasattr(self, name):
+                setattr(self, name, None)
 
     def __repr__(self) -> str:
         return f"<workbench.Job {self.options.strategy} {self.state}: {self.steps_done}/{self.options.steps - self.start_step} steps>"

@@ -329,7 +329,7 @@ def _placed_job_class():
         _holders = "task holding layers of the placed model"
 
         def _setup(self, cluster, model: PlacedModel, data, loss, optimizer, options) -> None:
-            self._epoch = connection.connect(cluster)
+            self._epoch = connection.connect(cluster, holder=self)
             connection.check_epoch(model._epoch, "this placed model")
             self._placed = model
             self._model_source = model._source
