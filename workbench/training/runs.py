@@ -35,7 +35,7 @@ class WorkerRun:
         self.names = [r.name for r in job._workers]
         self.slots = dict.fromkeys(range(len(self.names)), ACTIVE)
         self.threads: dict[int, threading.Thread] = {}
-        self.errors: queue.SimpleQueue = queue.SimpleQueue()  # (worker index or None for checkpointing, token, error)
+        self.errors: queue.SimpleQueue = queue.SimpleQueue()  # (worker index, token, error); index None: token names it
         self.times = CallTimes()
         self.halt = threading.Event()
 
@@ -103,8 +103,8 @@ class WorkerRun:
                 return
             if isinstance(exc, TaskLost):
                 raise exc
-            if index is None:
-                raise self.job._classify(exc, "the job's checkpointing")
+            if index is None:  # the token names what failed
+                raise self.job._classify(exc, token or "the job's checkpointing")
             if not self._current(index, token):
                 continue  # work given up on already, failing late: it was done elsewhere
             error = self.job._classify(exc, self.names[index])

@@ -2,17 +2,12 @@
 
 * ``train_steps(iterator, n)`` (async-ps) runs ``n`` optimizer steps inside one remote call on a
   worker: parameters are read from the ps tasks and updates written back at every step.
-* ``worker_step[w](iterator)`` (sync-ps): copy the parameters into worker ``w``'s replica of the
-  model, then compute one gradient there and keep it there, in that worker's gradient buffer.
-  One remote call per worker and step; the ps side of it only reads and sends the parameters.
-* ``apply_gradients(contributors)`` (sync-ps) runs once the kernel saw the first N - k workers
-  finish a step: the ps tasks read those workers' buffers, average and apply them. Late workers
-  are not read at all, so a stalled one holds up nothing; the kernel drops and counts their
-  gradients. (Each worker's calls also run on their own TF executor: see ``job._own_executor``.)
+* sync-ps runs its steps through a barrier on the first ps, with its own functions
+  (``sync_steps.SyncBarrier``), built on ``_loss_and_grads`` and the optimizer here.
 * ``evaluate()`` makes one pass over the evaluation data on a worker.
 
 Every function returns ``tf.timestamp()`` readings of its steps, taken where the step runs
-(worker, or the first ps for ``apply_gradients``): the job's history and the dashboards' step
+(a worker, or the first ps for sync-ps's apply): the job's history and the dashboards' step
 spans come from them.
 """
 
@@ -23,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError
-from .placement import shards_of, tf_variable, variable_devices
+from .placement import shards_of, tf_variable
 
 
 def resolve_loss(loss: Any) -> Callable:
@@ -217,89 +212,6 @@ class StepFunctions:
 
         train_steps = steps_in_one_call(one_step, n_metrics)
         self.train_steps = train_steps
-
-    def build_sync(self, replicas: list, buffers: list[list]):
-        """``replicas[w]``: a copy of the model on worker ``w``; ``buffers[w]``: its last gradient, there too."""
-        self.worker_step = [self._make_worker_step(r, b) for r, b in zip(replicas, buffers)]
-        self._replicas, self._buffers = list(replicas), list(buffers)
-        self._apply_cache: dict[tuple, Callable] = {}
-
-    def _make_worker_step(self, replica, buffer: list):
-        """``worker_step[w](iterator) -> (loss, metrics, stamps)``: pull, then one gradient into the buffer.
-
-        One remote call: the ps side only sends the parameters, and the worker's next batch is made
-        while they arrive. ``stamps``: the pull's start, its end (the compute's start), the end.
-        """
-        import tensorflow as tf
-
-        @tf.function
-        def worker_step(iterator):
-            start = tf.timestamp()
-            with tf.control_dependencies([start]):
-                for local, remote in zip(replica.weights, self.model.weights):
-                    local.assign(remote)
-            pulled = stamp_after([_written(replica.weights)])
-            x, y = next(iterator)
-            with tf.control_dependencies([pulled]):  # the forward pass reads the pulled parameters
-                loss, metrics, grads = self._loss_and_grads(x, y, model=replica)
-            written = [b.assign(tf.convert_to_tensor(g, b.dtype)) for b, g in zip(buffer, grads)]
-            with tf.control_dependencies(written):
-                end = tf.timestamp()
-            return loss, tf.stack(metrics) if metrics else tf.zeros([0]), tf.stack([start, pulled, end])
-
-        return worker_step
-
-    def set_worker(self, index: int, replica, buffer: list) -> None:
-        """Worker ``index`` was re-hosted: its new replica and gradient buffer, and the functions that use them."""
-        self._replicas[index], self._buffers[index] = replica, buffer
-        self.worker_step[index] = self._make_worker_step(replica, buffer)
-        for contributors in [c for c in list(self._apply_cache) if index in c]:
-            self._apply_cache.pop(contributors, None)
-
-    def apply_gradients(self, contributors: tuple[int, ...]):
-        """Average the buffered gradients of ``contributors`` (worker indices) and apply them.
-
-        One function per set of contributors, so that the ps tasks read only those workers'
-        buffers: a late worker is never waited for, not even by a receive. Non-trainable state
-        (e.g. BatchNorm statistics) is taken from the first contributor's replica.
-        """
-        return self._apply_function(contributors)()
-
-    def prepare_apply(self, sets) -> None:
-        """Trace the apply functions of these contributor sets now, while every task answers.
-
-        TensorFlow registers a newly traced function on every task, and waits for each, holding the
-        GIL: traced while a worker is stopped, it would freeze this whole process, the code that
-        handles the stopped worker included. Call under the device scope ``apply_gradients`` runs in.
-        """
-        for contributors in sets:
-            self._apply_function(tuple(contributors)).get_concrete_function()
-
-    def _apply_function(self, contributors: tuple[int, ...]):
-        import tensorflow as tf
-
-        if contributors not in self._apply_cache:
-            variables = self.model.trainable_variables
-            first = self._replicas[contributors[0]]
-
-            @tf.function(autograph=False)
-            def apply():
-                start = tf.timestamp()  # on the caller's device scope: the first ps
-                grads = []
-                for i, (var, rows) in enumerate(zip(variables, self.splits)):
-                    parts = [[b] for b in (self._buffers[w][i].read_value() for w in contributors)]
-                    if rows:  # a partitioned variable: each shard's slice is averaged on the shard's ps
-                        parts = [tf.split(p[0], rows, axis=0) for p in parts]
-                    for j, device in enumerate(variable_devices(var)):
-                        with tf.device(device):  # averaged where the variable (shard) lives
-                            grads.append(tf.add_n([p[j] for p in parts]) / len(contributors))
-                self.optimizer.apply_gradients(zip(grads, self.targets))
-                for var, local in zip(self.model.non_trainable_variables, first.non_trainable_variables):
-                    var.assign(local)
-                return tf.stack([start, stamp_after([_written(self.model.weights)])])
-
-            self._apply_cache[contributors] = apply
-        return self._apply_cache[contributors]
 
     def build_evaluate(self, make_dataset: Callable):
         import tensorflow as tf

@@ -1,35 +1,28 @@
 """sync-ps: each step aggregates the first N - k gradients to arrive, and drops the late ones.
 
-Each worker computes on its own replica of the model and keeps its gradient in a buffer on itself;
-the run's thread (the job's) waits for enough gradients, then has the ps tasks read exactly those
-workers' buffers and apply their average. A worker that is lost (or hung and dropped) no longer
-counts towards a step: the steps go on with the gradients of the others (``aggregated`` in the
-history says how many) until it is back.
+The barrier runs on the first ps (``sync_steps.SyncBarrier``): workers run ``steps_per_call``
+synchronous steps per remote call, each blocking on the ps for its step's token, and the ps
+applies every step once ``required`` gradients of it arrived. The kernel's part is per chunk of
+steps, not per step: one thread per worker that makes its calls, one that makes the ps's
+``aggregate`` calls and records the history, and the run's thread, which watches the tasks'
+health and lowers ``required`` when a worker is lost, hung or dropped (the steps then go on with
+the gradients of the others; ``aggregated`` in the history says how many) and raises it again
+when the worker is back.
 """
 
 from __future__ import annotations
 
-import itertools
+import statistics
 import threading
 import time
-from collections import defaultdict
-from dataclasses import dataclass
 
-from ..cluster.health import RUNNING
-from ..errors import ClusterStateError
-from ..telemetry.events import APPLY, COMPUTE, PULL
-from .building import build_model
-from .runs import WorkerRun
-from .workers import ACTIVE, DROPPED, RECOVERING, TICK_SECONDS, own_executor
+from ..telemetry.events import APPLY, COMPUTE
+from .async_ps import chunks_of
+from .runs import WorkerRun, tick
+from .sync_steps import SyncBarrier
+from .workers import ACTIVE, DROPPED, RECOVERING, own_executor
 
-
-@dataclass
-class _Arrival:
-    index: int
-    name: str
-    loss: float
-    metrics: list
-    stamps: list  # worker-side start and end of the gradient (after the pull)
+_AGGREGATOR = "the ps tasks' aggregation"
 
 
 class SyncRun(WorkerRun):
@@ -37,201 +30,177 @@ class SyncRun(WorkerRun):
 
     def __init__(self, job):
         super().__init__(job)
-        self.cond = threading.Condition()
-        self.current = -1  # the step the workers compute now
-        self.results: dict[int, list[_Arrival]] = defaultdict(list)  # step -> arrivals, in the order they came
-        self.computing: dict[int, tuple[int, float, bool]] = {}  # worker -> (step, monotonic start, flagged)
-        self.given_up: dict[int, set[int]] = defaultdict(set)  # step -> workers not waited for (dropped stragglers)
-        self.left_out: list[tuple[int, int]] = []  # (step, worker) not waited for by policy ("drop")
-        self.required = self.options.required_gradients
+        self.chunks = chunks_of(job.missing_steps(), self.options.steps_per_call)
+        self.chunk = 0  # the chunk the ps aggregates now
+        self.chunk_started = time.monotonic()
         self.aggregated = 0
-
-    def _replica(self, index: int) -> tuple:
-        """Worker ``index``'s copy of the model, and its gradient buffer: both on that worker."""
-        import tensorflow as tf
-
-        job = self.job
-        with tf.device(job._worker_devices[index]):
-            replica = build_model(job._model_source, tf.zeros(job._example_shape, job._example_dtype))
-            buffer = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"grad_{i}")
-                      for i, v in enumerate(job._model.trainable_variables)]
-        return replica, buffer
-
-    def _rebuild(self, index: int) -> None:
-        super()._rebuild(index)
-        self.job._fns.set_worker(index, *self._replica(index))
-        self._prepare_apply([index])
+        self.late = 0
+        self.excluded: set[int] = set()  # dropped stragglers: not waited for until the chunk ends
+        self.required = -1  # what the ps was told last
+        self.barrier: SyncBarrier | None = None
+        self.aggregator: threading.Thread | None = None
+        self.straggling: list[tuple[int, str]] = []  # (worker, detail) found by the workers' threads
 
     def run(self) -> None:
         job = self.job
-        replicas, buffers = zip(*(self._replica(i) for i in self.slots))
-        job._fns.build_sync(list(replicas), list(buffers))
-        self._prepare_apply(list(self.slots))
-        next_checkpoint = job.first_checkpoint_at()
+        if not self.chunks:
+            return
+        self.barrier = SyncBarrier(job._fns, len(self.slots), len(job.metric_names), job._ps_devices[0],
+                                   self._needed())
+        self.required = self._needed()
+        self.barrier.start(self.chunks[0][0])
+        self.barrier.warm_up(job._iterators, job._worker_devices, self.chunks[0][0])
         finished = False
         try:
             for index in self.slots:
                 self._launch(index)
-            for step in job.missing_steps():
-                if job._stop.is_set():
-                    break
-                while (arrived := self._gather(step)) is not None and not self._apply(step, arrived):
-                    pass  # a contributor was lost before the ps read its gradient: gather again
-                next_checkpoint = job.checkpoint_due(next_checkpoint)
+            self.aggregator = threading.Thread(target=self._aggregate, daemon=True, name="workbench-sync-aggregator")
+            self.aggregator.start()
+            while self.aggregator.is_alive():
+                self._tick()
+                self._sync_required()
+                tick()
+            self._handle_errors()
             finished = True
         finally:
             self.halt.set()
-            with self.cond:
-                self.cond.notify_all()
-        if finished:
-            self._join()
-        with self.cond:
-            late = sum(len(v) for v in self.results.values()) - self.aggregated
-            # a gradient left out by policy that never came counts like a late one (on_hang / on_straggler = "drop")
-            never = sum(1 for step, index in self.left_out if index not in {a.index for a in self.results.get(step, ())})
-            job.dropped_gradients += late + never
+            self._end(finished)
 
-    def _prepare_apply(self, workers: list[int]) -> None:
-        """Trace, now, the apply functions a step can need with one worker out (lost, dropped, or late).
+    def _end(self, finished: bool) -> None:
+        """Count what came late, then close the queues: calls still blocked on them (a hung worker's) end."""
+        try:
+            if finished:
+                self._join()
+                self.late += self.barrier.leftover()
+            self.barrier.close()
+        except Exception:  # noqa: BLE001 - a lost ps took its queues with it
+            pass
+        self.job.dropped_gradients += self.late
 
-        Every set of N - k contributors, and with k = 0 every set of N - 1, that includes one of
-        ``workers``: a function traced later, while a worker is stopped, would freeze the kernel
-        (``StepFunctions.prepare_apply``). Two workers out at once may still need a new one.
-        """
-        import tensorflow as tf
+    def _needed(self) -> int:
+        """Gradients a step waits for: N - k, or what the workers still taking part can give (at least 1)."""
+        taking_part = sum(1 for i, s in self.slots.items() if s == ACTIVE and i not in self.excluded)
+        return max(1, min(self.options.required_gradients, taking_part))
 
-        n, need = len(self.slots), self.required
-        sizes = {need} | ({n - 1} if need == n and n > 1 else set())
-        sets = [c for size in sizes for c in itertools.combinations(range(n), size) if set(c) & set(workers)]
-        with tf.device(self.job._ps_devices[0]):
-            self.job._fns.prepare_apply(sets)
+    def _sync_required(self) -> None:
+        needed = self._needed()
+        if needed != self.required and not self.halt.is_set():
+            self.barrier.set_required(needed)
+            self.required = needed
 
     def _has_work(self) -> bool:
-        return not self.halt.is_set()
+        return not self.halt.is_set() and self.chunk < len(self.chunks)
 
-    # -- the run's thread: one step ------------------------------------------------------------
+    def _rebuild(self, index: int) -> None:
+        super()._rebuild(index)
+        self.barrier.rebuild_worker(index)
 
-    def _gather(self, step: int) -> list[_Arrival]:
-        """Wait for this step's gradients: the first N - k, or as many as the workers still there can give."""
-        from .job import TrainingError
+    # -- the aggregator's thread: the ps applies chunk after chunk, the history is recorded ------
 
-        with self.cond:
-            self.current = step
-            self.cond.notify_all()
-        deadline = time.monotonic() + self.options.step_timeout
-        while True:
-            self._tick()
-            with self.cond:
-                usable = [a for a in self.results[step] if self.slots[a.index] == ACTIVE]
-                active = sum(s == ACTIVE for s in self.slots.values())
-                awaited = [i for i, s in self.slots.items() if s == ACTIVE and i not in self.given_up[step]]
-                need = min(self.required, len(awaited))
-                if usable and len(usable) >= need:
-                    return usable[:need] if need else usable
-                if not active and not any(s in (RECOVERING, DROPPED) for s in self.slots.values()):
-                    raise TrainingError(f"every worker was lost ({', '.join(self.names)}) at sync-ps step {step}: check "
-                                        "cluster.status().")
-                if time.monotonic() > deadline:
-                    raise TrainingError(
-                        f"sync-ps step {step} waited {self.options.step_timeout:.0f} s for {self.required} gradient(s) and got "
-                        f"{len(usable)}: check the workers (cluster.status()), add backup_workers, or raise step_timeout.")
-                self.cond.wait(TICK_SECONDS)
-
-    def _apply(self, step: int, arrived: list[_Arrival]) -> bool:
-        """Average and apply the gradients of ``arrived`` on the ps tasks; False if one of them is gone."""
+    @own_executor
+    def _aggregate(self) -> None:
         import tensorflow as tf
 
         job = self.job
-        contributors = tuple(sorted(a.index for a in arrived))
-        try:
-            with tf.device(job._ps_devices[0]):  # wait until every update landed: the next pulls read them
-                applied = job._fns.apply_gradients(contributors).numpy()
-        except Exception as exc:  # noqa: BLE001 - classified
-            error = job._classify(exc, "the ps tasks")
-            if not isinstance(error, ClusterStateError):
-                raise error from None
-            gone = [i for i in contributors if self.supervisor.state(self.names[i]) != RUNNING]
-            if not gone:
-                raise error from None
-            for index in gone:
-                self.worker_lost(index, "was lost before the ps read its gradient")
-            return False
-        n = len(arrived)
-        job._recorder.span(job._ps_names[0], job._ps_devices[0], APPLY, step, applied[0], applied[1],
-                           n * self.options.per_worker_batch)
-        loss = sum(a.loss for a in arrived) / n
-        metrics = [sum(a.metrics[i] for a in arrived) / n for i in range(len(job.metric_names))]
-        job._record(step, loss, metrics, ",".join(a.name for a in arrived), min(a.stamps[0] for a in arrived),
-                    max(a.stamps[1] for a in arrived), n * self.options.per_worker_batch, aggregated=n)
-        self.aggregated += n
-        return True
+        next_checkpoint = job.first_checkpoint_at()
+        for number, (first, n) in enumerate(self.chunks):
+            if self.halt.is_set() or job._stop.is_set():
+                return
+            self.chunk, self.chunk_started = number, time.monotonic()
+            self.excluded.clear()
+            following = self.chunks[number + 1][0] if number + 1 < len(self.chunks) else first + n
+            try:
+                with tf.device(job._ps_devices[0]):
+                    outputs = self.barrier.aggregate(tf.constant(first, tf.int64), tf.constant(first + n, tf.int64),
+                                                     tf.constant(following, tf.int64))
+                outputs = [o.numpy() for o in outputs]
+            except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
+                self.errors.put((None, _AGGREGATOR, exc))
+                return
+            self._record(first, *outputs)
+            try:
+                next_checkpoint = job.checkpoint_due(next_checkpoint)
+            except Exception as exc:  # noqa: BLE001 - a save that found a ps gone (TaskLost), or a failure
+                self.errors.put((None, None, exc))
+                return
+        self.chunk = len(self.chunks)
 
-    # -- a worker's thread ---------------------------------------------------------------------
+    def _record(self, first: int, masks, losses, metrics, stamps, applied, late) -> None:
+        job, batch = self.job, self.options.per_worker_batch
+        for i in range(len(masks)):
+            contributors = [w for w in range(len(self.names)) if masks[i][w] > 0]
+            n = len(contributors)
+            job._recorder.span(job._ps_names[0], job._ps_devices[0], APPLY, first + i, applied[i][0], applied[i][1], n * batch)
+            job._record(first + i, sum(losses[i][w] for w in contributors) / n,
+                        [sum(metrics[i][w][j] for w in contributors) / n for j in range(len(job.metric_names))],
+                        ",".join(self.names[w] for w in contributors), min(stamps[i][w][0] for w in contributors),
+                        max(stamps[i][w][1] for w in contributors), n * batch, aggregated=n)
+            self.aggregated += n
+            self.late += int(late[i])
 
-    def _next_step(self, index: int, last: int) -> int | None:
-        with self.cond:
-            while self.current <= last and not self.halt.is_set() and not self.job._stop.is_set():
-                self.cond.wait(0.5)
-            if self.halt.is_set() or self.job._stop.is_set() or self.slots[index] not in (ACTIVE, DROPPED):
-                return None
-            self.computing[index] = (self.current, time.monotonic(), False)
-            return self.current
+    # -- a worker's thread: its calls, chunk after chunk ----------------------------------------
 
     @own_executor
     def _work(self, index: int) -> None:
         import tensorflow as tf
 
         job, name, device = self.job, self.names[index], self.job._worker_devices[index]
-        last = -1
-        while (step := self._next_step(index, last)) is not None:
-            key = job._recorder.call_started(name, device, step, 1)
+        number = self.chunk  # a worker back from a re-hosting starts where the ps is
+        while number < len(self.chunks) and not self.halt.is_set() and self.slots[index] in (ACTIVE, DROPPED):
+            first, n = self.chunks[number]
+            key = job._recorder.call_started(name, device, first, n)
             try:
                 with tf.device(device):
-                    loss, metrics, stamps = job._fns.worker_step[index](job._iterators[index])
-                loss, metrics, stamps = float(loss.numpy()), metrics.numpy(), stamps.numpy()
+                    steps, stamps = self.barrier.work[index](
+                        job._iterators[index], tf.constant(first + n, tf.int64))
+                steps, stamps = steps.numpy(), stamps.numpy()
             except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
                 job._recorder.call_ended(key)
-                self.errors.put((index, threading.current_thread(), exc))
+                if not self.halt.is_set():
+                    self.errors.put((index, threading.current_thread(), exc))
                 return
-            with self.cond:
-                started = self.computing.pop(index, (step, time.monotonic(), False))[1]
-                if self.halt.is_set():
-                    return
-                self.results[step].append(_Arrival(index, name, loss, metrics, stamps[1:]))
-                self.cond.notify_all()
-            self.times.add(time.monotonic() - started)
-            job._recorder.span(name, device, PULL, step, stamps[0], stamps[1])
-            job._recorder.span(name, device, COMPUTE, step, stamps[1], stamps[2], self.options.per_worker_batch, key)
-            last = step
+            job._recorder.call_ended(key)
+            for step, (start, end) in zip(steps, stamps):
+                job._recorder.span(name, device, COMPUTE, int(step), start, end, self.options.per_worker_batch)
+            self._note_times(index, [end - start for start, end in stamps])
+            number = max(number + 1, self.chunk)
+
+    def _note_times(self, index: int, seconds: list[float]) -> None:
+        """A worker's gradients took ``straggler_factor`` times its peers' median: it straggles."""
+        if not seconds:
+            return
+        own = statistics.median(seconds)
+        limit = self.times.limit(self.options.straggler_factor)
+        for value in seconds:
+            self.times.add(value)
+        if limit is not None and own > limit:
+            self.straggling.append((index, self._straggler_detail(1, own)))
 
     # -- what the run's thread does about it -------------------------------------------------------
 
     def _current(self, index: int, token) -> bool:
         return self.threads.get(index) is token and self.slots[index] in (ACTIVE, DROPPED)
 
-    def _leave_out(self, index: int) -> None:
-        with self.cond:
-            self.left_out.append((self.current, index))
-        self._abandon(index)
-
     def _abandon(self, index: int) -> None:
-        """Worker ``index``'s gradient for the current step is not waited for (if it comes, it may still count)."""
-        with self.cond:
-            self.given_up[self.current].add(index)
-            self.cond.notify_all()
+        """Worker ``index``'s gradients are not waited for: ``_needed`` leaves it out from now on."""
+
+    def _leave_out(self, index: int) -> None:
+        self.excluded.add(index)  # until this chunk ends; its late gradients are dropped and counted
 
     def _check_calls(self) -> None:
-        now = time.monotonic()
-        with self.cond:
-            computing = [(i, s, start, flagged) for i, (s, start, flagged) in self.computing.items() if s == self.current]
-        for index, step, started, flagged in computing:
-            elapsed = now - started
-            if elapsed > self.options.step_timeout:
-                self._overdue(index, elapsed)
-                continue
-            limit = self.times.limit(self.options.straggler_factor)
-            if limit is not None and elapsed > limit and not flagged:
-                with self.cond:
-                    if index in self.computing:
-                        self.computing[index] = (step, started, True)
-                self._straggles(index, self._straggler_detail(1, elapsed))
+        """The ps's call past ``step_timeout``: the job fails, naming what to check; stragglers are flagged."""
+        from .job import TrainingError
+
+        while self.straggling:
+            index, detail = self.straggling.pop(0)
+            if self.slots[index] == ACTIVE:
+                self._straggles(index, detail)
+        elapsed = time.monotonic() - self.chunk_started
+        if self.chunk < len(self.chunks) and elapsed > self.options.step_timeout:
+            first, n = self.chunks[self.chunk]
+            raise TrainingError(
+                f"sync-ps steps {first}-{first + n - 1} waited {elapsed:.0f} s for their {self.required} gradient(s) "
+                f"each: check the workers (cluster.status()), add backup_workers, or raise step_timeout.")
+        if not any(s in (ACTIVE, RECOVERING, DROPPED) for s in self.slots.values()):
+            raise TrainingError(f"every worker was lost ({', '.join(self.names)}) at sync-ps step "
+                                f"{self.chunks[min(self.chunk, len(self.chunks) - 1)][0]}: check cluster.status().")

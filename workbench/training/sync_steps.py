@@ -1,0 +1,215 @@
+"""sync-ps on the tasks themselves: the barrier lives on the first ps, and each remote call runs many steps.
+
+The kernel no longer drives every step (that was three round trips per step through this process).
+What TensorFlow 1's ``SyncReplicasOptimizer`` kept on the ps (gradient accumulators, a token
+queue), rebuilt here with TF2 queues and functions:
+
+* ``gradients``: one queue on the first ps. A worker's step ends by enqueueing
+  ``(step, worker, loss, metrics, stamps, *gradients)`` there: that enqueue is the push.
+* ``tokens[w]``: one queue per worker, on the first ps. A worker computes step ``s`` once it
+  dequeued the token ``s``, i.e. once step ``s - 1`` is applied; it then reads the parameters
+  (from the ps, in its forward pass). A worker that fell behind drains its queue and jumps to the
+  newest token: its old gradients come late and are dropped.
+* ``aggregate(first, end, next_token)`` runs on the first ps, steps ``first..end-1`` in one call:
+  for each step it dequeues gradients until ``required`` of them belong to this step (older ones
+  are counted late), averages them in worker order (the same sum whatever the arrival order),
+  applies the average, and hands every worker the next token.
+* ``work[w](iterator, end)`` runs on worker ``w``: steps from its token until the token reaches
+  ``end``; it puts its last token back for its next call.
+
+``required`` is a variable on the ps the kernel lowers when a worker is lost, hung or dropped (and
+raises when it is back), followed by a *wake* element on the gradient queue (worker ``-1``) so that
+a waiting ``aggregate`` reads it again. Closing the queues ends every blocked call (``close()``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .steps import StepFunctions, _written, stamp_after
+
+WAKE = -1  # the worker index of an element that only makes ``aggregate`` look at ``required`` again
+_QUEUE_CAPACITY = 1 << 16
+
+
+class SyncBarrier:
+    """The queues and functions of one sync-ps run (a run after a ps restore makes new ones)."""
+
+    def __init__(self, fns: StepFunctions, n_workers: int, n_metrics: int, ps_device: str, required: int):
+        import tensorflow as tf
+
+        self.fns, self.n, self.n_metrics, self.ps_device = fns, n_workers, n_metrics, ps_device
+        self._specs = [(t.dtype, t.shape) for t in fns.targets]
+        with tf.device(ps_device):
+            self.required = tf.Variable(required, dtype=tf.int32, trainable=False, name="sync_required")
+            self.gradients = tf.queue.FIFOQueue(
+                _QUEUE_CAPACITY, [tf.int64, tf.int32, tf.float32, tf.float32, tf.float64, *(d for d, _ in self._specs)],
+                [[], [], [], [n_metrics], [2], *(s for _, s in self._specs)], name="sync_gradients")
+            self.tokens = [tf.queue.FIFOQueue(_QUEUE_CAPACITY, [tf.int64], [[]], name=f"sync_tokens_{w}")
+                           for w in range(n_workers)]
+        self.work: list[Any] = [self._make_work(w) for w in range(n_workers)]
+        self.aggregate = self._make_aggregate()
+
+    # -- from the kernel -----------------------------------------------------------------------
+
+    def start(self, step: int) -> None:
+        """Every worker's first token: the first step to compute."""
+        import tensorflow as tf
+
+        with tf.device(self.ps_device):
+            for tokens in self.tokens:
+                tokens.enqueue(tf.constant(step, tf.int64))
+
+    def warm_up(self, iterators: list, worker_devices: list[str], step: int) -> None:
+        """Run each function once with nothing to do, one after the other, before the real calls.
+
+        A first call registers a function on its tasks and opens their channels; the first calls
+        made all at once, with ``aggregate`` blocking on the ps meanwhile, hung.
+        """
+        import tensorflow as tf
+
+        at = tf.constant(step, tf.int64)
+        for work, iterator, device in zip(self.work, iterators, worker_devices):
+            with tf.device(device):
+                work(iterator, at)[0].numpy()  # its token is there and not below ``at``: no step runs
+        with tf.device(self.ps_device):
+            self.aggregate(at, at, at)[0].numpy()
+
+    def set_required(self, required: int) -> None:
+        """How many of a step's gradients ``aggregate`` waits for; a waiting one looks again at once."""
+        import tensorflow as tf
+
+        with tf.device(self.ps_device):
+            self.required.assign(required)
+            self.gradients.enqueue([tf.constant(-1, tf.int64), tf.constant(WAKE, tf.int32), tf.constant(0.0),
+                                    tf.zeros([self.n_metrics]), tf.zeros([2], tf.float64),
+                                    *(tf.zeros(s, d) for d, s in self._specs)])
+
+    def rebuild_worker(self, index: int) -> None:
+        """Worker ``index`` was re-hosted: its function again (its input pipeline is a new one)."""
+        self.work[index] = self._make_work(index)
+
+    def leftover(self) -> int:
+        """Gradients still queued (after the last step): they came late."""
+        import tensorflow as tf
+
+        with tf.device(self.ps_device):
+            return int(self.gradients.size().numpy())
+
+    def close(self) -> None:
+        """End every call blocked on the queues (a finished or failed run): their waits fail at once."""
+        import tensorflow as tf
+
+        with tf.device(self.ps_device):
+            for queue in (self.gradients, *self.tokens):
+                queue.close(cancel_pending_enqueues=True)
+
+    # -- the functions -------------------------------------------------------------------------
+
+    @staticmethod
+    def _newest(tokens):
+        """Dequeue a token (waiting for one), then any others queued behind it: the newest step."""
+        import tensorflow as tf
+
+        first = tokens.dequeue()
+        with tf.control_dependencies([first]):
+            more = tokens.dequeue_many(tokens.size())
+        return tf.reduce_max(tf.concat([tf.reshape(first, [1]), more], 0))
+
+    def _make_work(self, index: int):
+        """``work[index](iterator, end) -> (steps, stamps)``: this worker's steps until its token reaches ``end``.
+
+        Each step waits for its token (the previous step applied), then reads the parameters in
+        its forward pass and pushes its gradient to the ps; ``stamps[i]`` is when step
+        ``steps[i]`` started (token in hand) and when its gradient was ready. The last token,
+        ``end`` or beyond, is put back for the next call.
+        """
+        import tensorflow as tf
+
+        fns, tokens, gradients = self.fns, self.tokens[index], self.gradients
+        targets = fns.targets
+
+        @tf.function(autograph=False)
+        def work(iterator, end):
+            def more(step, steps, stamps):
+                return step < end
+
+            def one(step, steps, stamps):
+                with tf.control_dependencies([step]):  # the parameters are read once the previous step is applied
+                    start = tf.timestamp()
+                with tf.control_dependencies([start]):
+                    x, y = next(iterator)
+                    loss, metrics, grads = fns._loss_and_grads(x, y)
+                grads = [tf.convert_to_tensor(g, t.dtype) for g, t in zip(grads, targets)]
+                times = tf.stack([start, stamp_after([loss, *grads])])
+                values = tf.stack(metrics) if metrics else tf.zeros([0])
+                pushed = gradients.enqueue([step, tf.constant(index, tf.int32), loss, values, times, *grads])
+                at = steps.size()
+                steps, stamps = steps.write(at, step), stamps.write(at, times)
+                with tf.control_dependencies([pushed]):
+                    return self._newest(tokens), steps, stamps
+
+            loop = (self._newest(tokens), tf.TensorArray(tf.int64, size=0, dynamic_size=True),
+                    tf.TensorArray(tf.float64, size=0, dynamic_size=True, element_shape=[2]))
+            last, steps, stamps = tf.while_loop(more, one, loop, parallel_iterations=1)
+            back = tokens.enqueue(last)
+            with tf.control_dependencies([back]):
+                return steps.stack(), tf.reshape(stamps.stack(), [-1, 2])
+
+        return work
+
+    def _make_aggregate(self):
+        import tensorflow as tf
+
+        fns, n, m, gradients, tokens = self.fns, self.n, self.n_metrics, self.gradients, self.tokens
+        specs, required = self._specs, self.required
+
+        def gather(step):
+            """Dequeue until ``required`` gradients of ``step`` came: their sum per worker slot, who, and how many late."""
+            def more(count, late, mask, losses, metrics, stamps, slots):
+                return count < required.read_value()
+
+            def take(count, late, mask, losses, metrics, stamps, slots):
+                item = gradients.dequeue()
+                worker = tf.maximum(item[1], 0)
+                fresh = tf.logical_and(item[1] >= 0, tf.equal(item[0], step))
+                fresh = tf.logical_and(fresh, tf.gather(mask, worker) == 0.0)  # once per worker and step
+                weight = tf.cast(fresh, tf.float32)
+                at = [[worker]]
+                late += tf.cast(tf.logical_and(item[1] >= 0, tf.logical_not(fresh)), tf.int32)
+                mask = tf.tensor_scatter_nd_add(mask, at, [weight])
+                losses = tf.tensor_scatter_nd_add(losses, at, [item[2] * weight])
+                if m:  # no metrics: nothing to add (an empty update is an error)
+                    metrics = tf.tensor_scatter_nd_add(metrics, at, [item[3] * weight])
+                stamps = tf.tensor_scatter_nd_add(stamps, at, [item[4] * tf.cast(weight, tf.float64)])
+                slots = [tf.tensor_scatter_nd_add(s, at, [g * tf.cast(weight, g.dtype)]) for s, g in zip(slots, item[5:])]
+                return count + tf.cast(fresh, tf.int32), late, mask, losses, metrics, stamps, slots
+
+            start = (tf.constant(0), tf.constant(0), tf.zeros([n]), tf.zeros([n]), tf.zeros([n, m]),
+                     tf.zeros([n, 2], tf.float64), [tf.zeros([n, *s], d) for d, s in specs])
+            return tf.while_loop(more, take, start, parallel_iterations=1)
+
+        @tf.function(autograph=False)
+        def aggregate(first, end, next_token):
+            def step_body(step, out):
+                count, late, mask, losses, metrics, stamps, slots = gather(step)
+                with tf.control_dependencies([count]):
+                    applied = tf.timestamp()
+                share = tf.cast(tf.maximum(count, 1), tf.float32)
+                mean = [tf.reduce_sum(s, axis=0) / tf.cast(share, s.dtype) for s in slots]  # worker order: exact
+                with tf.control_dependencies([applied]):
+                    fns.optimizer.apply_gradients(zip(mean, fns.targets))
+                with tf.control_dependencies([_written(fns.model.weights)]):
+                    token = tf.where(step + 1 < end, step + 1, next_token)
+                    handed = [t.enqueue(token) for t in tokens]
+                with tf.control_dependencies(handed):
+                    done = tf.timestamp()
+                row = (mask, losses, metrics, stamps, tf.stack([applied, done]), late)
+                return step + 1, [ta.write(tf.cast(step - first, tf.int32), v) for ta, v in zip(out, row)]
+
+            size = tf.cast(end - first, tf.int32)
+            out = [tf.TensorArray(d, size=size) for d in (tf.float32, tf.float32, tf.float32, tf.float64, tf.float64, tf.int32)]
+            _, out = tf.while_loop(lambda step, _out: step < end, step_body, (first, out), parallel_iterations=1)
+            return tuple(ta.stack() for ta in out)
+
+        return aggregate
