@@ -31,8 +31,8 @@ class SyncRun(WorkerRun):
     def __init__(self, job):
         super().__init__(job)
         self.chunks = chunks_of(job.missing_steps(), self.options.steps_per_call)
-        self.chunk = 0  # the chunk the ps aggregates now
-        self.chunk_started = time.monotonic()
+        self.chunk = 0  # the chunk of steps the workers' calls make now
+        self.step, self.step_started = -1, time.monotonic()  # the step the ps aggregates now, since when
         self.aggregated = 0
         self.late = 0
         self.excluded: set[int] = set()  # dropped stragglers: not waited for until the chunk ends
@@ -99,30 +99,37 @@ class SyncRun(WorkerRun):
 
     @own_executor
     def _aggregate(self) -> None:
+        """One ``aggregate`` call per step: its record is in the history as soon as it is applied.
+
+        The call is made before the step's gradients come (the workers compute meanwhile), so
+        this thread's round trip to the ps overlaps the workers' compute instead of adding to it.
+        """
         import tensorflow as tf
 
         job = self.job
         next_checkpoint = job.first_checkpoint_at()
         for number, (first, n) in enumerate(self.chunks):
-            if self.halt.is_set() or job._stop.is_set():
-                return
-            self.chunk, self.chunk_started = number, time.monotonic()
+            self.chunk = number
             self.excluded.clear()
             following = self.chunks[number + 1][0] if number + 1 < len(self.chunks) else first + n
-            try:
-                with tf.device(job._ps_devices[0]):
-                    outputs = self.barrier.aggregate(tf.constant(first, tf.int64), tf.constant(first + n, tf.int64),
-                                                     tf.constant(following, tf.int64))
-                outputs = [o.numpy() for o in outputs]
-            except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
-                self.errors.put((None, _AGGREGATOR, exc))
-                return
-            self._record(first, *outputs)
-            try:
-                next_checkpoint = job.checkpoint_due(next_checkpoint)
-            except Exception as exc:  # noqa: BLE001 - a save that found a ps gone (TaskLost), or a failure
-                self.errors.put((None, None, exc))
-                return
+            for step in range(first, first + n):
+                if self.halt.is_set() or job._stop.is_set():
+                    return
+                self.step, self.step_started = step, time.monotonic()
+                token = step + 1 if step + 1 < first + n else following
+                try:
+                    with tf.device(job._ps_devices[0]):
+                        outputs = self.barrier.aggregate(*(tf.constant(v, tf.int64) for v in (step, step + 1, token)))
+                    outputs = [o.numpy() for o in outputs]
+                except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
+                    self.errors.put((None, _AGGREGATOR, exc))
+                    return
+                self._record(step, *outputs)
+                try:
+                    next_checkpoint = job.checkpoint_due(next_checkpoint)
+                except Exception as exc:  # noqa: BLE001 - a save that found a ps gone (TaskLost), or a failure
+                    self.errors.put((None, None, exc))
+                    return
         self.chunk = len(self.chunks)
 
     def _record(self, first: int, masks, losses, metrics, stamps, applied, late) -> None:
@@ -195,12 +202,11 @@ class SyncRun(WorkerRun):
             index, detail = self.straggling.pop(0)
             if self.slots[index] == ACTIVE:
                 self._straggles(index, detail)
-        elapsed = time.monotonic() - self.chunk_started
+        elapsed = time.monotonic() - self.step_started
         if self.chunk < len(self.chunks) and elapsed > self.options.step_timeout:
-            first, n = self.chunks[self.chunk]
             raise TrainingError(
-                f"sync-ps steps {first}-{first + n - 1} waited {elapsed:.0f} s for their {self.required} gradient(s) "
-                f"each: check the workers (cluster.status()), add backup_workers, or raise step_timeout.")
+                f"sync-ps step {self.step} waited {elapsed:.0f} s for its {self.required} gradient(s): check the "
+                "workers (cluster.status()), add backup_workers, or raise step_timeout.")
         if not any(s in (ACTIVE, RECOVERING, DROPPED) for s in self.slots.values()):
             raise TrainingError(f"every worker was lost ({', '.join(self.names)}) at sync-ps step "
                                 f"{self.chunks[min(self.chunk, len(self.chunks) - 1)][0]}: check cluster.status().")
