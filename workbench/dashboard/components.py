@@ -25,7 +25,7 @@ SEGMENT_ROWS = 5_000
 THROUGHPUT_ROLLOVER = 3_600  # one-second bins: the last hour
 FOLLOW_MS = 30_000.0  # the timeline follows the newest 30 s until the user pans or zooms
 EVENTS_PER_UPDATE = 20_000  # a long backlog is streamed over several updates, none of them long
-PHASE_COLOURS = ("#9467bd", "#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7")  # PHASES order
+PHASE_COLOURS = ("#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7")  # PHASES order
 SERIES_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # Phases of a training step, in the order they happen; a step span has one of them.
-PULL = "pull"  # sync-ps: the worker copies the parameters from the ps tasks into its replica
-COMPUTE = "compute"  # forward and backward pass on the worker (async-ps reads parameters here too)
+COMPUTE = "compute"  # forward and backward pass on the worker, reading the parameters from the ps tasks
 PUSH_APPLY = "push+apply"  # async-ps: gradients go to the ps tasks and are applied there
 ALLREDUCE_APPLY = "allreduce+apply"  # allreduce: gradients summed across workers, applied on each
 APPLY = "apply"  # sync-ps, on a ps row: the aggregated gradients are averaged and applied
 RUNNING = "running"  # in progress: a call on the worker that has not returned yet
-PHASES = (PULL, COMPUTE, PUSH_APPLY, ALLREDUCE_APPLY, APPLY, RUNNING)
+PHASES = (COMPUTE, PUSH_APPLY, ALLREDUCE_APPLY, APPLY, RUNNING)
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ class StepRecorder:
 
     def span(self, task: str, device: str, phase: str, step: int, start: float, end: float, examples: int = 0,
              key: str = "") -> None:
-        """One measured phase of one step (sync-ps: a pull, a gradient, an apply on the ps)."""
+        """One measured phase of one step (sync-ps: a worker's gradient, an apply on the ps)."""
         if self.log is not None:
             self.log.append(StepSpan(task, device, phase, self._local(task, start), self._local(task, end), step, 1,
                                      examples, self.job, key))

@@ -60,7 +60,7 @@ def train(
         A placed model (``wb.place``) trains model-parallel: pass it as ``model`` and no strategy,
         or call ``placed.train(...)``.
     steps, batch_size: optimizer steps to run, and the global batch (split evenly over the workers).
-    steps_per_call: async-ps and allreduce steps a worker runs per remote call (fewer round trips).
+    steps_per_call: steps a worker runs per remote call, in every strategy (fewer round trips).
     checkpoint_dir, checkpoint_every, resume: periodic ``tf.train.Checkpoint`` of model, optimizer and
         step (named ``ckpt-<step>``; in async-ps taken within ``steps_per_call`` x workers steps after each
         multiple, and always at the end); ``resume=True`` continues from the newest one.

@@ -19,7 +19,7 @@ class TrainOptions:
     steps: int = 1000
     batch_size: int = 64  # global: split evenly over the workers
     backup_workers: int = 0  # sync-ps only
-    steps_per_call: int = 10  # async-ps: steps a worker runs per remote call
+    steps_per_call: int = 10  # steps a worker runs per remote call (every strategy)
     metrics: tuple = ()
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # steps; 0: only at the end (if checkpoint_dir)

@@ -2,9 +2,9 @@
 
 The barrier runs on the first ps (``sync_steps.SyncBarrier``): workers run ``steps_per_call``
 synchronous steps per remote call, each blocking on the ps for its step's token, and the ps
-applies every step once ``required`` gradients of it arrived. The kernel's part is per chunk of
-steps, not per step: one thread per worker that makes its calls, one that makes the ps's
-``aggregate`` calls and records the history, and the run's thread, which watches the tasks'
+applies every step once ``required`` gradients of it arrived. The kernel is not in a worker's
+loop: one thread per worker makes its calls (a chunk of steps each), one makes the ps's
+``aggregate`` call of each step ahead of its gradients and records it, and the run's thread watches the tasks'
 health and lowers ``required`` when a worker is lost, hung or dropped (the steps then go on with
 the gradients of the others; ``aggregated`` in the history says how many) and raises it again
 when the worker is back.
