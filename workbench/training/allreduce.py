@@ -101,10 +101,20 @@ class WorkerGroup:
                 "stalled or gone, and the others wait for it in the all-reduce). Check cluster.status(); restart the "
                 "cluster and resume from the last checkpoint.") from None
 
+    def _reserve_addresses(self, attempts: int = 5) -> list[str]:
+        """A free port on each worker's host, distinct per host: engines that reserve at the same moment on one
+        host can be handed the same ephemeral port (both then bind it, and one server fails to start)."""
+        for _ in range(attempts):
+            ports = self.call_all({e: (engine_side.reserve_port,) for e in self.engines}, "reserving all-reduce ports", 30)
+            addresses = [f"{r.address.rpartition(':')[0]}:{ports[r.engine_id]}" for r in self.workers]
+            if len(set(addresses)) == len(addresses):
+                return addresses
+        raise ClusterStateError(f"the workers were handed the same port {attempts} times in a row ({', '.join(addresses)}): "
+                                "the host is short of free ports. Free some (stop other clusters), then train again.")
+
     def form(self) -> None:
         """Join every worker engine to one MultiWorkerMirroredStrategy (reused if already formed)."""
-        ports = self.call_all({e: (engine_side.reserve_port,) for e in self.engines}, "reserving all-reduce ports", 30)
-        addresses = [f"{r.address.rpartition(':')[0]}:{ports[r.engine_id]}" for r in self.workers]
+        addresses = self._reserve_addresses()
         key = [r.address for r in self.workers]  # the group is these TF tasks, whatever ports it uses
         joined = self.call_all({e: (allreduce_engine.join_group, addresses, i, key) for i, e in enumerate(self.engines)},
                                "forming the all-reduce group", GROUP_TIMEOUT)
