@@ -119,12 +119,12 @@ class SyncRun(WorkerRun):
                 token = step + 1 if step + 1 < first + n else following
                 try:
                     with tf.device(job._ps_devices[0]):
-                        outputs = self.barrier.aggregate(*(tf.constant(v, tf.int64) for v in (step, step + 1, token)))
-                    outputs = [o.numpy() for o in outputs]
+                        rows = self.barrier.aggregate(*(tf.constant(v, tf.int64) for v in (step, step + 1, token)))
+                    rows = rows.numpy()
                 except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
                     self.errors.put((None, _AGGREGATOR, exc))
                     return
-                self._record(step, *outputs)
+                self._record(step, [self.barrier.unpack(row) for row in rows])
                 try:
                     next_checkpoint = job.checkpoint_due(next_checkpoint)
                 except Exception as exc:  # noqa: BLE001 - a save that found a ps gone (TaskLost), or a failure
@@ -132,18 +132,19 @@ class SyncRun(WorkerRun):
                     return
         self.chunk = len(self.chunks)
 
-    def _record(self, first: int, masks, losses, metrics, stamps, applied, late) -> None:
+    def _record(self, first: int, rows: list[tuple]) -> None:
+        """Steps ``first, first + 1, ...``, one ``SyncBarrier.unpack``-ed row each, into the history and the timeline."""
         job, batch = self.job, self.options.per_worker_batch
-        for i in range(len(masks)):
-            contributors = [w for w in range(len(self.names)) if masks[i][w] > 0]
+        for i, (mask, losses, metrics, stamps, applied, late) in enumerate(rows):
+            contributors = [w for w in range(len(self.names)) if mask[w] > 0]
             n = len(contributors)
-            job._recorder.span(job._ps_names[0], job._ps_devices[0], APPLY, first + i, applied[i][0], applied[i][1], n * batch)
-            job._record(first + i, sum(losses[i][w] for w in contributors) / n,
-                        [sum(metrics[i][w][j] for w in contributors) / n for j in range(len(job.metric_names))],
-                        ",".join(self.names[w] for w in contributors), min(stamps[i][w][0] for w in contributors),
-                        max(stamps[i][w][1] for w in contributors), n * batch, aggregated=n)
+            job._recorder.span(job._ps_names[0], job._ps_devices[0], APPLY, first + i, applied[0], applied[1], n * batch)
+            job._record(first + i, float(sum(losses[w] for w in contributors) / n),
+                        [float(sum(metrics[w][j] for w in contributors) / n) for j in range(len(job.metric_names))],
+                        ",".join(self.names[w] for w in contributors), min(stamps[w][0] for w in contributors),
+                        max(stamps[w][1] for w in contributors), n * batch, aggregated=n)
             self.aggregated += n
-            self.late += int(late[i])
+            self.late += late
 
     # -- a worker's thread: its calls, chunk after chunk ----------------------------------------
 

@@ -104,6 +104,18 @@ class SyncBarrier:
             for queue in (self.gradients, *self.tokens):
                 queue.close(cancel_pending_enqueues=True)
 
+    @property
+    def row_width(self) -> int:
+        """The values ``aggregate`` returns per step: mask, losses, metrics, stamps (n each, metrics n x m), applied, late."""
+        return self.n * (4 + self.n_metrics) + 3
+
+    def unpack(self, row) -> tuple:
+        """One step's row of ``aggregate``: (mask [n], losses [n], metrics [n, m], stamps [n, 2], applied [2], late)."""
+        n, m = self.n, self.n_metrics
+        ends = [n, 2 * n, 2 * n + n * m, 4 * n + n * m, 4 * n + n * m + 2]
+        mask, losses, metrics, stamps, applied = (row[a:b] for a, b in zip([0, *ends[:-1]], ends))
+        return mask, losses, metrics.reshape(n, m), stamps.reshape(n, 2), applied, int(row[-1])
+
     # -- the functions -------------------------------------------------------------------------
 
     @staticmethod
@@ -204,12 +216,12 @@ class SyncBarrier:
                     handed = [t.enqueue(token) for t in tokens]
                 with tf.control_dependencies(handed):
                     done = tf.timestamp()
-                row = (mask, losses, metrics, stamps, tf.stack([applied, done]), late)
-                return step + 1, [ta.write(tf.cast(step - first, tf.int32), v) for ta, v in zip(out, row)]
+                row = tf.concat([tf.cast(tf.reshape(v, [-1]), tf.float64)
+                                 for v in (mask, losses, metrics, stamps, tf.stack([applied, done]), late)], 0)
+                return step + 1, out.write(tf.cast(step - first, tf.int32), row)
 
-            size = tf.cast(end - first, tf.int32)
-            out = [tf.TensorArray(d, size=size) for d in (tf.float32, tf.float32, tf.float32, tf.float64, tf.float64, tf.int32)]
+            out = tf.TensorArray(tf.float64, size=tf.cast(end - first, tf.int32), element_shape=[self.row_width])
             _, out = tf.while_loop(lambda step, _out: step < end, step_body, (first, out), parallel_iterations=1)
-            return tuple(ta.stack() for ta in out)
+            return out.stack()  # one tensor: the kernel fetches it in one round trip
 
         return aggregate
