@@ -73,7 +73,7 @@ class SyncBarrier:
             with tf.device(device):
                 work(iterator, at)[0].numpy()  # its token is there and not below ``at``: no step runs
         with tf.device(self.ps_device):
-            self.aggregate(at, at, at)[0].numpy()
+            self.aggregate(at, at, at).numpy()
 
     def set_required(self, required: int) -> None:
         """How many of a step's gradients ``aggregate`` waits for; a waiting one looks again at once."""
