@@ -81,10 +81,13 @@ def _hold(holder) -> None:
 
 def _let_go(name: str) -> None:
     """Before a new connection: refuse while a holder still runs; else free what the current one made."""
+    if _STATE["spec"] is None:
+        return  # the first connection: nothing to free (and no collection added to start-up)
     holders = list(_HOLDERS)
     old = _STATE.get("cluster_object")
     grace = 0.0 if old is not None and old.state == "running" else SETTLE_SECONDS  # a stopped cluster's jobs are ending
-    running = [what for what in (h.settle(grace) for h in holders) if what]
+    deadline = time.monotonic() + grace  # one grace for all of them, not one each
+    running = [what for what in (h.settle(max(0.0, deadline - time.monotonic())) for h in holders) if what]
     if running:
         raise ClusterStateError(
             f"cannot connect this kernel to cluster {name!r} while {', '.join(running)} on cluster {_STATE['cluster']!r}: "

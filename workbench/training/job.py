@@ -318,7 +318,7 @@ class Job:
             try:
                 self._local_weights = self._read_weights()
             except Exception:  # noqa: BLE001 - the tasks are gone (a stopped cluster): job.model then says so
-                self._local_weights = None
+                pass
         for name in ("_model", "_optimizer", "_step", "_fns", "_iterators", "_checkpoint", "_manager"):
             if hasattr(self, name):
                 setattr(self, name, None)
