@@ -26,6 +26,9 @@ A step is one optimizer update: one worker's batch in async-ps and PSS, N - k ba
 SyncReplicas, N batches in allreduce (examples/s says so). Bytes per step: loopback bytes received
 (``/proc/net/dev``) over each whole run (start-up included, both sides; on one machine all ps <-> worker
 traffic crosses loopback, and so does anything else on this machine's loopback meanwhile) / steps.
+CPU ms per step: CPU time of the ps tasks, of the worker tasks and of the client over each whole run /
+steps (the client is the kernel for the workbench, the baseline's own processes otherwise, start-up
+included).
 
 Within each repeat the runs alternate, baseline then workbench (the order reversed every other repeat);
 the figures are medians over repeats (``--repeats``, default 3), and the ratios are ratios of medians;
@@ -92,14 +95,37 @@ class Run:
     examples_per_s: float
     bytes_per_step: float
     steps: int
+    cpu_ms_per_step: dict[str, float]  # ps tasks, worker tasks, client (this process and its children)
 
 
-def measured(run: Callable[[], tuple[Points, float]], steps: int) -> Run:
-    """Run ``run() -> (points, examples per step)``, counting the loopback bytes around it."""
-    before = loopback_bytes()
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def client_cpu_seconds() -> float:
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                   resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def measured(run: Callable[[], tuple[Points, float]], steps: int, cluster) -> Run:
+    """Run ``run() -> (points, examples per step)``, counting the loopback bytes and the CPU time around it.
+
+    On a 2-core machine every line is CPU-bound, so CPU time per step says where a rate goes: the
+    ps and worker tasks are the same processes for every line; the client is this process (the
+    workbench's kernel) plus the baselines' own processes (their start-up included).
+    """
+    roles = {role: [r.pid for r in cluster.tasks if r.job == role] for role in ("ps", "worker")}
+    before_cpu = {role: sum(cpu_seconds(p) for p in pids) for role, pids in roles.items()}
+    before_client, before = client_cpu_seconds(), loopback_bytes()
     points, examples_per_step = run()
     rate = steady_rate(points)
-    return Run(rate, rate * examples_per_step, (loopback_bytes() - before) / steps, steps)
+    cpu = {role: (sum(cpu_seconds(p) for p in pids) - before_cpu[role]) * 1e3 / steps for role, pids in roles.items()}
+    cpu["client"] = (client_cpu_seconds() - before_client) * 1e3 / steps
+    return Run(rate, rate * examples_per_step, (loopback_bytes() - before) / steps, steps, cpu)
 
 
 def make_model():
@@ -127,25 +153,25 @@ def workbench_run(cluster, *, strategy: str, steps: int, batch: int, steps_per_c
         ends = sorted(record["end"] for record in history)
         return list(zip(ends, range(1, len(ends) + 1))), sum(r["examples"] for r in history) / len(history)
 
-    return measured(run, steps)
+    return measured(run, steps, cluster)
 
 
-def pss_run(spec: dict, *, steps: int, steps_per_call: int, per_worker_batch: int) -> Run:
+def pss_run(cluster, *, steps: int, steps_per_call: int, per_worker_batch: int) -> Run:
     def run() -> tuple[Points, float]:
-        stamps = run_pss(spec, steps=steps, steps_per_call=steps_per_call, per_worker_batch=per_worker_batch,
+        stamps = run_pss(cluster.spec_dict, steps=steps, steps_per_call=steps_per_call, per_worker_batch=per_worker_batch,
                          hidden=HIDDEN, seed=SEED, timeout=TIMEOUT)
         return list(zip(sorted(stamps), range(1, len(stamps) + 1))), per_worker_batch
 
-    return measured(run, steps)
+    return measured(run, steps, cluster)
 
 
-def sync_replicas_run(spec: dict, *, steps: int, backup_workers: int, per_worker_batch: int) -> Run:
+def sync_replicas_run(cluster, *, steps: int, backup_workers: int, per_worker_batch: int) -> Run:
     def run() -> tuple[Points, float]:
-        points = run_sync_replicas(spec, steps=steps, backup_workers=backup_workers, per_worker_batch=per_worker_batch,
+        points = run_sync_replicas(cluster.spec_dict, steps=steps, backup_workers=backup_workers, per_worker_batch=per_worker_batch,
                                    hidden=HIDDEN, seed=SEED, timeout=TIMEOUT)
-        return points, (len(spec["worker"]) - backup_workers) * per_worker_batch
+        return points, (len(cluster.spec_dict["worker"]) - backup_workers) * per_worker_batch
 
-    return measured(run, steps)
+    return measured(run, steps, cluster)
 
 
 @dataclass(frozen=True)
@@ -173,15 +199,15 @@ def lines(cluster, args: argparse.Namespace) -> list[Line]:
 
     return [
         Line("pss-k", f"PSS + ClusterCoordinator, {k} steps/closure",
-             lambda: pss_run(spec, steps=args.steps, steps_per_call=k, per_worker_batch=b)),
+             lambda: pss_run(cluster, steps=args.steps, steps_per_call=k, per_worker_batch=b)),
         Line("async-ps", f"workbench async-ps (steps_per_call {k})", workbench("async-ps", args.steps)),
         Line("pss-1", "PSS + ClusterCoordinator, 1 step/closure",
-             lambda: pss_run(spec, steps=args.steps, steps_per_call=1, per_worker_batch=b)),
+             lambda: pss_run(cluster, steps=args.steps, steps_per_call=1, per_worker_batch=b)),
         Line("tf1-k0", f"TF1 SyncReplicas, aggregate {n} of {n}",
-             lambda: sync_replicas_run(spec, steps=args.sync_steps, backup_workers=0, per_worker_batch=b)),
+             lambda: sync_replicas_run(cluster, steps=args.sync_steps, backup_workers=0, per_worker_batch=b)),
         Line("sync-ps-k0", "workbench sync-ps, backup_workers 0", workbench("sync-ps", args.sync_steps)),
         Line("tf1-k1", f"TF1 SyncReplicas, aggregate {n - 1} of {n}",
-             lambda: sync_replicas_run(spec, steps=args.sync_steps, backup_workers=1, per_worker_batch=b)),
+             lambda: sync_replicas_run(cluster, steps=args.sync_steps, backup_workers=1, per_worker_batch=b)),
         Line("sync-ps-k1", "workbench sync-ps, backup_workers 1", workbench("sync-ps", args.sync_steps, backup=1)),
         Line("allreduce", "workbench allreduce", workbench("allreduce", args.steps)),
     ]
@@ -205,6 +231,8 @@ def summarize(raw: dict[str, list[dict]], args: argparse.Namespace) -> dict:
         if done:
             medians[name] = {key: statistics.median(run[key] for run in done)
                              for key in ("steps_per_s", "examples_per_s", "bytes_per_step")}
+            medians[name]["cpu_ms_per_step"] = {role: statistics.median(run["cpu_ms_per_step"][role] for run in done)
+                                                for role in done[0]["cpu_ms_per_step"]}
     ratios = {}
     for title, c in comparisons(args).items():
         if c.workbench in medians and c.baseline in medians:
@@ -217,7 +245,8 @@ def summarize(raw: dict[str, list[dict]], args: argparse.Namespace) -> dict:
 
 def print_report(summary: dict, labels: dict[str, str], raw: dict[str, list[dict]]) -> None:
     width = max(len(label) for label in labels.values())
-    print(f"\n{'median over repeats':{width}s}  {'steps/s':>8s}  {'examples/s':>10s}  {'MB/step':>8s}")
+    print(f"\n{'median over repeats':{width}s}  {'steps/s':>8s}  {'examples/s':>10s}  {'MB/step':>8s}  "
+          f"{'CPU ms/step: ps':>15s}  {'workers':>7s}  {'client':>6s}")
     for name, label in labels.items():
         m = summary["medians"].get(name)
         errors = sum("error" in run for run in raw[name])
@@ -225,8 +254,9 @@ def print_report(summary: dict, labels: dict[str, str], raw: dict[str, list[dict
         if m is None:
             print(f"{label:{width}s}  {'failed':>8s}{note}")
         else:
+            cpu = m["cpu_ms_per_step"]
             print(f"{label:{width}s}  {m['steps_per_s']:8.1f}  {m['examples_per_s']:10.0f}  "
-                  f"{m['bytes_per_step'] / 1e6:8.2f}{note}")
+                  f"{m['bytes_per_step'] / 1e6:8.2f}  {cpu['ps']:15.2f}  {cpu['worker']:7.2f}  {cpu['client']:6.2f}{note}")
     print("\nratios of median steps/s")
     for title, r in summary["ratios"].items():
         goal = f"goal >= {r['goal']:.1f}, {'met' if r['ratio'] >= r['goal'] else 'NOT met'}" if r["goal"] else "secondary"
@@ -252,8 +282,10 @@ def training_main(args: argparse.Namespace) -> int:
             for line in order if repeat % 2 == 0 else order[::-1]:
                 try:
                     run = asdict(line.run())
+                    cpu = ", ".join(f"{role} {ms:.2f}" for role, ms in run["cpu_ms_per_step"].items())
                     print(f"repeat {repeat + 1}/{args.repeats} {line.label}: {run['steps_per_s']:.1f} steps/s, "
-                          f"{run['examples_per_s']:.0f} examples/s, {run['bytes_per_step'] / 1e6:.2f} MB/step", flush=True)
+                          f"{run['examples_per_s']:.0f} examples/s, {run['bytes_per_step'] / 1e6:.2f} MB/step, "
+                          f"CPU ms/step {cpu}", flush=True)
                 except Exception as exc:  # noqa: BLE001 - one failed line is reported; the others still run
                     run = {"error": f"{type(exc).__name__}: {exc}"}
                     print(f"repeat {repeat + 1}/{args.repeats} {line.label}: FAILED {run['error'][:2000]}", flush=True)
@@ -323,8 +355,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--per-worker-batch", type=int, default=32)
     parser.add_argument("--steps-per-call", type=int, default=10, help="the workbench's steps_per_call, and PSS's K")
-    parser.add_argument("--lines", help="comma-separated line names to run (default: all): pss-k, async-ps, pss-1, "
-                        "tf1-k0, sync-ps-k0, tf1-k1, sync-ps-k1, allreduce")
+    parser.add_argument("--lines", help="comma-separated line names to run (default: all): pss-k, async-ps, "
+                        "pss-1, tf1-k0, sync-ps-k0, tf1-k1, sync-ps-k1, allreduce")
     parser.add_argument("--containment", action="store_true", help="contained ports against every interface")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "training.json")
     args = parser.parse_args()
