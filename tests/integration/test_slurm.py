@@ -1,0 +1,75 @@
+"""engines="slurm" against a real single-node Slurm (tests/slurm.py): start, train, scale, stop, and a job that waits.
+
+Runs as root (CI does); otherwise skipped with the reason. The Slurm daemons are started by a
+module fixture and stopped after the module, and every test checks that it left nothing queued.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import pytest
+import slurm
+from training_helpers import train
+
+import workbench as wb
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+QUEUE_EMPTY_SECONDS = 30
+
+
+@pytest.fixture(scope="module")
+def local_slurm():
+    reason = slurm.available()
+    if reason:
+        pytest.skip(reason)
+    cluster = slurm.LocalSlurm(cpus=16)
+    saved = {key: os.environ.get(key) for key in cluster.env}
+    os.environ.update(cluster.env)  # the launcher's sbatch/scancel, and the workbench's squeue, find it
+    try:
+        yield cluster
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        cluster.close()
+
+
+def _queue_empties(local_slurm) -> list[str]:
+    deadline = time.monotonic() + QUEUE_EMPTY_SECONDS
+    while (jobs := local_slurm.jobs()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return jobs
+
+
+def test_a_slurm_cluster_trains_scales_and_leaves_the_queue_empty(local_slurm):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", wb.ExposedPortsWarning)  # tasks bind the controller's address only
+        cluster = wb.Cluster(ps=1, workers=2, engines="slurm", controller_ip="127.0.0.1", progress=False,
+                             start_timeout=120, name="wb-test-slurm")
+        cluster.start()
+    try:
+        jobs = local_slurm.jobs()
+        assert len(jobs) == 1 and " RUNNING " in f" {jobs[0]} ", jobs
+        status = cluster.status()
+        assert "engines: slurm" in str(status) and {t.name for t in status.tasks} == {"ps:0", "worker:0", "worker:1"}
+        assert all(address.startswith("127.0.0.1:") for job in cluster.spec_dict.values() for address in job)
+
+        job = train(cluster, steps=300).wait(300)
+        assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.9
+        job = train(cluster, strategy="allreduce", steps=300).wait(300)
+        assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.9
+
+        cluster.scale(workers=3)
+        assert len(cluster.spec_dict["worker"]) == 3
+        cluster.scale(workers=2)
+        assert len(cluster.spec_dict["worker"]) == 2
+        job = train(cluster, steps=100).wait(300)
+        assert job.state == "done"
+    finally:
+        cluster.stop()
+    assert _queue_empties(local_slurm) == [], "Slurm jobs left after stop()"
