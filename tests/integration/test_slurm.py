@@ -7,6 +7,7 @@ module fixture and stopped after the module, and every test checks that it left 
 from __future__ import annotations
 
 import os
+import re
 import time
 import warnings
 
@@ -73,3 +74,22 @@ def test_a_slurm_cluster_trains_scales_and_leaves_the_queue_empty(local_slurm):
     finally:
         cluster.stop()
     assert _queue_empties(local_slurm) == [], "Slurm jobs left after stop()"
+
+
+def test_a_job_left_pending_ends_in_a_timeout_that_names_it_and_is_cancelled(local_slurm):
+    """Another job holds every CPU of the node: the cluster's job waits (PENDING, reason Resources)."""
+    submitted = local_slurm.run("sbatch", "--parsable", "-c", str(local_slurm.cpus), "-o", "/dev/null",
+                                "--wrap", "sleep 600")
+    blocker = submitted.stdout.strip().split(";")[0]
+    assert submitted.returncode == 0 and blocker.isdigit(), submitted.stderr
+    try:
+        cluster = wb.Cluster(ps=1, workers=2, engines="slurm", controller_ip="127.0.0.1", progress=False,
+                             start_timeout=15, name="wb-test-slurm-pending")
+        with pytest.raises(wb.EngineStartTimeout, match=r"Batch job (\d+) is PENDING \(reason: Resources\)") as caught:
+            cluster.start()
+        waiting = re.search(r"Batch job (\d+)", str(caught.value)).group(1)
+        assert waiting != blocker and "start_timeout" in str(caught.value)
+        assert all(not line.startswith(f"{waiting} ") for line in local_slurm.jobs()), "the pending job was not cancelled"
+    finally:
+        local_slurm.run("scancel", blocker)
+    assert _queue_empties(local_slurm) == []

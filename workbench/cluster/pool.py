@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 
 from ..errors import ClusterStartError, ClusterStateError, ConfigurationError, EngineStartTimeout
+from . import batch
 from .containment import engine_environment
 from .engine_main import ENGINE_MAIN
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV
@@ -373,9 +374,11 @@ class OwnedPool:
             stopped = getattr(engine_set, "state", "") == "after"
             if stopped or deadline.expired:
                 why = "the engine launcher stopped" if stopped else f"within {deadline.seconds:.0f} s"
+                job = batch.describe(self.launcher, engine_set)
                 raise EngineStartTimeout(
                     f"only {len(new)} of {n} engine(s) registered ({why}) with launcher "
-                    f"{self.launcher!r}. Last lines of the launcher's log:\n{_tail(self.log_tail(set_id))}\n"
+                    f"{self.launcher!r}.{' ' + job if job else ''} Last lines of the launcher's log:\n"
+                    f"{_tail(self.log_tail(set_id))}\n"
                     "Fix what the log shows; if the engines are merely slow to start (a busy batch queue), "
                     "pass a larger start_timeout."
                 )

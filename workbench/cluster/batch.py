@@ -1,0 +1,47 @@
+"""What a batch system says about the job that holds a cluster's engines (for errors that must name it)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from typing import Any
+
+QUERY_SECONDS = 10  # a scheduler client that cannot reach its controller retries for about 10 s per call
+
+# per launcher name: the command that prints "<state> <reason>" of job {id}
+_QUERIES = {
+    "slurm": ["squeue", "-h", "-j", "{id}", "-o", "%T %r"],
+}
+
+
+def job_id(engine_set: Any) -> str:
+    """The batch job id an ipyparallel batch launcher recorded when it submitted, or ``""``."""
+    return str(getattr(engine_set, "job_id", "") or "")
+
+
+def job_state(launcher: str, job: str) -> str:
+    """``"PENDING (reason: Resources)"`` as the scheduler reports it; ``""`` where it cannot be asked."""
+    query = _QUERIES.get(launcher)
+    if not job or query is None or shutil.which(query[0]) is None:
+        return ""
+    try:
+        out = subprocess.run([part.format(id=job) for part in query], capture_output=True, text=True,
+                             timeout=QUERY_SECONDS).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    if not out:
+        return "no longer in the queue"
+    state, reason = out[0], " ".join(out[1:])
+    return f"{state} (reason: {reason})" if reason and reason != "None" else state
+
+
+def describe(launcher: str, engine_set: Any) -> str:
+    """A sentence naming the batch job and its state, for an engine start that timed out; ``""`` for non-batch launchers."""
+    job = job_id(engine_set)
+    if not job:
+        return ""
+    state = job_state(launcher, job)
+    waiting = state.startswith("PENDING")
+    return (f"Batch job {job} is {state or 'in an unknown state'}"
+            + ("; the scheduler has not given it what it asks for (nodes, CPUs, time, partition)" if waiting else "")
+            + ". It is cancelled as the cluster stops.")
