@@ -71,9 +71,12 @@ def test_a_slurm_cluster_trains_scales_and_leaves_the_queue_empty(local_slurm):
         assert len(cluster.spec_dict["worker"]) == 2
         job = train(cluster, steps=100).wait(300)
         assert job.state == "done"
+        batch_file = cluster._pool.batch_file
+        assert os.path.exists(batch_file) and not os.path.exists("slurm_engine.sbatch")  # not in the user's directory
     finally:
         cluster.stop()
     assert _queue_empties(local_slurm) == [], "Slurm jobs left after stop()"
+    assert not os.path.exists(batch_file)
 
 
 def test_a_job_left_pending_ends_in_a_timeout_that_names_it_and_is_cancelled(local_slurm):

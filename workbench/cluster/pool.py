@@ -348,6 +348,9 @@ class OwnedPool:
                 kwargs["warm"] = self._warm
             else:
                 kwargs["fork"] = False  # refused before: no second warm process, no second notice
+        if "batch_file_name" in self._ipp.engine_launcher_class.class_traits() and self._ipp.profile_dir:
+            # ipyparallel writes the batch script into the current directory (the user's notebooks) by default
+            kwargs.setdefault("batch_file_name", self.batch_file)
         # Launchers that run engines with this Python get the workbench bootstrap. Others (SSH
         # computes a remote command) keep theirs; the lifeline is then attached after registration.
         cls = self._ipp.engine_launcher_class
@@ -356,6 +359,11 @@ class OwnedPool:
             if list(trait.default() or []) == [sys.executable, "-m", "ipyparallel.engine"]:
                 kwargs.setdefault("engine_cmd", list(ENGINE_MAIN))
         return kwargs
+
+    @property
+    def batch_file(self) -> str:
+        """Where a batch launcher writes its job script: this cluster's own file in the profile directory."""
+        return os.path.join(self._ipp.profile_dir, f"workbench-{self.name}-engines.batch")
 
     def add_engines(self, n: int, deadline: Deadline, on_progress) -> list[int]:
         """Start ``n`` engines; return their ids once all registered."""
@@ -438,6 +446,8 @@ class OwnedPool:
                 pass
             for path in self._controller_files():  # a killed controller removed none of them
                 Path(path).unlink(missing_ok=True)
+            if self._ipp.profile_dir:
+                Path(self.batch_file).unlink(missing_ok=True)
         if self._warm is not None:
             self._warm.close(timeout=deadline.remaining(1))
             self._warm = None
