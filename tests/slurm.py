@@ -13,23 +13,24 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from workbench.cluster.reaper import kill_process_trees
+
 TIMEOUT = 30
 PACKAGES = ["slurm-wlm", "slurmctld", "slurmd", "slurm-client", "munge"]
-DAEMONS = ["slurmctld", "slurmd", "munged", "sbatch", "squeue", "scancel", "sinfo"]
+COMMANDS = ["slurmctld", "slurmd", "munged", "sbatch", "squeue", "scancel", "sinfo"]
 
 
 def available() -> str:
     """Why a local Slurm cannot run here, or ``""``; installs Slurm and munge when missing and we are root."""
     if os.geteuid() != 0:
         return "a local Slurm (munged, slurmctld, slurmd) needs root (CI runs as root)"
-    if all(shutil.which(d) or Path("/usr/sbin", d).exists() for d in DAEMONS):
+    if all(shutil.which(d) or Path("/usr/sbin", d).exists() for d in COMMANDS):
         return ""
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]):
@@ -170,24 +171,6 @@ class LocalSlurm:
         for name in ("slurmd", "slurmctld", "munged"):
             pid = self.pids.pop(name, None)
             if pid is not None:
-                _stop(pid)
+                kill_process_trees([(pid, 0.0)], grace=10.0)  # the workbench's own: SIGTERM, then SIGKILL
         shutil.rmtree(self.dir, ignore_errors=True)
 
-
-def _stop(pid: int, grace: float = 10.0) -> None:
-    """SIGTERM a daemon we started, then SIGKILL it if it is still there after ``grace`` seconds."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -212,9 +212,9 @@ def test_local_tensorflow_ports_listen_on_loopback_and_the_check_agrees(cluster)
 
 def test_without_a_compiler_the_open_ports_are_named_with_what_to_do(tmp_path, no_leftover_processes):
     env = {"CC": str(tmp_path / "no-such-cc"), "WORKBENCH_CACHE_DIR": str(tmp_path / "cache"), "LD_PRELOAD": ""}
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)  # the client and its engines both look for a compiler, and find none
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():  # the client and its engines both look for a compiler, and find none
+            patch.setenv(key, value)
         with pytest.warns(wb.ExposedPortsWarning) as caught:
             cluster = wb.Cluster(ps=1, workers=1, progress=False).start()
         try:
@@ -224,12 +224,6 @@ def test_without_a_compiler_the_open_ports_are_named_with_what_to_do(tmp_path, n
             assert "no-such-cc" in message and "start the cluster again" in message and "firewall" in message
         finally:
             cluster.stop()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 KERNEL_CONNECTS = """

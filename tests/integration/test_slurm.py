@@ -27,16 +27,12 @@ def local_slurm():
     if reason:
         pytest.skip(reason)
     cluster = slurm.LocalSlurm(cpus=16)
-    saved = {key: os.environ.get(key) for key in cluster.env}
-    os.environ.update(cluster.env)  # the launcher's sbatch/scancel, and the workbench's squeue, find it
     try:
-        yield cluster
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in cluster.env.items():  # the launcher's sbatch/scancel, and the workbench's squeue, find it
+                patch.setenv(key, value)
+            yield cluster
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         cluster.close()
 
 

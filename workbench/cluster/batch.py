@@ -8,10 +8,16 @@ from typing import Any
 
 QUERY_SECONDS = 10  # a scheduler client that cannot reach its controller retries for about 10 s per call
 
-# per launcher name: the command that prints "<state> <reason>" of job {id}
+# per batch system (how its ipyparallel launcher class names begin): the command printing "<state> <reason>" of job {id}
 _QUERIES = {
     "slurm": ["squeue", "-h", "-j", "{id}", "-o", "%T %r"],
 }
+
+
+def _query(engine_set: Any) -> list[str] | None:
+    """The state query of the launcher's batch system, from its class (``engines="slurm"`` or a full class path)."""
+    kind = type(engine_set).__name__.lower()
+    return next((query for system, query in _QUERIES.items() if kind.startswith(system)), None)
 
 
 def job_id(engine_set: Any) -> str:
@@ -19,9 +25,9 @@ def job_id(engine_set: Any) -> str:
     return str(getattr(engine_set, "job_id", "") or "")
 
 
-def job_state(launcher: str, job: str) -> str:
+def job_state(engine_set: Any, job: str) -> str:
     """``"PENDING (reason: Resources)"`` as the scheduler reports it; ``""`` where it cannot be asked."""
-    query = _QUERIES.get(launcher)
+    query = _query(engine_set)
     if not job or query is None or shutil.which(query[0]) is None:
         return ""
     try:
@@ -35,12 +41,12 @@ def job_state(launcher: str, job: str) -> str:
     return f"{state} (reason: {reason})" if reason and reason != "None" else state
 
 
-def describe(launcher: str, engine_set: Any) -> str:
+def describe(engine_set: Any) -> str:
     """A sentence naming the batch job and its state, for an engine start that timed out; ``""`` for non-batch launchers."""
     job = job_id(engine_set)
     if not job:
         return ""
-    state = job_state(launcher, job)
+    state = job_state(engine_set, job)
     waiting = state.startswith("PENDING")
     return (f"Batch job {job} is {state or 'in an unknown state'}"
             + ("; the scheduler has not given it what it asks for (nodes, CPUs, time, partition)" if waiting else "")

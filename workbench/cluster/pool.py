@@ -348,12 +348,12 @@ class OwnedPool:
                 kwargs["warm"] = self._warm
             else:
                 kwargs["fork"] = False  # refused before: no second warm process, no second notice
-        if "batch_file_name" in self._ipp.engine_launcher_class.class_traits() and self._ipp.profile_dir:
+        cls = self._ipp.engine_launcher_class
+        if "batch_file_name" in cls.class_traits() and self._ipp.profile_dir:
             # ipyparallel writes the batch script into the current directory (the user's notebooks) by default
             kwargs.setdefault("batch_file_name", self.batch_file)
         # Launchers that run engines with this Python get the workbench bootstrap. Others (SSH
         # computes a remote command) keep theirs; the lifeline is then attached after registration.
-        cls = self._ipp.engine_launcher_class
         trait = cls.class_traits().get("engine_cmd")
         if trait is not None and not hasattr(cls, "_engine_cmd_default"):
             if list(trait.default() or []) == [sys.executable, "-m", "ipyparallel.engine"]:
@@ -382,7 +382,7 @@ class OwnedPool:
             stopped = getattr(engine_set, "state", "") == "after"
             if stopped or deadline.expired:
                 why = "the engine launcher stopped" if stopped else f"within {deadline.seconds:.0f} s"
-                job = batch.describe(self.launcher, engine_set)
+                job = batch.describe(engine_set)
                 raise EngineStartTimeout(
                     f"only {len(new)} of {n} engine(s) registered ({why}) with launcher "
                     f"{self.launcher!r}.{' ' + job if job else ''} Last lines of the launcher's log:\n"

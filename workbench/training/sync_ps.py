@@ -45,9 +45,8 @@ class SyncRun(WorkerRun):
         job = self.job
         if not self.chunks:
             return
-        self.barrier = SyncBarrier(job._fns, len(self.slots), len(job.metric_names), job._ps_devices[0],
-                                   self._needed())
         self.required = self._needed()
+        self.barrier = SyncBarrier(job._fns, len(self.slots), len(job.metric_names), job._ps_devices[0], self.required)
         self.barrier.start(self.chunks[0][0])
         self.barrier.warm_up(job._iterators, job._worker_devices, self.chunks[0][0])
         finished = False
