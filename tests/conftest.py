@@ -20,7 +20,8 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytest_plugins = ["pytest_jupyter.jupyter_server"]  # jp_fetch & co., for the server extension's routes
+pytest_plugins = ["pytest_jupyter.jupyter_server",  # jp_fetch & co., for the server extension's routes
+                  "stuck_tests"]  # a test stuck in C is named, its processes ended, the suite goes on
 
 ARTIFACTS = ROOT / "test-artifacts"
 
