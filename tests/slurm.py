@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import debian
+
 from workbench.cluster.reaper import kill_process_trees
 
 TIMEOUT = 30
@@ -30,13 +32,7 @@ def available() -> str:
     """Why a local Slurm cannot run here, or ``""``; installs Slurm and munge when missing and we are root."""
     if os.geteuid() != 0:
         return "a local Slurm (munged, slurmctld, slurmd) needs root (CI runs as root)"
-    if all(shutil.which(d) or Path("/usr/sbin", d).exists() for d in COMMANDS):
-        return ""
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]):
-        if shutil.which(command[0]) is None or subprocess.run(command, env=env, capture_output=True, timeout=600).returncode:
-            return f"Slurm is missing and could not be installed with apt-get ({' '.join(PACKAGES)})"
-    return ""
+    return debian.ensure(COMMANDS, PACKAGES, "Slurm")
 
 
 def _free_port() -> int:

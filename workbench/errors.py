@@ -61,6 +61,10 @@ class EngineForkWarning(UserWarning):
     """Local engines were started as separate processes instead of forks of the warm process (the message says why)."""
 
 
+class LauncherOptionsWarning(UserWarning):
+    """The workbench added options to the engine launcher's command (e.g. mpiexec's --allow-run-as-root); the message says which and why."""
+
+
 class TaskFaultWarning(UserWarning):
     """A task was lost, went silent or straggles, and what the workbench did about it (re-hosted it, restored a checkpoint...)."""
 

@@ -20,6 +20,7 @@ from ..errors import (
     ConfigurationError,
     ControllerLost,
     EngineForkWarning,
+    LauncherOptionsWarning,
     LowMemoryWarning,
     TaskFaultWarning,
     UnknownTaskError,
@@ -206,6 +207,11 @@ class Cluster(TaskHosting):
             warnings.warn(f"cluster {self.name!r}: engines start as separate processes, each importing TensorFlow "
                           f"(more memory, slower start), because {notice}", EngineForkWarning, stacklevel=stacklevel)
 
+    def _warn_launcher_notices(self, known: int, stacklevel: int = 3) -> None:
+        """One warning per option the workbench added to the launcher's command since ``known`` notices."""
+        for notice in getattr(self._pool, "launcher_notices", [])[known:]:
+            warnings.warn(f"cluster {self.name!r}: {notice}", LauncherOptionsWarning, stacklevel=stacklevel)
+
     def _check_local_gpus(self, workers: int) -> None:
         if not self._gpus_per_worker:
             return
@@ -321,6 +327,7 @@ class Cluster(TaskHosting):
                 len(layout), deadline, lambda done, total: progress.update("engines registered", done, total)
             )
             self._warn_if_not_forked("")
+            self._warn_launcher_notices(0)
             self._assign_tasks(dict(zip(layout, ids)), deadline, progress)
             self.check_exposure(self.tasks, deadline, stacklevel=3)
             self._state = "running"
@@ -422,8 +429,10 @@ class Cluster(TaskHosting):
             progress = make_progress(self._progress_option)
             try:
                 known = getattr(self._pool, "fork_notice", "")
+                noted = len(getattr(self._pool, "launcher_notices", []))
                 ids = self._add_engines(len(new_tasks), deadline, progress)
                 self._warn_if_not_forked(known, stacklevel=4)
+                self._warn_launcher_notices(noted, stacklevel=4)
                 self._assign_tasks(dict(zip(new_tasks, ids)), deadline, progress)
                 self.check_exposure([self._tasks[t] for t in new_tasks], deadline, stacklevel=4)
             except BaseException:

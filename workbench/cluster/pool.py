@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 from ..errors import ClusterStartError, ClusterStateError, ConfigurationError, EngineStartTimeout
-from . import batch
+from . import batch, mpi
 from .containment import engine_environment
 from .engine_main import ENGINE_MAIN
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV
@@ -182,6 +182,12 @@ def split_launcher_options(launcher_cls: type, options: dict[str, Any]) -> tuple
     return cluster_kwargs, launcher_kwargs
 
 
+def _is_mpi(launcher_cls: type) -> bool:
+    from ipyparallel.cluster.launcher import MPILauncher
+
+    return issubclass(launcher_cls, MPILauncher)
+
+
 def _launcher_pids(launcher: Any) -> list[int]:
     """Local process ids behind an ipyparallel launcher (none for batch-system launchers)."""
     pids = []
@@ -261,6 +267,7 @@ class OwnedPool:
         if launcher in LOCAL_LAUNCHERS:  # loaded at exec: the warm process, and every engine it forks or that starts anew
             self._engine_env = engine_environment(self._engine_env)
         self.fork_notice = ""  # why engines were started as new processes instead of forks ("" if they were not)
+        self.launcher_notices: list[str] = []  # what the workbench added to the launcher's options, and why
 
     @property
     def lifeline(self) -> str:
@@ -293,6 +300,7 @@ class OwnedPool:
     def start(self, deadline: Deadline) -> None:
         from ipyparallel import Cluster as IPPCluster
 
+        self._check_mpi()
         self._start_warm()  # first: it imports TensorFlow while everything else starts
         lifeline_host = self.controller_ip if self.controller_ip not in ("", "*", "0.0.0.0") else "0.0.0.0"
         self._reaper = Reaper(lifeline_host)
@@ -339,7 +347,16 @@ class OwnedPool:
             env[PREIMPORT_ENV] = "1"
         return env
 
-    def _engine_kwargs(self) -> dict[str, Any]:
+    def _check_mpi(self) -> None:
+        """engines='mpi': mpiexec and the engines' mpi4py are there, or a ConfigurationError says what to install."""
+        cls = engine_launcher_class(self.launcher)
+        if _is_mpi(cls):
+            mpi.check(self._mpi_cmd(cls), engines_use_this_python="engine_cmd" not in self._launcher_kwargs)
+
+    def _mpi_cmd(self, cls: type) -> list[str]:
+        return list(self._launcher_kwargs.get("mpi_cmd") or cls.class_traits()["mpi_cmd"].default())
+
+    def _engine_kwargs(self, n: int) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"environment": self._engine_environment(), **self._launcher_kwargs}
         if self.launcher in LOCAL_LAUNCHERS:
             kwargs.setdefault("engine_args", ["--IPEngine.wait_for_url_file=120"])
@@ -349,6 +366,11 @@ class OwnedPool:
             else:
                 kwargs["fork"] = False  # refused before: no second warm process, no second notice
         cls = self._ipp.engine_launcher_class
+        if _is_mpi(cls):
+            given = list(kwargs.get("mpi_args", []))
+            added, notices = mpi.added_args(self._mpi_cmd(cls), given, n)
+            kwargs["mpi_args"] = [*added, *given]
+            self.launcher_notices.extend(note for note in notices if note not in self.launcher_notices)
         if "batch_file_name" in cls.class_traits() and self._ipp.profile_dir:
             # ipyparallel writes the batch script into the current directory (the user's notebooks) by default
             kwargs.setdefault("batch_file_name", self.batch_file)
@@ -368,7 +390,7 @@ class OwnedPool:
     def add_engines(self, n: int, deadline: Deadline, on_progress) -> list[int]:
         """Start ``n`` engines; return their ids once all registered."""
         before = set(self.client.ids) if self.client is not None else set()
-        set_id = self._loop.run(self._ipp.start_engines(n, **self._engine_kwargs()), deadline.remaining(1))
+        set_id = self._loop.run(self._ipp.start_engines(n, **self._engine_kwargs(n)), deadline.remaining(1))
         engine_set = self._ipp.engines[set_id]
         self.watch(_launcher_pids(engine_set))
         self._after_fallback(getattr(engine_set, "fallback_reason", ""))
