@@ -89,6 +89,8 @@ class Cluster(TaskHosting):
         ipyparallel engine launcher: ``"local"`` (default, this machine), ``"mpi"``, ``"slurm"``,
         ``"ssh"``, ``"pbs"``, ... Options of that launcher (``queue=``, ``mpi_args=``, ...) and of
         ``ipyparallel.Cluster`` (``profile=``, ``controller_args=``, ...) pass through as keywords.
+        For ``"ssh"``, ``hosts={"node1": 2, "user@node2:2222": 2}`` says how many engines each host
+        runs (the SSH launcher's own ``engines`` option, renamed because ``engines=`` names the launcher).
     gpus_per_worker:
         GPUs given to each worker through ``CUDA_VISIBLE_DEVICES``, disjoint between engines on
         the same host; ps tasks get none. 0 (default) hides every GPU from every task.

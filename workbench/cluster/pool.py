@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +164,9 @@ def split_launcher_options(launcher_cls: type, options: dict[str, Any]) -> tuple
     launcher_traits = set(launcher_cls.class_trait_names(config=True))
     reserved = {"n", "cluster_id", "engine_launcher_class", "engines", "shutdown_atexit"}
     cluster_kwargs, launcher_kwargs, unknown = {}, {}, []
+    options = dict(options)
+    if "hosts" in options:
+        launcher_kwargs["engines"] = _hosts(launcher_cls, options.pop("hosts"))
     for key, value in options.items():
         if key in reserved:
             raise ConfigurationError(f"{key!r} is set by the workbench; leave it out of the launcher options.")
@@ -180,6 +183,24 @@ def split_launcher_options(launcher_cls: type, options: dict[str, Any]) -> tuple
             f"ipyparallel Cluster options: {', '.join(sorted(cluster_traits))}."
         )
     return cluster_kwargs, launcher_kwargs
+
+
+def _hosts(launcher_cls: type, hosts: Any) -> dict[str, Any]:
+    """``hosts=``: how many engines each host runs, for launchers that place engines by host name (engines='ssh').
+
+    It is that launcher's own ``engines`` option, renamed: ``engines=`` names the launcher here.
+    """
+    if "engines" not in launcher_cls.class_trait_names(config=True):
+        raise ConfigurationError(f"hosts= places engines on named hosts, which {launcher_cls.__name__} does not do: "
+                                 "use it with engines='ssh' (or leave it out).")
+    if not isinstance(hosts, Mapping) or not hosts:
+        raise ConfigurationError(f"hosts={hosts!r} must map each host to its number of engines, e.g. "
+                                 "hosts={'node1': 2, 'user@node2:2222': 1}.")
+    for host, count in hosts.items():
+        n = count.get("n", 1) if isinstance(count, Mapping) else count
+        if not isinstance(host, str) or not host or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigurationError(f"hosts: {host!r}: {count!r} is not a number of engines (an int >= 1) for a host name.")
+    return {host: dict(count) if isinstance(count, Mapping) else count for host, count in hosts.items()}
 
 
 def _is_mpi(launcher_cls: type) -> bool:
@@ -374,12 +395,16 @@ class OwnedPool:
         if "batch_file_name" in cls.class_traits() and self._ipp.profile_dir:
             # ipyparallel writes the batch script into the current directory (the user's notebooks) by default
             kwargs.setdefault("batch_file_name", self.batch_file)
-        # Launchers that run engines with this Python get the workbench bootstrap. Others (SSH
-        # computes a remote command) keep theirs; the lifeline is then attached after registration.
+        # Engines get the workbench bootstrap (engine_main): launchers that run them with this Python
+        # with it, SSH with the remote Python (which has the workbench: its tasks run the workbench's code).
+        # A user's own engine_cmd is kept; the lifeline is then attached after registration.
         trait = cls.class_traits().get("engine_cmd")
         if trait is not None and not hasattr(cls, "_engine_cmd_default"):
             if list(trait.default() or []) == [sys.executable, "-m", "ipyparallel.engine"]:
                 kwargs.setdefault("engine_cmd", list(ENGINE_MAIN))
+        elif trait is not None and "remote_python" in cls.class_traits():
+            remote_python = kwargs.get("remote_python") or cls.class_traits()["remote_python"].default()
+            kwargs.setdefault("engine_cmd", [remote_python, *ENGINE_MAIN[1:]])
         return kwargs
 
     @property
