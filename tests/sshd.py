@@ -46,20 +46,25 @@ def free_port(host: str = "127.0.0.1") -> int:
 class LocalSSHD:
     """An sshd on ``host:port`` that lets this user in with its own throwaway key."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, netns: str = "") -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, netns: str = "", hostname: str = "") -> None:
+        """``netns``: run inside that network namespace (``host`` is then one of its addresses, port 22 by
+        default); ``hostname``: in a UTS namespace of its own with that host name, as its sessions see it."""
         self.dir = Path(tempfile.mkdtemp(prefix="wb-sshd-"))
         self.dir.chmod(0o700)
-        self.host, self.port = host, port or free_port(host)
+        self.host, self.port = host, port or (22 if netns else free_port(host))
         self.key = self.dir / "client_key"
         self.process: subprocess.Popen | None = None
         try:
             self._keys()
             self._configure()
-            prefix = ["ip", "netns", "exec", netns] if netns else []
+            command = [SSHD, "-D", "-e", "-f", str(self.conf)]
+            if hostname:
+                command = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname, *command]
+            if netns:
+                command = ["ip", "netns", "exec", netns, *command]
             self.log = self.dir / "sshd.log"
             with open(self.log, "wb") as log:
-                self.process = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(self.conf)], stdout=log,
-                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             self._wait_ready()
         except BaseException:
             self.close()

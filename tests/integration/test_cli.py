@@ -15,7 +15,7 @@ def test_workbench_demo_is_a_headless_smoke_test(no_leftover_processes):
     out = proc.stdout
     for task in ("ps:0", "worker:0", "worker:1"):
         assert f"{task}: sum(1..100) computed on the task = 5050" in out
-    assert "task      engine  address" in out
+    assert "task      engine  host" in out
     assert "stopped, nothing left running" in out
     assert "engines registered 3/3" in proc.stderr  # text progress in a terminal
 

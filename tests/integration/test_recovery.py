@@ -3,7 +3,8 @@
 Each test asserts the recovery, not only the survival: the job reaches its step count with every
 step run once (or, after a restore, once since the checkpoint it went back to), held-out accuracy
 is at least 0.90, the task is back to ``running`` on a new engine at its address, and no process
-is left behind.
+is left behind. A whole host lost (every process of an emulated host killed) is recovered in
+``test_hosts.py``, where the hosts are.
 """
 
 import signal

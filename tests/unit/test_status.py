@@ -16,8 +16,8 @@ def test_text_table_has_a_row_per_task_in_aligned_columns():
     text = str(_status())
     lines = text.splitlines()
     assert lines[0] == "cluster 'demo': running, 1 ps + 2 worker task(s), engines: local"
-    assert lines[1].split() == ["task", "engine", "address", "pid", "devices", "GPUs", "state"]
-    assert lines[3].split() == ["ps:0", "0", "127.0.0.1:5000", "11", "CPU:0", "none", "running"]
+    assert lines[1].split() == ["task", "engine", "host", "address", "pid", "devices", "GPUs", "state"]
+    assert lines[3].split() == ["ps:0", "0", "h", "127.0.0.1:5000", "11", "CPU:0", "none", "running"]
     assert "CPU:0, GPU:0" in lines[4] and lines[4].split()[-1] == "running"
     assert lines[5].split()[-1] == "lost"
     assert len({line.index("address") if "address" in line else None for line in lines[1:2]}) == 1

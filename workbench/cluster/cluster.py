@@ -31,7 +31,7 @@ from ..telemetry.clocks import measure_offsets
 from ..telemetry.log import EventLog
 from . import registry
 from .gpus import discover_gpus, validate_gpus_per_worker
-from .health import LOST, RUNNING, SILENT, TaskHealth
+from .health import LOST, RECOVERING, RUNNING, SILENT, STOPPED, TaskHealth
 from .hosting import TaskHosting
 from .memory import available_memory, engine_memory_warning
 from .pool import (
@@ -456,7 +456,17 @@ class Cluster(TaskHosting):
         if isinstance(self._pool, AttachedPool):
             used = [r.engine_id for r in self._tasks.values()]
             return self._pool.add_engines(n, deadline, report, exclude=used)
-        return self._pool.add_engines(n, deadline, report)
+        return self._pool.add_engines(n, deadline, report, in_use=self._tasks_per_host())
+
+    def _tasks_per_host(self) -> dict[str, int]:
+        """Running tasks per host, counted under its name and under its address (a lost task no longer counts)."""
+        counts: dict[str, int] = {}
+        for record in self._tasks.values():
+            if record.state in (LOST, RECOVERING, STOPPED):
+                continue
+            for key in {record.host, record.address.rpartition(":")[0].strip("[]")} - {""}:
+                counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def _drop_tasks(self, tasks: list[TaskId], deadline: Deadline) -> None:
         records = [self._tasks.pop(t) for t in tasks]

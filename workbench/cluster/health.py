@@ -21,6 +21,7 @@ from ..telemetry.events import TaskEvent
 from .status import TaskRecord
 
 STARTING, RUNNING, SILENT, LOST, RECOVERING, STOPPED = "starting", "running", "silent", "lost", "recovering", "stopped"
+ENGINE_EXITED = "its engine exited"  # the note of a task whose engine's lifeline closed: the process is gone
 CONTROLLER_LOST = "controller-lost"  # the kind of the event that tells subscribers the whole cluster is gone
 
 Subscriber = Callable[[TaskEvent], None]
@@ -112,7 +113,7 @@ class TaskHealth:
         if record is None:
             return  # an engine the cluster no longer counts (scaled down, or already replaced)
         if kind == "lost" and record.state in (STARTING, RUNNING, SILENT):
-            self.set_state(record, LOST, "its engine exited")
+            self.set_state(record, LOST, ENGINE_EXITED)
         elif kind == "silent" and record.state == RUNNING:
             seconds = float(event.get("seconds", 0.0))
             self.set_state(record, SILENT, "not answering", since=time.time() - seconds)

@@ -27,7 +27,7 @@ from ..progress import ProgressSink, make_progress
 from . import connection, engine_side
 from .containment import describe, exposed
 from .gpus import assign_gpus
-from .health import LOST, RECOVERING, RUNNING
+from .health import ENGINE_EXITED, LOST, RECOVERING, RUNNING
 from .pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
 from .spec import TaskId
 from .status import TaskRecord
@@ -186,11 +186,13 @@ class TaskHosting:
                 raise ClusterStateError(f"cluster {self.name!r} is attached: process {self._owner_pid} owns it and "
                                         "re-hosts its tasks.")
             old = self.task(task)
+            gone = old.state == LOST and old.note == ENGINE_EXITED  # its lifeline closed: the process is gone
             deadline = Deadline(self._start_timeout if timeout is None else timeout)
             self.health.set_state(old, RECOVERING, "starting a new engine")
             added: list[int] = []
             try:
-                self._kill_engine(old, deadline)
+                if not gone or self._is_local(old):
+                    self._kill_engine(old, deadline)
                 added = self._add_engines(1, deadline, make_progress(False))
                 self._assign_tasks({old.task: added[0]}, deadline, make_progress(False), previous={old.task: old})
                 new = self._tasks[old.task]

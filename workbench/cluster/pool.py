@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 from ..errors import ClusterStartError, ClusterStateError, ConfigurationError, EngineStartTimeout
-from . import batch, mpi
+from . import batch, mpi, placement_hosts
 from .containment import engine_environment
 from .engine_main import ENGINE_MAIN
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV
@@ -377,8 +377,10 @@ class OwnedPool:
     def _mpi_cmd(self, cls: type) -> list[str]:
         return list(self._launcher_kwargs.get("mpi_cmd") or cls.class_traits()["mpi_cmd"].default())
 
-    def _engine_kwargs(self, n: int) -> dict[str, Any]:
+    def _engine_kwargs(self, n: int, in_use: Mapping[str, int]) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"environment": self._engine_environment(), **self._launcher_kwargs}
+        if "engines" in kwargs:  # hosts=: reachable hosts, least used first (placement_hosts.py)
+            kwargs["engines"] = placement_hosts.place(n, kwargs["engines"], in_use)
         if self.launcher in LOCAL_LAUNCHERS:
             kwargs.setdefault("engine_args", ["--IPEngine.wait_for_url_file=120"])
         if self.launcher == FORK_LAUNCHER:
@@ -412,10 +414,14 @@ class OwnedPool:
         """Where a batch launcher writes its job script: this cluster's own file in the profile directory."""
         return os.path.join(self._ipp.profile_dir, f"workbench-{self.name}-engines.batch")
 
-    def add_engines(self, n: int, deadline: Deadline, on_progress) -> list[int]:
-        """Start ``n`` engines; return their ids once all registered."""
+    def add_engines(self, n: int, deadline: Deadline, on_progress, in_use: Mapping[str, int] | None = None) -> list[int]:
+        """Start ``n`` engines; return their ids once all registered.
+
+        ``in_use``: running tasks per host (by name and by address), for launchers given ``hosts=``.
+        """
         before = set(self.client.ids) if self.client is not None else set()
-        set_id = self._loop.run(self._ipp.start_engines(n, **self._engine_kwargs(n)), deadline.remaining(1))
+        kwargs = self._engine_kwargs(n, in_use or {})
+        set_id = self._loop.run(self._ipp.start_engines(n, **kwargs), deadline.remaining(1))
         engine_set = self._ipp.engines[set_id]
         self.watch(_launcher_pids(engine_set))
         self._after_fallback(getattr(engine_set, "fallback_reason", ""))

@@ -39,7 +39,7 @@ class TaskRecord:
         return asdict(self)
 
 
-_COLUMNS = ("task", "engine", "address", "pid", "devices", "GPUs", "state")
+_COLUMNS = ("task", "engine", "host", "address", "pid", "devices", "GPUs", "state")
 
 
 def _device_summary(record: TaskRecord) -> str:
@@ -61,6 +61,7 @@ def _row(record: TaskRecord) -> tuple[str, ...]:
     return (
         record.name,
         str(record.engine_id),
+        record.host or "-",
         record.address or "-",
         str(record.pid or "-"),
         _device_summary(record),
