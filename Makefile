@@ -8,7 +8,7 @@ EXTRAS ?= cpu,notebook,test
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install chromium lab test bench bench-training bench-dashboard bench-memory bench-controller demo clean
+.PHONY: install chromium lab test bench bench-training bench-dashboard bench-memory bench-controller bench-launchers demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 
@@ -52,6 +52,10 @@ bench-memory: install
 
 bench-controller: install
 	$(PY) bench/controller.py
+
+# as root: Open MPI, OpenSSH and Slurm are installed when missing; the emulated hosts need namespaces
+bench-launchers: install
+	LD_PRELOAD="$$($(VENV)/bin/workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" $(PY) bench/launchers.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info test-artifacts bench/results workbench/labextension extension/lib extension/node_modules

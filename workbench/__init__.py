@@ -7,6 +7,7 @@ from . import (
     datasets,
 )
 from .cluster import Cluster, ClusterStatus, TaskId, TaskRecord, list_clusters, running_clusters
+from .cluster.batch import slurm_reachable
 from .dashboard import Dashboard, DashboardServer, dashboard, serve_dashboard
 from .training import (
     DataContext,
@@ -79,6 +80,7 @@ __all__ = [
     "WorkbenchError",
     "list_clusters",
     "running_clusters",
+    "slurm_reachable",
 ]
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from typing import Any
 
+SLURM_CONFIGS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
 QUERY_SECONDS = 10  # a scheduler client that cannot reach its controller retries for about 10 s per call
 
 # per batch system (how its ipyparallel launcher class names begin): the command printing "<state> <reason>" of job {id}
@@ -51,3 +53,27 @@ def describe(engine_set: Any) -> str:
     return (f"Batch job {job} is {state or 'in an unknown state'}"
             + ("; the scheduler has not given it what it asks for (nodes, CPUs, time, partition)" if waiting else "")
             + ". It is cancelled as the cluster stops.")
+
+
+def slurm_reachable() -> str:
+    """``""`` when this machine can submit to a Slurm controller that answers (``sinfo``), else why not.
+
+    For a notebook that runs its Slurm cells only where there is a Slurm (tutorial 06).
+    """
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        return "the Slurm commands (sbatch, sinfo) are not installed here"
+    configs = [os.environ.get("SLURM_CONF", ""), *SLURM_CONFIGS]
+    if not any(path and os.path.exists(path) for path in configs):  # else sinfo would look for one in DNS
+        return (f"no Slurm configuration here ({', '.join(SLURM_CONFIGS)}); on a configless site, set SLURM_CONF "
+                "to the cached one")
+    try:
+        result = subprocess.run(["sinfo", "-h", "-o", "%P %a"], capture_output=True, text=True, timeout=QUERY_SECONDS)
+    except subprocess.TimeoutExpired:
+        return f"sinfo got no answer from the Slurm controller within {QUERY_SECONDS} s"
+    except OSError as exc:
+        return f"sinfo could not run: {exc}"
+    if result.returncode != 0:
+        return f"sinfo failed: {result.stderr.strip()[:200] or 'exit status ' + str(result.returncode)}"
+    if not any(line.split()[1:2] == ["up"] for line in result.stdout.splitlines() if line.strip()):
+        return "the Slurm controller has no partition that is up"
+    return ""
