@@ -57,7 +57,8 @@ class Host:
 
 
 class EmulatedHosts:
-    def __init__(self, count: int = 3) -> None:
+    def __init__(self, count: int = 3, env: dict[str, str] | None = None) -> None:
+        """``env``: variables every session on every host gets (``CUDA_VISIBLE_DEVICES``: a node's GPUs)."""
         n = random.randint(1, 250)
         tag = f"{os.getpid() % 10000}{n}"
         self.bridge = f"wbbr{tag}"
@@ -71,7 +72,7 @@ class EmulatedHosts:
             for i in range(count):
                 self.hosts.append(self._add_host(tag, n, i))
             for host in self.hosts:
-                host.sshd = sshd.LocalSSHD(host=host.address, netns=host.namespace, hostname=host.name)
+                host.sshd = sshd.LocalSSHD(host=host.address, netns=host.namespace, hostname=host.name, env=env)
         except BaseException:
             self.close()
             raise

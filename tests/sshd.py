@@ -46,9 +46,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 class LocalSSHD:
     """An sshd on ``host:port`` that lets this user in with its own throwaway key."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, netns: str = "", hostname: str = "") -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, netns: str = "", hostname: str = "",
+                 env: dict[str, str] | None = None) -> None:
         """``netns``: run inside that network namespace (``host`` is then one of its addresses, port 22 by
-        default); ``hostname``: in a UTS namespace of its own with that host name, as its sessions see it."""
+        default); ``hostname``: in a UTS namespace of its own with that host name, as its sessions see it;
+        ``env``: variables every session gets (what a node's scheduler sets, e.g. ``CUDA_VISIBLE_DEVICES``)."""
+        self.env = dict(env or {})
         self.dir = Path(tempfile.mkdtemp(prefix="wb-sshd-"))
         self.dir.chmod(0o700)
         self.host, self.port = host, port or (22 if netns else free_port(host))
@@ -96,6 +99,7 @@ class LocalSSHD:
             "X11Forwarding no",
             "PrintMotd no",
             "Subsystem sftp internal-sftp",  # scp speaks sftp by default
+            *(f"SetEnv {key}={value}" for key, value in self.env.items()),
             "",
         ]))
 

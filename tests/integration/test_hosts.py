@@ -10,6 +10,7 @@ otherwise.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
@@ -24,23 +25,34 @@ pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 RECOVERY_SECONDS = 120
 
 
-@pytest.fixture
-def emulated():
+def _hosts(env: dict[str, str] | None = None):
     reason = hosts.available()
     if reason:
         pytest.skip(reason)
-    made = hosts.EmulatedHosts(3)
+    made = hosts.EmulatedHosts(3, env=env)
     try:
         yield made
     finally:
         made.close()
 
 
-def _cluster(emulated, slots: int, name: str) -> wb.Cluster:
-    return wb.Cluster(ps=1, workers=2, engines="ssh", hosts={h.ssh_host: slots for h in emulated.hosts},
+@pytest.fixture
+def emulated():
+    yield from _hosts()
+
+
+@pytest.fixture
+def four_gpus_each():
+    """Three hosts whose sessions see CUDA_VISIBLE_DEVICES=0,1,2,3, as a scheduler sets on a 4-GPU node."""
+    yield from _hosts({"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+
+
+def _cluster(emulated, slots: int, name: str, **options) -> wb.Cluster:
+    options = {"ps": 1, "workers": 2, "hosts": {h.ssh_host: slots for h in emulated.hosts}, **options}
+    return wb.Cluster(engines="ssh",
                       controller_ip=emulated.head, ssh_args=emulated.ssh_args, scp_args=emulated.ssh_args,
                       remote_python=sys.executable, remote_profile_dir=str(emulated.hosts[0].sshd.dir / "profile"),
-                      progress=False, start_timeout=120, name=name)
+                      progress=False, start_timeout=120, name=name, **options)
 
 
 def _wait_for(condition, seconds: float, what: str) -> None:
@@ -89,3 +101,23 @@ def test_a_start_no_host_can_take_says_which_hosts_and_why(emulated):
     with pytest.raises(wb.ClusterStartError, match=r"no host can take 1 more engine\(s\).*unreachable"):
         cluster.start()
     assert cluster.state == "failed"
+
+
+def test_workers_on_several_hosts_get_disjoint_gpus_of_their_own_host(four_gpus_each):
+    """GPUs are per host: two workers on one host never share one; workers on different hosts may have the same ids."""
+    layout = {h.ssh_host: 1 for h in four_gpus_each.hosts[:2]} | {four_gpus_each.hosts[2].ssh_host: 2}
+    with _cluster(four_gpus_each, slots=0, name="wb-test-hosts-gpus", workers=3, gpus_per_worker=2, hosts=layout) as cluster:
+        records = cluster.tasks
+        assert {r.host for r in records} == {"host1", "host2", "host3"}
+        seen = dict(zip(cluster.client.ids, cluster.client[:].apply_sync(os.getenv, "CUDA_VISIBLE_DEVICES")))
+        for record in records:
+            visible = seen[record.engine_id]
+            if record.job == "ps":
+                assert record.gpus == [] and visible == ""
+            else:
+                assert len(record.gpus) == 2 and set(record.gpus) <= {"0", "1", "2", "3"} and visible == ",".join(record.gpus)
+        for host in {r.host for r in records}:
+            taken = [g for r in records if r.host == host for g in r.gpus]
+            assert len(taken) == len(set(taken)), f"two workers of {host} share a GPU: {taken}"
+        workers = [r for r in records if r.job == "worker"]
+        assert len({r.host for r in workers}) >= 2 and len({g for r in workers for g in r.gpus}) < 2 * len(workers)
