@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,21 @@ os.environ["WORKBENCH_REGISTRY_DIR"] = _REGISTRY
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 for _proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy"):
     os.environ.pop(_proxy, None)
+
+
+def pytest_configure(config) -> None:
+    """Ctrl-C reaches this process and what it starts, however the suite was launched.
+
+    A shell without job control starts a background command (``make test &``, a CI runner's script)
+    with SIGINT and SIGQUIT ignored, and every process inherits that: ``_thread.interrupt_main()``
+    then does nothing (the magics' Ctrl-C tests waited out their cells: 60 s, then a loop of remote
+    ops that ran for 20 minutes, until faulthandler ended CI), and kernels and engines started here
+    would ignore their interrupts too. Python's own handler is put back; children get the default.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -84,18 +84,20 @@ def test_ctrl_c_interrupts_an_spmd_cell_on_the_workers_and_leaves_them_usable(sh
 def test_ctrl_c_during_a_cell_on_a_task_stops_it_and_the_task_stays_usable(shell, cluster, capsys):
     import _thread
     import threading
+    import time
 
     timer = threading.Timer(2.0, _thread.interrupt_main)
     timer.start()
-    try:
+    try:  # ops for up to 60 s: an interrupt that is lost fails the test in a minute, not after the whole loop
         shell.run_cell_magic("wb", f"on worker:1 --name {cluster.name}",
-                             "n = 0\nfor _ in range(100_000):\n    n += int(tf.reduce_sum(tf.ones([4])))\n")
+                             "import time\nn, began = 0, time.monotonic()\nwhile time.monotonic() - began < 60:\n"
+                             "    n += int(tf.reduce_sum(tf.ones([4])))\n")
     finally:
         timer.cancel()
     out = capsys.readouterr()
     assert "KeyboardInterrupt" in out.out + out.err
     assert "interrupted on worker:1" in out.out
-    assert 0 < shell.user_ns["n"] < 400_000  # it stopped part way
+    assert shell.user_ns["n"] > 0 and time.monotonic() - shell.user_ns["began"] < 30  # it stopped part way
     shell.run_cell_magic("wb", f"on worker:1 --name {cluster.name}", "after = tf.ones([2]) * 2\n")
     assert shell.user_ns["after"].numpy().tolist() == [2.0, 2.0]
 
