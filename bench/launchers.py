@@ -2,8 +2,9 @@
 
 Start time: ``wb.Cluster(ps=1, workers=2, engines=...).start()`` until every TensorFlow server is up,
 for ``local`` (engines forked from a warm process), ``mpi`` (Open MPI's mpiexec), ``ssh`` (an sshd on
-a loopback port) and ``slurm`` (a single-node Slurm, sbatch + srun), in alternating order, medians
-over the repeats. The daemons come from the test suite's fixtures (``tests/sshd.py``, ``tests/slurm.py``,
+a loopback port; one command per host, which imports TensorFlow once and forks that host's engines),
+``ssh-each`` (the same with every engine a process of its own) and ``slurm`` (a single-node Slurm,
+sbatch + srun), in alternating order, medians over the repeats. The daemons come from the test suite's fixtures (``tests/sshd.py``, ``tests/slurm.py``,
 ``tests/hosts.py``), which install what is missing when run as root.
 
 Hosts: three emulated hosts (network namespaces on a bridge, an sshd each). The same async-ps job
@@ -40,6 +41,8 @@ import slurm  # noqa: E402
 import sshd  # noqa: E402
 from training import workbench_run  # noqa: E402
 
+from workbench.cluster.engine_main import FORKS_ENV  # noqa: E402
+
 PER_WORKER_BATCH = 32
 STEPS_PER_CALL = 10
 
@@ -60,6 +63,8 @@ def _launchers(stack) -> tuple[dict[str, dict], dict[str, str]]:
         server = stack(sshd.LocalSSHD())
         options["ssh"] = dict(hosts={f"127.0.0.1:{server.port}": 3}, ssh_args=server.ssh_args, scp_args=server.ssh_args,
                               remote_python=sys.executable, remote_profile_dir=str(server.dir / "profile"))
+        # the same, with each engine a process of its own that imports TensorFlow (before per-host forks)
+        options["ssh-each"] = {**options["ssh"], "env": {FORKS_ENV: "1"}}
     reason = slurm.available()
     if reason:
         skipped["slurm"] = reason
@@ -70,14 +75,15 @@ def _launchers(stack) -> tuple[dict[str, dict], dict[str, str]]:
     return options, skipped
 
 
-def start_seconds(engines: str, options: dict) -> float:
+def start_seconds(name: str, options: dict) -> float:
     import workbench as wb
 
+    engines = name.split("-")[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         started = time.perf_counter()
         cluster = wb.Cluster(ps=1, workers=2, engines=engines, controller_ip="127.0.0.1", progress=False,
-                             start_timeout=180, name=f"wb-bench-{engines}", **options).start()
+                             start_timeout=180, name=f"wb-bench-{name}", **options).start()
         seconds = time.perf_counter() - started
     cluster.stop()
     return seconds

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import warnings
 
+import psutil
 import pytest
 import sshd
 from training_helpers import train
@@ -47,6 +48,9 @@ def test_an_ssh_cluster_trains_and_stops(server):
         assert all(address.startswith("127.0.0.1:") for job in cluster.spec_dict.values() for address in job)
         sessions = server.run("true")  # the server still answers while it runs the engines
         assert sessions.returncode == 0
+        # one command per host: the first engine imported TensorFlow, then forked the host's two others
+        pids = {t.pid for t in status.tasks}
+        assert sorted(psutil.Process(p).ppid() in pids for p in pids) == [False, True, True]
         job = train(cluster, steps=300).wait(300)
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.9
         cluster.scale(workers=3)

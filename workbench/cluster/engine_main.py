@@ -30,6 +30,9 @@ from .gpus import ORIGINAL_VISIBLE_ENV
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV, hold_lifeline
 
 WARM_SOCKET_ENV = "WORKBENCH_WARM_SOCKET"
+# Engines started on another host by one command (engines='ssh'): this process imports TensorFlow
+# once, then forks the others, so that a host's engines share that import as local ones do.
+FORKS_ENV = "WORKBENCH_ENGINE_FORKS"
 _SHIM_TRIED_ENV = "WORKBENCH_BIND_SHIM_TRIED"  # set before re-running with the shim: never twice
 ENGINE_MAIN = [sys.executable, "-m", "workbench.cluster.engine_main"]  # the command of an engine that is not forked
 # gRPC honours these; cluster traffic must never go through a proxy.
@@ -45,6 +48,8 @@ def _preimport_tensorflow() -> None:
 
 def hide_gpus_for_cpu_pool() -> None:
     """Hide every GPU from TensorFlow, remembering what the scheduler had made visible."""
+    if ORIGINAL_VISIBLE_ENV in os.environ:
+        return  # hidden already (before forking siblings)
     original = os.environ.get("CUDA_VISIBLE_DEVICES")
     if original is not None:
         os.environ[ORIGINAL_VISIBLE_ENV] = original
@@ -76,6 +81,30 @@ def engine_app_class() -> type:
     return ForkedEngine if os.environ.get(WARM_SOCKET_ENV) else IPEngine
 
 
+def _fork_siblings(count: int, args: list[str]) -> None:
+    """Become one of ``count`` engines: import TensorFlow once, then fork the other ``count - 1``.
+
+    Each fork goes on as an engine of its own (its own lifeline, registration and nanny). Only for
+    CPU-only pools (GPUs must be chosen per engine before TensorFlow loads); where forking is unsafe
+    (a thread running, a GPU driver loaded) the others start as new processes instead.
+    """
+    if count <= 1:
+        return
+    from .warm import fork_problem
+
+    if os.environ.get(PREIMPORT_ENV) == "1":
+        hide_gpus_for_cpu_pool()
+        _preimport_tensorflow()
+    problem = fork_problem() if os.environ.get(PREIMPORT_ENV) == "1" else "GPUs are chosen per engine"
+    for _ in range(count - 1):
+        if problem:
+            import subprocess
+
+            subprocess.Popen([sys.executable, "-m", "workbench.cluster.engine_main", *args], start_new_session=True)
+        elif os.fork() == 0:
+            return  # the child: an engine like its parent, sharing the import
+
+
 def run_with_bind_shim(args: list[str]) -> None:
     """Run this engine again with the bind shim loaded, unless it is loaded, unwanted or unavailable (then say so)."""
     if containment.shim_loaded() or os.environ.get(containment.BIND_ENV) == containment.EVERY_INTERFACE:
@@ -102,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     # gRPC's default (wait for ready), a ps receiving a gradient from a killed worker blocks, and
     # with it every later call this client makes on that ps. A user's own setting wins.
     os.environ.setdefault("GRPC_FAIL_FAST", "true")
+    _fork_siblings(int(os.environ.pop(FORKS_ENV, "1") or 1), args)
     lifeline = os.environ.get(LIFELINE_ENV)
     if lifeline:
         hold_lifeline(lifeline)

@@ -75,3 +75,13 @@ def place(n: int, hosts: Mapping[str, Any], in_use: Mapping[str, int]) -> dict[s
 
 def _with_count(count: Any, n: int) -> Any:
     return {**count, "n": n} if isinstance(count, Mapping) else n
+
+
+def one_command_per_host(chosen: Mapping[str, Any], environment: Mapping[str, str], forks_env: str) -> dict[str, Any]:
+    """``{host: k}`` -> one engine command per host that becomes ``k`` engines (``forks_env`` tells it ``k``)."""
+    commands = {}
+    for key, count in chosen.items():
+        overrides = dict(count) if isinstance(count, Mapping) else {}
+        env = {**environment, **overrides.get("environment", {}), forks_env: str(slots(count))}
+        commands[key] = {**overrides, "n": 1, "environment": env}
+    return commands

@@ -25,7 +25,7 @@ import psutil
 from ..errors import ClusterStartError, ClusterStateError, ConfigurationError, EngineStartTimeout
 from . import batch, mpi, placement_hosts
 from .containment import engine_environment
-from .engine_main import ENGINE_MAIN
+from .engine_main import ENGINE_MAIN, FORKS_ENV
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV
 from .reaper import Reaper, kill_process_trees
 
@@ -381,6 +381,10 @@ class OwnedPool:
         kwargs: dict[str, Any] = {"environment": self._engine_environment(), **self._launcher_kwargs}
         if "engines" in kwargs:  # hosts=: reachable hosts, least used first (placement_hosts.py)
             kwargs["engines"] = placement_hosts.place(n, kwargs["engines"], in_use)
+            # one command per host: it imports TensorFlow once and forks that host's engines (not with GPUs,
+            # chosen per engine before the import; not when env={FORKS_ENV: "1"} asks for a process each)
+            if self._preimport and self._engine_env.get(FORKS_ENV) != "1":
+                kwargs["engines"] = placement_hosts.one_command_per_host(kwargs["engines"], kwargs["environment"], FORKS_ENV)
         if self.launcher in LOCAL_LAUNCHERS:
             kwargs.setdefault("engine_args", ["--IPEngine.wait_for_url_file=120"])
         if self.launcher == FORK_LAUNCHER:
