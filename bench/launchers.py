@@ -4,8 +4,9 @@ Start time: ``wb.Cluster(ps=1, workers=2, engines=...).start()`` until every Ten
 for ``local`` (engines forked from a warm process), ``mpi`` (Open MPI's mpiexec), ``ssh`` (an sshd on
 a loopback port; one command per host, which imports TensorFlow once and forks that host's engines),
 ``ssh-each`` (the same with every engine a process of its own) and ``slurm`` (a single-node Slurm,
-sbatch + srun), in alternating order, medians over the repeats. The daemons come from the test suite's fixtures (``tests/sshd.py``, ``tests/slurm.py``,
-``tests/hosts.py``), which install what is missing when run as root.
+sbatch + srun), in alternating order, medians over the repeats. The daemons come from the test
+suite's fixtures (``tests/sshd.py``, ``tests/slurm.py``, ``tests/hosts.py``), which install what is
+missing when run as root.
 
 Hosts: three emulated hosts (network namespaces on a bridge, an sshd each). The same async-ps job
 (bench/training.py's model, data and steady-state estimator; per-worker batch 32, 10 steps per call)
