@@ -33,12 +33,6 @@ def available() -> str:
     return netns.available() or sshd.available()
 
 
-def _ip(*args: str) -> None:
-    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=TIMEOUT)
-    if result.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {result.stderr.strip()}")
-
-
 @dataclass
 class Host:
     name: str  # its host name (what an engine's socket.gethostname() says there)
@@ -55,6 +49,16 @@ class Host:
         result = subprocess.run(["ip", "netns", "pids", self.namespace], capture_output=True, text=True, timeout=TIMEOUT)
         return [int(p) for p in result.stdout.split()]
 
+    def kill_all(self) -> list[int]:
+        """SIGKILL every process of this host; return their pids."""
+        pids = self.pids()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pids
+
 
 class EmulatedHosts:
     def __init__(self, count: int = 3, env: dict[str, str] | None = None) -> None:
@@ -66,9 +70,9 @@ class EmulatedHosts:
         self.hosts: list[Host] = []
         self._links: list[str] = []
         try:
-            _ip("link", "add", self.bridge, "type", "bridge")
-            _ip("addr", "add", f"{self.head}/24", "dev", self.bridge)
-            _ip("link", "set", self.bridge, "up")
+            netns.ip("link", "add", self.bridge, "type", "bridge")
+            netns.ip("addr", "add", f"{self.head}/24", "dev", self.bridge)
+            netns.ip("link", "set", self.bridge, "up")
             for i in range(count):
                 self.hosts.append(self._add_host(tag, n, i))
             for host in self.hosts:
@@ -80,24 +84,22 @@ class EmulatedHosts:
     def _add_host(self, tag: str, n: int, i: int) -> Host:
         host = Host(f"host{i + 1}", f"wbhost{tag}x{i}", f"10.232.{n}.{11 + i}")
         outside, inside = f"wbv{tag}x{i}", f"wbe{tag}x{i}"
-        _ip("netns", "add", host.namespace)
-        _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+        netns.ip("netns", "add", host.namespace)
+        netns.ip("link", "add", outside, "type", "veth", "peer", "name", inside)
         self._links.append(outside)
-        _ip("link", "set", inside, "netns", host.namespace)
-        _ip("link", "set", outside, "master", self.bridge)
-        _ip("link", "set", outside, "up")
+        netns.ip("link", "set", inside, "netns", host.namespace)
+        netns.ip("link", "set", outside, "master", self.bridge)
+        netns.ip("link", "set", outside, "up")
         for args in (("addr", "add", f"{host.address}/24", "dev", inside), ("link", "set", inside, "up"),
                      ("link", "set", "lo", "up")):
-            _ip("netns", "exec", host.namespace, "ip", *args)
+            netns.ip("netns", "exec", host.namespace, "ip", *args)
         return host
 
     @property
     def ssh_args(self) -> list[str]:
         """Every host's sshd accepts its own key; the client offers them all."""
-        args: list[str] = []
-        for host in self.hosts:
-            args += ["-i", str(host.sshd.key)]
-        return args + self.hosts[0].sshd.ssh_args[2:]
+        keys = [arg for host in self.hosts for arg in ("-i", str(host.sshd.key))]
+        return keys + sshd.CLIENT_OPTIONS
 
     def bridge_bytes(self) -> int:
         """Bytes that crossed the bridge so far (received by it from the hosts, both ways summed)."""
@@ -110,12 +112,7 @@ class EmulatedHosts:
 
     def kill(self, host: Host) -> list[int]:
         """SIGKILL every process of ``host``, as a machine that fails; return their pids."""
-        pids = host.pids()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        pids = host.kill_all()
         deadline = time.monotonic() + TIMEOUT
         while host.pids() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -127,11 +124,7 @@ class EmulatedHosts:
         for host in self.hosts:
             if host.sshd is not None:
                 host.sshd.close()
-            for pid in host.pids():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            host.kill_all()
             subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True, timeout=TIMEOUT)
         for link in self._links:
             subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=TIMEOUT)

@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import time
 
+import debian
+
 TIMEOUT = 30
 
 
@@ -21,15 +23,11 @@ def available() -> str:
     """Why a peer cannot be made here, or ``""``; installs iproute2 when it is missing and we are root."""
     if os.geteuid() != 0:
         return "making a network namespace needs root (CI runs as root)"
-    if shutil.which("ip") is None:
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", "iproute2"]):
-            if shutil.which(command[0]) is None or subprocess.run(command, env=env, capture_output=True, timeout=300).returncode:
-                return "the `ip` command (Debian package iproute2) is missing and could not be installed"
-    return ""
+    return debian.ensure(["ip"], ["iproute2"], "the `ip` command")
 
 
-def _ip(*args: str) -> None:
+def ip(*args: str) -> None:
+    """``ip args...``; raises with ip's own message when it fails."""
     result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=TIMEOUT)
     if result.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {result.stderr.strip()}")
@@ -42,17 +40,17 @@ class Peer:
         self.namespace, self.host_link, self.peer_link = f"wbpeer{tag}", f"wbh{tag}", f"wbp{tag}"
         self.host4, self.peer4 = f"10.231.{n}.1", f"10.231.{n}.2"
         self.host6, self.peer6 = f"fd31:23:{n:x}::1", f"fd31:23:{n:x}::2"
-        _ip("netns", "add", self.namespace)
+        ip("netns", "add", self.namespace)
         try:
-            _ip("link", "add", self.host_link, "type", "veth", "peer", "name", self.peer_link)
-            _ip("link", "set", self.peer_link, "netns", self.namespace)
-            _ip("addr", "add", f"{self.host4}/30", "dev", self.host_link)
-            _ip("addr", "add", f"{self.host6}/64", "dev", self.host_link, "nodad")
-            _ip("link", "set", self.host_link, "up")
+            ip("link", "add", self.host_link, "type", "veth", "peer", "name", self.peer_link)
+            ip("link", "set", self.peer_link, "netns", self.namespace)
+            ip("addr", "add", f"{self.host4}/30", "dev", self.host_link)
+            ip("addr", "add", f"{self.host6}/64", "dev", self.host_link, "nodad")
+            ip("link", "set", self.host_link, "up")
             for args in (("addr", "add", f"{self.peer4}/30", "dev", self.peer_link),
                          ("addr", "add", f"{self.peer6}/64", "dev", self.peer_link, "nodad"),
                          ("link", "set", self.peer_link, "up"), ("link", "set", "lo", "up")):
-                _ip("netns", "exec", self.namespace, "ip", *args)
+                ip("netns", "exec", self.namespace, "ip", *args)
             self._wait_reachable()
         except BaseException:
             self.close()

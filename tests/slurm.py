@@ -11,15 +11,18 @@ PENDING, which is what a test of that case wants).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import debian
+import pytest
 
 from workbench.cluster.reaper import kill_process_trees
 
@@ -33,6 +36,19 @@ def available() -> str:
     if os.geteuid() != 0:
         return "a local Slurm (munged, slurmctld, slurmd) needs root (CI runs as root)"
     return debian.ensure(COMMANDS, PACKAGES, "Slurm")
+
+
+@contextlib.contextmanager
+def running(cpus: int = 16) -> Iterator[LocalSlurm]:
+    """A ``LocalSlurm`` whose ``SLURM_CONF`` this process (and what it starts: sbatch, kernels) sees, then stopped."""
+    cluster = LocalSlurm(cpus=cpus)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in cluster.env.items():
+                patch.setenv(key, value)
+            yield cluster
+    finally:
+        cluster.close()
 
 
 def _free_port() -> int:

@@ -25,6 +25,9 @@ from workbench.cluster.reaper import kill_process_trees
 
 SSHD = "/usr/sbin/sshd"
 TIMEOUT = 30
+# a client's options for these servers: only the keys it is given, no known-hosts file, never a prompt
+CLIENT_OPTIONS = ["-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                  "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", f"ConnectTimeout={TIMEOUT}"]
 
 
 def available() -> str:
@@ -106,9 +109,7 @@ class LocalSSHD:
     @property
     def ssh_args(self) -> list[str]:
         """Client options: this server's key, no known-hosts file, never a prompt."""
-        return ["-i", str(self.key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-                "-o", f"ConnectTimeout={TIMEOUT}"]
+        return ["-i", str(self.key), *CLIENT_OPTIONS]
 
     def run(self, command: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
         """Run ``command`` on this server over SSH."""

@@ -84,21 +84,15 @@ class _Watch:
              "Every thread's stack:")
         faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
         where = _innermost(threading.main_thread().ident)
-        children = psutil.Process().children(recursive=True)
-        names = []
-        for child in children:
+        names, pairs = [], []
+        for child in psutil.Process().children(recursive=True):
             try:
                 names.append(f"{child.pid} {child.name()}")
-            except psutil.Error:
-                continue
-        _say(f"WATCHDOG: ending the {len(children)} process(es) this test run started ({', '.join(names)}) "
-             f"so that {nodeid} ({phase}) fails instead of hanging")
-        pairs = []
-        for child in children:
-            try:
                 pairs.append((child.pid, child.create_time()))
             except psutil.Error:
-                continue
+                continue  # gone already
+        _say(f"WATCHDOG: ending the {len(pairs)} process(es) this test run started ({', '.join(names)}) "
+             f"so that {nodeid} ({phase}) fails instead of hanging")
         kill_process_trees(pairs)
         _say(f"WATCHDOG: stuck: {nodeid} ({phase}), the main thread was in (innermost last):\n{where}")
 

@@ -26,14 +26,8 @@ def local_slurm():
     reason = slurm.available()
     if reason:
         pytest.skip(reason)
-    cluster = slurm.LocalSlurm(cpus=16)
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            for key, value in cluster.env.items():  # the launcher's sbatch/scancel, and the workbench's squeue, find it
-                patch.setenv(key, value)
-            yield cluster
-    finally:
-        cluster.close()
+    with slurm.running(cpus=16) as cluster:  # the launcher's sbatch/scancel, and the workbench's squeue, find it
+        yield cluster
 
 
 def _queue_empties(local_slurm) -> list[str]:

@@ -242,14 +242,8 @@ def local_slurm_for_kernels():
     if slurm.available():
         yield None
         return
-    cluster = slurm.LocalSlurm(cpus=16)
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            for key, value in cluster.env.items():
-                patch.setenv(key, value)
-            yield cluster
-    finally:
-        cluster.close()
+    with slurm.running(cpus=16) as cluster:
+        yield cluster
 
 
 @pytest.mark.timeout(400)

@@ -90,16 +90,17 @@ def _fork_siblings(count: int, args: list[str]) -> None:
     """
     if count <= 1:
         return
+    import subprocess
+
     from .warm import fork_problem
 
+    problem = "GPUs are chosen per engine"
     if os.environ.get(PREIMPORT_ENV) == "1":
         hide_gpus_for_cpu_pool()
         _preimport_tensorflow()
-    problem = fork_problem() if os.environ.get(PREIMPORT_ENV) == "1" else "GPUs are chosen per engine"
+        problem = fork_problem()
     for _ in range(count - 1):
         if problem:
-            import subprocess
-
             subprocess.Popen([sys.executable, "-m", "workbench.cluster.engine_main", *args], start_new_session=True)
         elif os.fork() == 0:
             return  # the child: an engine like its parent, sharing the import

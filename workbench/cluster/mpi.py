@@ -18,6 +18,7 @@ MPICH (Hydra) needs neither, and other MPIs are left as they are.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -53,7 +54,12 @@ def check(mpi_cmd: list[str], engines_use_this_python: bool) -> None:
 
 
 def flavour(mpi_cmd: list[str]) -> str:
-    """``"openmpi"``, ``"mpich"`` or ``""`` (unknown), from ``mpiexec --version``."""
+    """``"openmpi"``, ``"mpich"`` or ``""`` (unknown), from ``mpiexec --version`` (asked once per command)."""
+    return _flavour(tuple(mpi_cmd))
+
+
+@functools.cache
+def _flavour(mpi_cmd: tuple[str, ...]) -> str:
     try:
         result = subprocess.run([*mpi_cmd, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired):

@@ -15,7 +15,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ClusterStartError
+from ..errors import ClusterStartError, ConfigurationError
 
 CONNECT_TIMEOUT = 3.0
 
@@ -27,8 +27,27 @@ def split(key: str) -> tuple[str, int]:
     return name, int(port) if port.isdigit() else 22
 
 
-def slots(count: Any) -> int:
-    return count.get("n", 1) if isinstance(count, Mapping) else int(count)
+def slots(count: Any) -> Any:
+    """A host's number of engines: ``2``, or ``{"n": 2, ...}`` (ipyparallel's per-host overrides)."""
+    return count.get("n", 1) if isinstance(count, Mapping) else count
+
+
+def validate(launcher_cls: type, hosts: Any) -> dict[str, Any]:
+    """``hosts=``: how many engines each host runs, for launchers that place engines by host name (engines='ssh').
+
+    It is that launcher's own ``engines`` option, renamed: ``engines=`` names the launcher here.
+    """
+    if "engines" not in launcher_cls.class_trait_names(config=True):
+        raise ConfigurationError(f"hosts= places engines on named hosts, which {launcher_cls.__name__} does not do: "
+                                 "use it with engines='ssh' (or leave it out).")
+    if not isinstance(hosts, Mapping) or not hosts:
+        raise ConfigurationError(f"hosts={hosts!r} must map each host to its number of engines, e.g. "
+                                 "hosts={'node1': 2, 'user@node2:2222': 1}.")
+    for host, count in hosts.items():
+        n = slots(count)
+        if not isinstance(host, str) or not host or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigurationError(f"hosts: {host!r}: {count!r} is not a number of engines (an int >= 1) for a host name.")
+    return {host: dict(count) if isinstance(count, Mapping) else count for host, count in hosts.items()}
 
 
 def reachable(key: str, timeout: float = CONNECT_TIMEOUT) -> str:

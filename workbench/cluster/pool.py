@@ -166,7 +166,7 @@ def split_launcher_options(launcher_cls: type, options: dict[str, Any]) -> tuple
     cluster_kwargs, launcher_kwargs, unknown = {}, {}, []
     options = dict(options)
     if "hosts" in options:
-        launcher_kwargs["engines"] = _hosts(launcher_cls, options.pop("hosts"))
+        launcher_kwargs["engines"] = placement_hosts.validate(launcher_cls, options.pop("hosts"))
     for key, value in options.items():
         if key in reserved:
             raise ConfigurationError(f"{key!r} is set by the workbench; leave it out of the launcher options.")
@@ -183,24 +183,6 @@ def split_launcher_options(launcher_cls: type, options: dict[str, Any]) -> tuple
             f"ipyparallel Cluster options: {', '.join(sorted(cluster_traits))}."
         )
     return cluster_kwargs, launcher_kwargs
-
-
-def _hosts(launcher_cls: type, hosts: Any) -> dict[str, Any]:
-    """``hosts=``: how many engines each host runs, for launchers that place engines by host name (engines='ssh').
-
-    It is that launcher's own ``engines`` option, renamed: ``engines=`` names the launcher here.
-    """
-    if "engines" not in launcher_cls.class_trait_names(config=True):
-        raise ConfigurationError(f"hosts= places engines on named hosts, which {launcher_cls.__name__} does not do: "
-                                 "use it with engines='ssh' (or leave it out).")
-    if not isinstance(hosts, Mapping) or not hosts:
-        raise ConfigurationError(f"hosts={hosts!r} must map each host to its number of engines, e.g. "
-                                 "hosts={'node1': 2, 'user@node2:2222': 1}.")
-    for host, count in hosts.items():
-        n = count.get("n", 1) if isinstance(count, Mapping) else count
-        if not isinstance(host, str) or not host or not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ConfigurationError(f"hosts: {host!r}: {count!r} is not a number of engines (an int >= 1) for a host name.")
-    return {host: dict(count) if isinstance(count, Mapping) else count for host, count in hosts.items()}
 
 
 def _is_mpi(launcher_cls: type) -> bool:
