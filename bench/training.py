@@ -135,12 +135,15 @@ def make_model():
                              keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(10)])
 
 
-def workbench_run(cluster, *, strategy: str, steps: int, batch: int, steps_per_call: int, backup_workers: int = 0) -> Run:
+def workbench_run(cluster, *, strategy: str, steps: int, batch: int, steps_per_call: int, backup_workers: int = 0,
+                  packed: bool = True) -> Run:
+    """``packed=False``: every tensor travels alone between tasks (``WORKBENCH_PACKED_TRANSFERS=0``)."""
     import keras
 
     import workbench as wb
 
     def run() -> tuple[Points, float]:
+        os.environ["WORKBENCH_PACKED_TRANSFERS"] = "1" if packed else "0"  # read when the job starts
         job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                        keras.optimizers.Adam(LEARNING_RATE), steps=steps, batch_size=batch, steps_per_call=steps_per_call,
                        seed=SEED, strategy=strategy, backup_workers=backup_workers)
@@ -193,14 +196,15 @@ def lines(cluster, args: argparse.Namespace) -> list[Line]:
     spec, k, b = cluster.spec_dict, args.steps_per_call, args.per_worker_batch
     n = len(spec["worker"])
 
-    def workbench(strategy: str, steps: int, backup: int = 0) -> Callable[[], Run]:
+    def workbench(strategy: str, steps: int, backup: int = 0, packed: bool = True) -> Callable[[], Run]:
         return lambda: workbench_run(cluster, strategy=strategy, steps=steps, batch=b * n, steps_per_call=k,
-                                     backup_workers=backup)
+                                     backup_workers=backup, packed=packed)
 
     return [
         Line("pss-k", f"PSS + ClusterCoordinator, {k} steps/closure",
              lambda: pss_run(cluster, steps=args.steps, steps_per_call=k, per_worker_batch=b)),
         Line("async-ps", f"workbench async-ps (steps_per_call {k})", workbench("async-ps", args.steps)),
+        Line("async-ps-unpacked", "workbench async-ps, tensors unpacked", workbench("async-ps", args.steps, packed=False)),
         Line("pss-1", "PSS + ClusterCoordinator, 1 step/closure",
              lambda: pss_run(cluster, steps=args.steps, steps_per_call=1, per_worker_batch=b)),
         Line("tf1-k0", f"TF1 SyncReplicas, aggregate {n} of {n}",
@@ -218,6 +222,7 @@ def comparisons(args: argparse.Namespace) -> dict[str, Comparison]:
     return {
         f"async-ps / PSS {k} steps/closure": Comparison("async-ps", "pss-k", 1.1),
         "async-ps / PSS 1 step/closure": Comparison("async-ps", "pss-1", None),
+        "async-ps packed / unpacked": Comparison("async-ps", "async-ps-unpacked", None),
         "sync-ps k=0 / TF1 SyncReplicas k=0": Comparison("sync-ps-k0", "tf1-k0", 1.0),
         "sync-ps k=1 / TF1 SyncReplicas k=1": Comparison("sync-ps-k1", "tf1-k1", 1.0),
     }

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # Phases of a training step, in the order they happen; a step span has one of them.
-COMPUTE = "compute"  # forward and backward pass on the worker, reading the parameters from the ps tasks
-PUSH_APPLY = "push+apply"  # async-ps: gradients go to the ps tasks and are applied there
+COMPUTE = "compute"  # forward and backward pass on the worker (sync-ps: and reading the parameters)
+PUSH_APPLY = "push+apply"  # async-ps: gradients go to the ps tasks, are applied there, and the next parameters come back
 ALLREDUCE_APPLY = "allreduce+apply"  # allreduce: gradients summed across workers, applied on each
 APPLY = "apply"  # sync-ps, on a ps row: the aggregated gradients are averaged and applied
 RUNNING = "running"  # in progress: a call on the worker that has not returned yet

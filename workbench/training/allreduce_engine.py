@@ -112,7 +112,7 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
     def one_step(x, y):
         loss_value, metric_value, mark = strategy.run(replica_step, args=(x, y))
         first = strategy.experimental_local_results
-        return first(loss_value)[0], first(metric_value)[0], [], first(mark)[0]
+        return first(loss_value)[0], first(metric_value)[0], [], first(mark)[0], None
 
     train_steps = steps_in_one_call(one_step, n_metrics)
 

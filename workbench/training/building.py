@@ -68,18 +68,33 @@ def build_optimizer(optimizer: Any) -> Any:
 
 
 def update_where_the_variable_lives(optimizer) -> None:
-    """Run the optimizer's per-variable update math on the variable's own device.
+    """Run the optimizer's update math on the ps tasks, none of it on the caller's device.
 
     Keras places an update under the caller's device, so an update issued from a worker would read
     the optimizer slots (e.g. Adam's m and v) from the ps, compute there and write them back: about
     four times the bytes of a gradient push. Colocated, a step moves the parameters and the gradient.
+    The step counter and the learning rate are worked out where the counter lives: from a worker,
+    ``iterations.assign_add(1)`` would read it, add and send it back, two more transfers per step.
+    Only for ps strategies: no distribution strategy is in scope there.
     """
     import tensorflow as tf
 
-    update_step = optimizer.update_step
+    update_step, apply = optimizer.update_step, optimizer.apply
 
     def colocated(gradient, variable, learning_rate):
         with tf.device(variable_device(variable)):
             return update_step(gradient, variable, learning_rate)
 
+    def applied_by_the_counter(grads, trainable_variables=None):
+        with tf.device(variable_device(optimizer.iterations)):
+            return apply(grads, trainable_variables)
+
+    def as_they_are(grads_and_vars):
+        # No replicas to sum over: the default strategy's all-reduce is an identity, placed on the
+        # device of the call, which would carry every other ps's gradients there and back.
+        return list(grads_and_vars)
+
     optimizer.update_step = colocated
+    optimizer.apply = applied_by_the_counter
+    if hasattr(optimizer, "_all_reduce_sum_gradients"):
+        optimizer._all_reduce_sum_gradients = as_they_are

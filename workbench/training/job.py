@@ -24,6 +24,7 @@ from .building import build_model, build_optimizer, seed_initializers, update_wh
 from .data import DataContext, evaluation_dataset, training_dataset
 from .evaluation import check_evaluation_data, evaluate_dataset, is_dataset
 from .options import TrainOptions
+from .packing import packing_for
 from .placement import PsPlacer, optimizer_targets, shards_of, tf_variable
 from .recovery import Supervisor, TaskLost
 from .steps import StepFunctions, resolve_loss, resolve_metrics
@@ -128,7 +129,7 @@ class Job:
             with tf.device(self._ps_devices[0]):
                 self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
         self._fns = StepFunctions(self._model, self._optimizer, self._loss_fn, resolve_metrics(self.options.metrics),
-                                  targets, splits)
+                                  targets, splits, packing_for(self._model, targets))
 
     def _probe_data(self, data: Callable, options: TrainOptions) -> int:
         """Seed Keras, learn the example shape from the data function; return the data seed."""

@@ -108,12 +108,18 @@ def stamp_after(tensors) -> Any:
         return tf.timestamp()
 
 
-def steps_in_one_call(one_step: Callable, n_metrics: int):
+def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | None = None):
     """A ``tf.function`` ``(iterator, n) -> (losses, metrics, stamps, marks)`` running ``n`` steps in one call.
 
-    ``one_step(x, y) -> (loss, metrics vector, ops to wait for, mark)``, where ``mark`` is the
-    ``stamp_after`` of the step's gradients. ``stamps`` has n + 1 worker-side times: step i ran
+    ``one_step(x, y) -> (loss, metrics vector, ops to wait for, mark, began)``, where ``mark`` is
+    the ``stamp_after`` of the step's gradients. ``stamps`` has n + 1 worker-side times: step i ran
     from ``stamps[i]`` to ``stamps[i + 1]`` and had its gradients at ``marks[i]``.
+
+    Without ``settled``, a step ends once its ops to wait for exist, and the next starts then.
+    With it, a step starts at its ``began`` (when its parameters arrived) and ends when the next
+    one's arrived: they leave the ps only after this step's update, so no signal has to come
+    back from the ps per step to say so. The last step ends at ``settled()``, a tensor that
+    exists once every update landed.
     """
     import tensorflow as tf
 
@@ -123,17 +129,24 @@ def steps_in_one_call(one_step: Callable, n_metrics: int):
         metric_values = tf.TensorArray(tf.float32, size=n, element_shape=[n_metrics])
         stamps = tf.TensorArray(tf.float64, size=n + 1)
         marks = tf.TensorArray(tf.float64, size=n)
-        stamps = stamps.write(0, tf.timestamp())
+        if settled is None:
+            stamps = stamps.write(0, tf.timestamp())
         for i in tf.range(n):
             # Steps are strictly sequential: without this, iterations overlap and timestamps lie.
             tf.autograph.experimental.set_loop_options(parallel_iterations=1)
             x, y = next(iterator)
-            loss, metrics, done, mark = one_step(x, y)
+            loss, metrics, done, mark, began = one_step(x, y)
             losses = losses.write(i, loss)
             metric_values = metric_values.write(i, metrics)
             marks = marks.write(i, mark)
-            with tf.control_dependencies([loss, *done]):
-                stamps = stamps.write(i + 1, tf.timestamp())
+            if settled is None:
+                with tf.control_dependencies([loss, *done]):
+                    stamps = stamps.write(i + 1, tf.timestamp())
+            else:
+                stamps = stamps.write(i, began)
+        if settled is not None:
+            with tf.control_dependencies([settled()]):
+                stamps = stamps.write(n, tf.timestamp())
         return losses.stack(), metric_values.stack(), stamps.stack(), marks.stack()
 
     return train_steps
@@ -149,6 +162,7 @@ class StepFunctions:
     metric_fns: dict[str, Callable]
     targets: list | None = None  # what the optimizer updates: variables, or shards of partitioned ones
     splits: list | None = None  # per trainable variable: rows of each shard, or None
+    packing: Any = None  # ps strategies: parameters and gradients travel packed (``packing.Packing``)
 
     def __post_init__(self):
         if self.targets is None:
@@ -164,8 +178,11 @@ class StepFunctions:
         return loss, metrics
 
     def _loss_and_grads(self, x, y, model=None):
+        """Loss, metrics and the gradients of ``targets``; packed reads from the ps when ``packing`` is set."""
         import tensorflow as tf
 
+        if self.packing is not None and model is None:
+            return self._loss_and_grads_on(self.packing.read(), x, y)
         model = model or self.model
         with tf.GradientTape() as tape:
             loss, metrics = self._forward(x, y, training=True, model=model)
@@ -173,6 +190,36 @@ class StepFunctions:
         # per shard for partitioned variables: in the order of ``targets``
         grads = tape.gradient(scaled, [shard for v in model.trainable_variables for shard in shards_of(v)])
         return loss, metrics, grads
+
+    def _loss_and_grads_on(self, pieces: list, x, y):
+        """``_loss_and_grads`` on the targets' values ``pieces`` (read packed: ``packing.read``).
+
+        The model runs on those values through a ``keras.StatelessScope``; what its forward pass
+        assigns (a BatchNormalization's moving statistics, a Dropout's seed state) is written to
+        the variables afterwards, as a call outside the scope would have done.
+        """
+        import keras
+        import tensorflow as tf
+
+        model = self.model
+        with tf.GradientTape() as tape:
+            tape.watch(pieces)
+            values, at = [], 0
+            for split in self.splits:  # one value per trainable variable: a partitioned one from its shards
+                count = 1 if split is None else len(split)
+                values.append(pieces[at] if split is None else tf.concat(pieces[at:at + count], 0))
+                at += count
+            mapping = list(zip(model.trainable_variables, values))
+            with keras.StatelessScope(mapping, collect_losses=True) as scope:
+                given = dict(scope.state_mapping)
+                loss, metrics = self._forward(x, y, training=True)
+                extra = model.losses
+                scaled = loss + sum(extra) if extra else loss
+        for variable in model.variables:
+            new = scope.get_current_value(variable)
+            if new is not None and new is not given.get(id(variable)):
+                variable.assign(new)
+        return loss, metrics, tape.gradient(scaled, pieces)
 
     def placed_gradients(self, x, y, output_device: str):
         """Loss, metrics and gradients of a model whose layers run on their own devices.
@@ -193,25 +240,36 @@ class StepFunctions:
         return loss, metrics, grads
 
     def build_async(self, output_device: str | None = None):
-        """``train_steps``; with ``output_device``, for a placed (model-parallel) model."""
+        """``train_steps``; with ``output_device``, for a placed (model-parallel) model.
+
+        With ``packing``, a step reads the parameters packed, pushes its gradients packed once its
+        mark is taken, and waits for nothing from the ps: its next read does (``steps_in_one_call``).
+        """
         import tensorflow as tf
 
         n_metrics = len(self.metric_fns)
-        if output_device is None:
-            loss_and_grads = self._loss_and_grads
-        else:
-            def loss_and_grads(x, y):
-                return self.placed_gradients(x, y, output_device)
+        packed = self.packing is not None and output_device is None
 
         def one_step(x, y):
-            loss, metrics, grads = loss_and_grads(x, y)
+            if packed:
+                pieces = self.packing.read()
+                began = stamp_after(pieces)
+                loss, metrics, grads = self._loss_and_grads_on(pieces, x, y)
+            elif output_device is None:
+                loss, metrics, grads = self._loss_and_grads(x, y)
+            else:
+                loss, metrics, grads = self.placed_gradients(x, y, output_device)
             mark = stamp_after([loss, *grads])
+            metrics = tf.stack(metrics) if metrics else tf.zeros([0])
+            if packed:  # the push leaves after the mark: phases do not overlap
+                self.optimizer.apply_gradients(zip(self.packing.push(grads, after=mark), self.targets))
+                return loss, metrics, [], mark, began
             with tf.control_dependencies([mark]):  # the push starts after the mark: phases do not overlap
                 updated = self.optimizer.apply_gradients(zip(grads, self.targets))
-            return loss, tf.stack(metrics) if metrics else tf.zeros([0]), [] if updated is None else [updated], mark
+            return loss, metrics, [] if updated is None else [updated], mark, None
 
-        train_steps = steps_in_one_call(one_step, n_metrics)
-        self.train_steps = train_steps
+        settled = (lambda: _written(self.targets)) if packed else None
+        self.train_steps = steps_in_one_call(one_step, n_metrics, settled)
 
     def build_evaluate(self, make_dataset: Callable):
         import tensorflow as tf

@@ -5,7 +5,8 @@ What TensorFlow 1's ``SyncReplicasOptimizer`` kept on the ps (gradient accumulat
 queue), rebuilt here with TF2 queues and functions:
 
 * ``gradients``: one queue on the first ps. A worker's step ends by enqueueing
-  ``(step, worker, loss, metrics, stamps, *gradients)`` there: that enqueue is the push.
+  ``(step, worker, loss, metrics, stamps, *gradients)`` there: that enqueue is the push. The
+  gradients travel packed, one tensor per ps and dtype (``packing``), as the parameters do.
 * ``tokens[w]``: one queue per worker, on the first ps. A worker computes step ``s`` once it
   dequeued the token ``s``, i.e. once step ``s - 1`` is applied; it then reads the parameters
   (from the ps, in its forward pass). A worker that fell behind drains its queue and jumps to the
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .packing import Packing
 from .steps import StepFunctions, _written, stamp_after
 
 WAKE = -1  # the worker index of an element that only makes ``aggregate`` look at ``required`` again
@@ -39,7 +41,8 @@ class SyncBarrier:
         import tensorflow as tf
 
         self.fns, self.n, self.n_metrics, self.ps_device = fns, n_workers, n_metrics, ps_device
-        self._specs = [(t.dtype, t.shape) for t in fns.targets]
+        self.packing = fns.packing or Packing(fns.targets, grouped=False)  # a gradient travels in these parts
+        self._specs = self.packing.specs()
         with tf.device(ps_device):
             self.required = tf.Variable(required, dtype=tf.int32, trainable=False, name="sync_required")
             self.gradients = tf.queue.FIFOQueue(
@@ -152,7 +155,7 @@ class SyncBarrier:
                 with tf.control_dependencies([start]):
                     x, y = next(iterator)
                     loss, metrics, grads = fns._loss_and_grads(x, y)
-                grads = [tf.convert_to_tensor(g, t.dtype) for g, t in zip(grads, targets)]
+                grads = self.packing.pack([tf.convert_to_tensor(g, t.dtype) for g, t in zip(grads, targets)])
                 times = tf.stack([start, stamp_after([loss, *grads])])
                 values = tf.stack(metrics) if metrics else tf.zeros([0])
                 pushed = gradients.enqueue([step, tf.constant(index, tf.int32), loss, values, times, *grads])
@@ -210,7 +213,7 @@ class SyncBarrier:
                 share = tf.cast(tf.maximum(count, 1), tf.float32)
                 mean = [tf.reduce_sum(s, axis=0) / tf.cast(share, s.dtype) for s in slots]  # worker order: exact
                 with tf.control_dependencies([applied]):
-                    fns.optimizer.apply_gradients(zip(mean, fns.targets))
+                    fns.optimizer.apply_gradients(zip(self.packing.unpack(mean), fns.targets))
                 with tf.control_dependencies([_written(fns.model.weights)]):
                     token = tf.where(step + 1 < end, step + 1, next_token)
                     handed = [t.enqueue(token) for t in tokens]
