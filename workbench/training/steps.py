@@ -1,6 +1,6 @@
 """The TensorFlow functions a training job runs on the cluster's tasks.
 
-* ``train_steps(iterator, n)`` (async-ps) runs ``n`` optimizer steps inside one remote call on a
+* ``train_steps_on(device)(iterator, n)`` (async-ps) runs ``n`` optimizer steps inside one remote call on a
   worker: parameters are read from the ps tasks and updates written back at every step.
 * sync-ps runs its steps through a barrier on the first ps, with its own functions
   (``sync_steps.SyncBarrier``), built on ``_loss_and_grads`` and the optimizer here.
@@ -269,7 +269,18 @@ class StepFunctions:
             return loss, metrics, [] if updated is None else [updated], mark, None
 
         settled = (lambda: _written(self.targets)) if packed else None
-        self.train_steps = steps_in_one_call(one_step, n_metrics, settled)
+        self._train_steps: dict[str, Callable] = {}
+        self._async_step = (one_step, n_metrics, settled)
+
+    def train_steps_on(self, device: str) -> Callable:
+        """``train_steps`` for the worker ``device``: one function per worker, each traced once.
+
+        One function called under each worker's device would be traced again for every worker,
+        and TensorFlow warns about the retracing in the notebook.
+        """
+        if device not in self._train_steps:
+            self._train_steps[device] = steps_in_one_call(*self._async_step)
+        return self._train_steps[device]
 
     def build_evaluate(self, make_dataset: Callable):
         import tensorflow as tf
