@@ -8,7 +8,7 @@ EXTRAS ?= cpu,notebook,test
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install chromium lab test bench bench-training bench-dashboard bench-memory bench-controller bench-launchers demo clean
+.PHONY: install chromium lab test bench bench-training bench-dashboard bench-memory bench-controller bench-launchers bench-transfers demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 
@@ -43,6 +43,9 @@ bench: install
 
 bench-training: install
 	$(PY) bench/training.py
+
+bench-transfers: install
+	$(PY) bench/transfers.py
 
 bench-dashboard: install chromium
 	$(PY) bench/dashboard.py

@@ -21,7 +21,7 @@ class _Call:
     chunk: tuple[int, int]  # first step, number of steps
     started: float  # time.monotonic()
     key: str  # the telemetry span of the call in progress
-    flagged: bool = False  # reported as straggling already
+    flagged: bool = False  # reported as straggling already, or not to be judged (a worker's first call)
 
 
 def chunks_of(steps: list[int], size: int) -> list[tuple[int, int]]:
@@ -42,6 +42,7 @@ class AsyncRun(WorkerRun):
         super().__init__(job)
         self.pending = chunks_of(job.missing_steps(), self.options.steps_per_call)[::-1]  # pop() takes the next
         self.in_flight: dict[int, _Call] = {}
+        self.warm: set[int] = set()  # workers whose function is set up on the tasks: a call of theirs came back
         self.stalled_since: float | None = None  # when the last worker able to take work went away
         self.checkpoint_lock = threading.Lock()
         self.next_checkpoint = job.first_checkpoint_at()
@@ -98,7 +99,10 @@ class AsyncRun(WorkerRun):
         job, name, device = self.job, self.names[index], self.job._worker_devices[index]
         while (chunk := self._claim(index)) is not None:
             first, n = chunk
-            call = _Call(chunk, time.monotonic(), job._recorder.call_started(name, device, first, n))
+            # A worker's first call also sets its function up on the worker and the ps (about a second,
+            # against milliseconds for its peers' calls): it is not judged as straggling.
+            call = _Call(chunk, time.monotonic(), job._recorder.call_started(name, device, first, n),
+                         flagged=index not in self.warm)
             with job._lock:
                 self.in_flight[index] = call
             try:
@@ -112,7 +116,9 @@ class AsyncRun(WorkerRun):
                 if self.halt.is_set() or self.in_flight.get(index) is not call:
                     return  # given up on (or the run ended): its steps run, or ran, elsewhere
                 del self.in_flight[index]
-            self.times.add(time.monotonic() - call.started, n)
+            if index in self.warm:  # a first call's set-up says nothing about the pace of steps
+                self.times.add(time.monotonic() - call.started, n)
+            self.warm.add(index)
             job._recorder.steps(name, device, first, stamps, marks, self.options.per_worker_batch, PUSH_APPLY, call.key)
             for i in range(n):
                 job._record(first + i, losses[i], metrics[i], name, stamps[i], stamps[i + 1], self.options.per_worker_batch)
@@ -124,6 +130,10 @@ class AsyncRun(WorkerRun):
                 return
 
     # -- what the run's thread does about it -------------------------------------------------------
+
+    def _rebuild(self, index: int) -> None:
+        super()._rebuild(index)
+        self.warm.discard(index)  # a new engine: its first call sets the function up again
 
     def _current(self, index: int, token) -> bool:
         with self.job._lock:
