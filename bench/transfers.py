@@ -21,13 +21,14 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from training import HIDDEN, cpu_seconds
+from training import HIDDEN, TIMEOUT, cpu_seconds
 
 SHAPES = [(64, HIDDEN), (HIDDEN,), (HIDDEN, HIDDEN), (HIDDEN,), (HIDDEN, 10), (10,)]
 
@@ -83,6 +84,28 @@ def bodies(ps: str, worker: str) -> dict:
     return {"alone": loop(alone), "packed": loop(packed), "tiny": loop(empty)}
 
 
+def bounded(call, device: str, what: str) -> None:
+    """Run ``call()`` on ``device`` for at most ``TIMEOUT`` s; a task that stopped answering ends the bench."""
+    import tensorflow as tf
+
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with tf.device(device):
+                call()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(TIMEOUT)
+    if thread.is_alive():
+        raise SystemExit(f"{what} did not finish within {TIMEOUT:.0f} s: a task stopped answering (the cluster is stopped)")
+    if failed:
+        raise failed[0]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000)
@@ -100,15 +123,13 @@ def main() -> int:
         lines = bodies(ps, worker)
         pids = {r.job: r.pid for r in cluster.tasks}
         results: dict[str, list[dict]] = {name: [] for name in lines}
-        for steps in lines.values():  # traced and registered on the tasks before anything is timed
-            with tf.device(worker):
-                steps(tf.constant(5)).numpy()
+        for name, steps in lines.items():  # traced and registered on the tasks before anything is timed
+            bounded(lambda steps=steps: steps(tf.constant(5)).numpy(), worker, f"{name}'s first call")
         for repeat in range(args.repeats):
             for name, steps in (lines.items() if repeat % 2 == 0 else reversed(lines.items())):
                 before = {job: cpu_seconds(pid) for job, pid in pids.items()}
                 started = time.perf_counter()
-                with tf.device(worker):
-                    steps(tf.constant(args.steps)).numpy()
+                bounded(lambda steps=steps: steps(tf.constant(args.steps)).numpy(), worker, f"{name}'s run")
                 wall = time.perf_counter() - started
                 cpu = {job: (cpu_seconds(pid) - before[job]) * 1e3 / args.steps for job, pid in pids.items()}
                 results[name].append({"wall_ms": wall * 1e3 / args.steps, **{f"{job}_cpu_ms": ms for job, ms in cpu.items()}})

@@ -1,6 +1,7 @@
 """Model, loss and data shared by the training tests (small, real: scikit-learn's digits)."""
 
 import os
+import time
 
 import keras
 import psutil
@@ -36,3 +37,11 @@ def signal_process(pid: int, sig: int) -> None:
     assert pid > 1 and pid not in ours and os.getpgid(pid) != os.getpgid(0), (
         f"refusing to send signal {sig} to pid {pid}: it is not a process the test started")
     os.kill(pid, sig)
+
+
+def wait_for(condition, seconds: float, what: str) -> None:
+    """Poll ``condition()`` until it is true; fail naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
+        time.sleep(0.05)

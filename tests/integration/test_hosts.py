@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import warnings
 
 import hosts
 import pytest
-from training_helpers import train
+from training_helpers import train, wait_for
 
 import workbench as wb
 
@@ -55,13 +54,6 @@ def _cluster(emulated, slots: int, name: str, **options) -> wb.Cluster:
                       progress=False, start_timeout=120, name=name, **options)
 
 
-def _wait_for(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
-        time.sleep(0.1)
-
-
 def test_a_cluster_over_three_hosts_trains_across_the_bridge_and_recovers_a_lost_host(emulated):
     with warnings.catch_warnings():
         warnings.simplefilter("error", wb.ExposedPortsWarning)  # every task binds its host's address only
@@ -76,12 +68,12 @@ def test_a_cluster_over_three_hosts_trains_across_the_bridge_and_recovers_a_lost
 
         before = emulated.bridge_bytes()
         job = train(cluster, steps=3000, steps_per_call=5)
-        _wait_for(lambda: job.steps_done >= 300 or job.state != "running", 120, "300 steps")
+        wait_for(lambda: job.steps_done >= 300 or job.state != "running", 120, "300 steps")
         assert emulated.bridge_bytes() - before > 1_000_000  # parameters and gradients went between hosts
         lost_host = emulated.hosts[2]  # worker:1's
         assert emulated.kill(lost_host)
-        _wait_for(lambda: cluster.task("worker:1").state != "running", 30, "worker:1 reported lost")
-        _wait_for(lambda: cluster.task("worker:1").state == "running" and cluster.task("worker:1").restarts == 1,
+        wait_for(lambda: cluster.task("worker:1").state != "running", 30, "worker:1 reported lost")
+        wait_for(lambda: cluster.task("worker:1").state == "running" and cluster.task("worker:1").restarts == 1,
                   RECOVERY_SECONDS, "worker:1 re-hosted")
         moved = cluster.task("worker:1")
         assert moved.host in ("host1", "host2") and not moved.address.startswith(lost_host.address + ":")

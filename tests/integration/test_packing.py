@@ -1,12 +1,11 @@
 """Packed transfers: a step moves one tensor each way per ps, and models with state of their own still train."""
 
-import time
 from collections import Counter
 
 import keras
 import numpy as np
 import pytest
-from training_helpers import LOSS
+from training_helpers import LOSS, wait_for
 
 import workbench as wb
 
@@ -34,19 +33,12 @@ def traced_sends(cluster) -> dict[str, float]:
     job = wb.train(cluster, three_layers, wb.datasets.digits, LOSS, keras.optimizers.Adam(1e-3), steps=20_000,
                    batch_size=64, seed=3, telemetry=False)
     try:
-        _wait_steps(job, 50)
+        wait_for(lambda: len(job.history) >= 50 or job.state != "running", 120, "50 steps")
+        assert job.state == "running", f"the job ended before 50 steps: {job.state}"
         return tensors_per_step(cluster.profile(seconds=1.5))
     finally:
         job.stop()
         job.wait(120)
-
-
-def _wait_steps(job, steps: int, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while len(job.history) < steps:
-        assert job.state == "running", f"the job ended before {steps} steps: {job.state}"
-        assert time.monotonic() < deadline, f"{len(job.history)} of {steps} steps after {timeout:.0f} s"
-        time.sleep(0.2)
 
 
 def test_each_ps_sends_its_parameters_as_one_tensor_per_step(cluster_two_ps, monkeypatch):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from training_helpers import signal_process, train
+from training_helpers import signal_process, train, wait_for
 
 import workbench as wb
 from workbench.telemetry.events import TaskEvent
@@ -21,13 +21,6 @@ from workbench.telemetry.events import TaskEvent
 pytestmark = pytest.mark.cluster
 
 RECOVERY_SECONDS = 90  # a re-hosting on a busy 2-core machine takes seconds; this bounds every wait here
-
-
-def _wait_for(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
-        time.sleep(0.05)
 
 
 def _steps_reached(job, steps: int):
@@ -52,13 +45,13 @@ def test_killed_worker_is_rehosted_and_rejoins_without_losing_a_step(strategy, s
     with wb.Cluster(ps=1, workers=2, name="wb-test-rehost", progress=False) as cluster:
         job = train(cluster, strategy=strategy, steps=steps, steps_per_call=5,
                     checkpoint_dir=str(tmp_path), checkpoint_every=200)
-        _wait_for(_steps_reached(job, 150), 120, "150 steps")
+        wait_for(_steps_reached(job, 150), 120, "150 steps")
         old = cluster.task("worker:1")
         signal_process(old.pid, signal.SIGKILL)
         killed = time.time()
         # the kernel's own records follow the truth within seconds (no job or panel needed)
-        _wait_for(lambda: cluster.task("worker:1").state in ("lost", "recovering", "starting"), 5, "worker:1 marked lost")
-        _wait_for(_back(cluster, "worker:1"), RECOVERY_SECONDS, "worker:1 re-hosted")
+        wait_for(lambda: cluster.task("worker:1").state in ("lost", "recovering", "starting"), 5, "worker:1 marked lost")
+        wait_for(_back(cluster, "worker:1"), RECOVERY_SECONDS, "worker:1 re-hosted")
         job.wait(600)
 
         assert job.state == "done" and job.recoveries == 0 and job.lost_workers == []
@@ -82,7 +75,7 @@ def test_killed_ps_is_restored_from_the_newest_checkpoint_in_the_same_kernel(str
     with wb.Cluster(ps=1, workers=2, name="wb-test-restoreps", progress=False) as cluster:
         job = train(cluster, strategy=strategy, steps=steps, steps_per_call=5,
                     checkpoint_dir=str(tmp_path), checkpoint_every=every)
-        _wait_for(lambda: job.last_checkpoint is not None and job.steps_done >= 250 or job.state != "running", 120,
+        wait_for(lambda: job.last_checkpoint is not None and job.steps_done >= 250 or job.state != "running", 120,
                   "a checkpoint and 250 steps")
         old = cluster.task("ps:0")
         with pytest.warns(wb.TaskFaultWarning, match="ps:0"):
@@ -112,13 +105,13 @@ def test_killed_ps_is_restored_from_the_newest_checkpoint_in_the_same_kernel(str
 def test_stopped_worker_is_flagged_then_replaced(no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-hang", progress=False) as cluster:
         job = train(cluster, strategy="async-ps", steps=4000, steps_per_call=5, hang_timeout=3)
-        _wait_for(_steps_reached(job, 150), 120, "150 steps")
+        wait_for(_steps_reached(job, 150), 120, "150 steps")
         old = cluster.task("worker:1")
         signal_process(old.pid, signal.SIGSTOP)  # alive, but answering nothing: a frozen host
         try:
-            _wait_for(lambda: cluster.task("worker:1").state != "running", 10, "worker:1 flagged")
+            wait_for(lambda: cluster.task("worker:1").state != "running", 10, "worker:1 flagged")
             assert cluster.task("worker:1").state in ("silent", "recovering", "starting")
-            _wait_for(_back(cluster, "worker:1"), RECOVERY_SECONDS, "worker:1 replaced")
+            wait_for(_back(cluster, "worker:1"), RECOVERY_SECONDS, "worker:1 replaced")
             job.wait(600)
         finally:
             if psutil.pid_exists(old.pid):
@@ -139,15 +132,15 @@ def test_task_health_and_replace_task_without_a_job(no_leftover_processes):
         worker = cluster.task("worker:0")
         signal_process(worker.pid, signal.SIGSTOP)
         try:
-            _wait_for(lambda: cluster.task("worker:0").state == "silent", 10, "worker:0 silent")
+            wait_for(lambda: cluster.task("worker:0").state == "silent", 10, "worker:0 silent")
             assert "silent (not answering)" in str(cluster.status())
         finally:
             signal_process(worker.pid, signal.SIGCONT)
-        _wait_for(lambda: cluster.task("worker:0").state == "running", 10, "worker:0 answering again")
+        wait_for(lambda: cluster.task("worker:0").state == "running", 10, "worker:0 answering again")
 
         old = cluster.task("worker:1")
         signal_process(old.pid, signal.SIGKILL)
-        _wait_for(lambda: cluster.task("worker:1").state == "lost", 5, "worker:1 lost")
+        wait_for(lambda: cluster.task("worker:1").state == "lost", 5, "worker:1 lost")
         assert "lost (its engine exited)" in str(cluster.status())
         new = cluster.replace_task("worker:1", timeout=60)
         assert new is cluster.task("worker:1")
@@ -163,7 +156,7 @@ def test_lost_controller_fails_the_job_within_seconds_and_leaves_nothing(no_left
     cluster = wb.Cluster(ps=1, workers=2, name="wb-test-controller", progress=False).start()
     try:
         job = train(cluster, strategy="async-ps", steps=100000, steps_per_call=5)
-        _wait_for(_steps_reached(job, 100), 120, "100 steps")
+        wait_for(_steps_reached(job, 100), 120, "100 steps")
         (controller,) = cluster._pool.controller_pids
         signal_process(controller, signal.SIGKILL)
         killed = time.monotonic()
@@ -171,7 +164,7 @@ def test_lost_controller_fails_the_job_within_seconds_and_leaves_nothing(no_left
             job.wait(60)
         assert time.monotonic() - killed < 15
         assert "resume=True" in str(info.value) and "wb.Cluster(" in str(info.value)
-        _wait_for(lambda: cluster.state == "failed", 40, "the cluster torn down")
+        wait_for(lambda: cluster.state == "failed", 40, "the cluster torn down")
         from IPython.paths import get_ipython_dir
 
         # what a killed controller leaves behind (its connection files, the hub's engine record, the cluster
@@ -196,7 +189,7 @@ def test_allreduce_forms_its_group_again_and_resumes_from_the_checkpoint(fault, 
     with wb.Cluster(ps=0, workers=2, name="wb-test-arrecover", progress=False) as cluster:
         job = train(cluster, strategy="allreduce", steps=600, steps_per_call=10, hang_timeout=3,
                     checkpoint_dir=str(tmp_path), checkpoint_every=every)
-        _wait_for(_steps_reached(job, 250), 120, "250 steps")
+        wait_for(_steps_reached(job, 250), 120, "250 steps")
         old = {name: cluster.task(name) for name in ("worker:0", "worker:1")}
         signal_process(old["worker:1"].pid, fault)
         try:
@@ -217,7 +210,7 @@ def test_allreduce_forms_its_group_again_and_resumes_from_the_checkpoint(fault, 
 def test_allreduce_without_recovery_fails_fast_naming_the_worker(no_leftover_processes):
     with wb.Cluster(ps=0, workers=2, name="wb-test-arfail", progress=False) as cluster:
         job = train(cluster, strategy="allreduce", steps=100000, steps_per_call=10, recover=False)
-        _wait_for(_steps_reached(job, 50), 120, "50 steps")
+        wait_for(_steps_reached(job, 50), 120, "50 steps")
         signal_process(cluster.task("worker:1").pid, signal.SIGKILL)
         with pytest.raises(wb.TrainingError, match=r"worker:1 was lost .*recover=True"):
             job.wait(60)
@@ -227,14 +220,14 @@ def test_allreduce_without_recovery_fails_fast_naming_the_worker(no_leftover_pro
 def test_sync_ps_drops_a_hung_worker_and_takes_it_back_when_it_answers(no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-drop", progress=False) as cluster:
         job = train(cluster, strategy="sync-ps", steps=800, hang_timeout=3, on_hang="drop")
-        _wait_for(_steps_reached(job, 100), 120, "100 steps")
+        wait_for(_steps_reached(job, 100), 120, "100 steps")
         stopped = cluster.task("worker:1")
         signal_process(stopped.pid, signal.SIGSTOP)
         try:
-            _wait_for(lambda: any(f["action"] == "dropped" for f in job.faults) or job.state != "running", 30,
+            wait_for(lambda: any(f["action"] == "dropped" for f in job.faults) or job.state != "running", 30,
                       "worker:1 dropped")
             dropped_at = job.steps_done
-            _wait_for(_steps_reached(job, dropped_at + 50), 60, "steps without worker:1")  # steps go on without it
+            wait_for(_steps_reached(job, dropped_at + 50), 60, "steps without worker:1")  # steps go on without it
         finally:
             signal_process(stopped.pid, signal.SIGCONT)
             resumed = time.time()
