@@ -33,6 +33,7 @@ from . import registry
 from .gpus import discover_gpus, validate_gpus_per_worker
 from .health import LOST, RECOVERING, RUNNING, SILENT, STOPPED, TaskHealth
 from .hosting import TaskHosting
+from .links import LinkShaping
 from .memory import available_memory, engine_memory_warning
 from .pool import (
     FORK_LAUNCHER,
@@ -71,7 +72,7 @@ def _stop_live_clusters() -> None:
 atexit.register(_stop_live_clusters)
 
 
-class Cluster(TaskHosting):
+class Cluster(TaskHosting, LinkShaping):
     """A pool of ipyparallel engines, each hosting one TensorFlow task (``ps:i`` or ``worker:j``).
 
     The notebook kernel (or script) that creates it is the client and coordinator::
@@ -105,6 +106,11 @@ class Cluster(TaskHosting):
         Extra environment variables for the engines.
     progress:
         ``True``: a bar in a notebook, text in a terminal; ``False``: quiet; or a ``ProgressSink``.
+    network:
+        Emulated links between the tasks, which ``shape()`` sets while they run: ``"auto"`` (unshaped
+        until then), a rate for every link from the start (``"1gbit"``), or
+        ``dict(rate=, delay=, between=, backend=)``. Local engines only. Default: none (tasks talk
+        directly, as without the workbench).
     """
 
     # Called with every cluster this process starts, once its tasks run (a failure stops the cluster).
@@ -124,6 +130,7 @@ class Cluster(TaskHosting):
         start_timeout: float = 300.0,
         env: Mapping[str, str] | None = None,
         progress: bool | ProgressSink = True,
+        network: Any = None,
         **launcher_options: Any,
     ):
         validate_counts(ps, workers)
@@ -153,6 +160,7 @@ class Cluster(TaskHosting):
         self.health = TaskHealth(self.name, lambda: self.tasks, self._publish_tasks, self.telemetry)
         self.failure = ""  # why the cluster failed while running (its controller exited), if it did
         if engines is None:  # set by from_existing or attach
+            self._init_network(None, False)
             return
         # "local" engines are forked from a warm process that imported TensorFlow (fork_launcher.py)
         ipp_launcher = FORK_LAUNCHER if engines == "local" else engines
@@ -163,6 +171,7 @@ class Cluster(TaskHosting):
             controller_ip = "127.0.0.1" if local else ""
         if local:
             self._check_local_gpus(workers)
+        self._init_network(network, local)
         self._launcher = engines
         self._forks = ipp_launcher == FORK_LAUNCHER and launcher_kwargs.get("fork", True)
         self._pool_factory = lambda: OwnedPool(
@@ -330,6 +339,7 @@ class Cluster(TaskHosting):
             )
             self._warn_if_not_forked("")
             self._warn_launcher_notices(0)
+            self._open_links()
             self._assign_tasks(dict(zip(layout, ids)), deadline, progress)
             self.check_exposure(self.tasks, deadline, stacklevel=3)
             self._state = "running"
@@ -376,6 +386,7 @@ class Cluster(TaskHosting):
     def _teardown(self, timeout: float = 60.0) -> None:
         self.health.closing = True  # the engines stopped from here on are not "lost"
         self._close_kept()
+        self._close_links()
         pool, self._pool = self._pool, None
         if self.attached:  # only this process's connection ends; the owner keeps the cluster
             if pool is not None:
@@ -627,7 +638,7 @@ class Cluster(TaskHosting):
                 gone = record.engine_id not in alive or (self._is_local(record) and not psutil.pid_exists(record.pid))
                 if gone and record.state in (RUNNING, SILENT):
                     self.health.set_state(record, LOST, "its engine left the controller")
-        return ClusterStatus(self.name, self._state, self._launcher, self.tasks)
+        return ClusterStatus(self.name, self._state, self._launcher, self.tasks, self.network)
 
     def _publish_tasks(self) -> None:
         """Task states changed: the registry (read by the panel and by attached processes) says so at once."""
@@ -665,6 +676,7 @@ class Cluster(TaskHosting):
             tasks=self.tasks,
             gpus_per_worker=self._gpus_per_worker,
             endpoints=dict(self._endpoints),
+            network=self.network,
             updated=time.time(),
             workbench_version=workbench_version(),
         ))

@@ -145,15 +145,18 @@ def start_profiler_server(attempts: int = 3) -> int:
 def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | None = None) -> dict[str, Any]:
     """Start this engine's ``tf.distribute.Server`` for ``job:index`` of ``spec``.
 
-    If the port in ``spec`` was taken since it was reserved, pick another and try again: the
-    returned ``address`` is the one actually serving.
+    ``port``: the port to listen on when ``spec`` names another one for this task (a link emulator
+    forwards that one here); None: listen where ``spec`` says. If the port was taken since it was
+    reserved, pick another and try again: the returned ``address`` is the one named in the spec and
+    ``serving`` the port actually listened on.
     """
     import tensorflow as tf
+    from tensorflow.core.protobuf import tensorflow_server_pb2
 
     existing = _SERVER.get("server")
     if existing is not None:
         if (_SERVER["job"], _SERVER["index"]) == (job, index):
-            return _describe(tf, _SERVER["address"], job, index, reused=True)
+            return _describe(tf, _SERVER["address"], job, index, _SERVER["serving"], reused=True)
         return {
             "ok": False,
             "error": (
@@ -166,22 +169,28 @@ def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | N
     host = spec[job][index].rsplit(":", 1)[0]
     errors = []
     for _attempt in range(_PORT_ATTEMPTS):
+        definition = tensorflow_server_pb2.ServerDef(
+            cluster=tf.train.ClusterSpec(spec).as_cluster_def(), job_name=job, task_index=index, protocol="grpc",
+            port=port or 0)
         try:
-            server = tf.distribute.Server(
-                tf.train.ClusterSpec(spec), job_name=job, task_index=index, protocol="grpc", start=True
-            )
+            server = tf.distribute.Server(definition, start=True)
         except (tf.errors.UnknownError, tf.errors.UnavailableError) as exc:
             # "Could not start gRPC server": the port was taken between reservation and start.
-            errors.append(f"{spec[job][index]}: {exc.message if hasattr(exc, 'message') else exc}")
-            spec[job][index] = f"{host}:{reserve_port()}"
+            errors.append(f"{port or spec[job][index]}: {exc.message if hasattr(exc, 'message') else exc}")
+            if port:
+                port = reserve_port()
+            else:
+                spec[job][index] = f"{host}:{reserve_port()}"
             continue
         address = spec[job][index]
-        _SERVER.update(server=server, job=job, index=index, address=address)
-        return _describe(tf, address, job, index, retries=len(errors))
+        serving = port or int(address.rsplit(":", 1)[1])
+        _SERVER.update(server=server, job=job, index=index, address=address, serving=serving)
+        return _describe(tf, address, job, index, serving, retries=len(errors))
     return {"ok": False, "error": "could not bind a port for the TensorFlow server: " + "; ".join(errors)}
 
 
-def _describe(tf: Any, address: str, job: str, index: int, reused: bool = False, retries: int = 0) -> dict:
+def _describe(tf: Any, address: str, job: str, index: int, serving: int, reused: bool = False,
+              retries: int = 0) -> dict:
     prefix = f"/job:{job}/replica:0/task:{index}"
     # Physical devices: listing logical ones would initialize this process's eager context, after
     # which MultiWorkerMirroredStrategy (strategy="allreduce") can no longer be set up here.
@@ -189,6 +198,7 @@ def _describe(tf: Any, address: str, job: str, index: int, reused: bool = False,
     return {
         "ok": True,
         "address": address,
+        "serving": serving,
         "devices": devices,
         "retries": retries,
         "reused": reused,

@@ -68,6 +68,7 @@ class ClusterRecord:
     # What higher layers serve for this cluster, by name: "control" (the owner's control endpoint),
     # "dashboard" (its Bokeh apps). The cluster layer stores them without knowing what they are.
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    network: str = ""  # the emulated links and their shaping (Cluster.network), "" without network=
     updated: float = 0.0
     workbench_version: str = ""
 

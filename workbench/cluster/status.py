@@ -78,6 +78,7 @@ class ClusterStatus:
     state: str
     launcher: str
     tasks: list[TaskRecord]
+    network: str = ""  # the emulated links and their shaping, "" without network=
 
     def _header(self) -> str:
         counts = {job: sum(t.job == job for t in self.tasks) for job in ("ps", "worker")}
@@ -87,7 +88,8 @@ class ClusterStatus:
         )
 
     def __str__(self) -> str:
-        return text_table(_COLUMNS, [_row(t) for t in self.tasks], title=self._header())
+        table = text_table(_COLUMNS, [_row(t) for t in self.tasks], title=self._header())
+        return f"{table}\nlinks: {self.network}" if self.network else table
 
     __repr__ = __str__
 
@@ -104,5 +106,7 @@ class ClusterStatus:
             body.append("<tr>" + "".join(f"<td style='text-align:left'>{c}</td>" for c in cells) + f"<td>{badge}</td></tr>")
         return (
             f"<div class='workbench-cluster'><p><b>{html.escape(self._header())}</b></p>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+            + (f"<p class='workbench-links'>links: {html.escape(self.network)}</p>" if self.network else "")
+            + "</div>"
         )

@@ -36,6 +36,7 @@ def train(
     on_hang: str | None = None,
     straggler_factor: float = 10.0,
     on_straggler: str = "wait",
+    transfer: str = "fp32",
     wait: bool = False,
 ) -> Job:
     """Train a Keras model on ``cluster`` with the workbench's own distributed training loop.
@@ -88,6 +89,11 @@ def train(
     straggler_factor, on_straggler: a remote call running ``straggler_factor`` times longer than its
         peers' median (and at least a second) is flagged and handled by ``on_straggler`` (same policies;
         default ``"wait"``).
+    transfer: ps strategies: the precision parameters (ps to worker) and gradients (worker to ps)
+        travel in: ``"fp32"`` (as stored), ``"bf16"`` or ``"fp16"`` (half the bytes), ``"int8"`` (a
+        quarter; each variable scaled by its largest magnitude, and what rounding loses of a gradient
+        kept on its worker and added to the next one). Values are restored on arrival; variables
+        and updates stay in their own precision. ``job.info["bytes_per_step"]`` says what a step moves.
     wait: block until the job ends (else it trains in the background; see ``job.wait()``).
     """
     from .model_parallel import PlacedModel, _placed_job_class
@@ -107,7 +113,7 @@ def train(
         steps_per_call=steps_per_call, metrics=tuple(metrics), checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, resume=resume, seed=seed, step_timeout=step_timeout, partition_bytes=partition_bytes,
         telemetry=bool(telemetry), recover=recover, hang_timeout=hang_timeout, on_hang=on_hang,
-        straggler_factor=straggler_factor, on_straggler=on_straggler,
+        straggler_factor=straggler_factor, on_straggler=on_straggler, transfer=transfer,
         num_workers=(len([t for t in cluster.tasks if t.job == "worker"])
                      if cluster.state == "running" and strategy != "model-parallel" else 1),
     ))

@@ -129,7 +129,12 @@ class Job:
             with tf.device(self._ps_devices[0]):
                 self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
         self._fns = StepFunctions(self._model, self._optimizer, self._loss_fn, resolve_metrics(self.options.metrics),
-                                  targets, splits, packing_for(self._model, targets))
+                                  targets, splits, packing_for(self._model, targets, self.options.transfer))
+        if self.options.transfer != "fp32" and self._fns.packing is None:
+            raise ConfigurationError(
+                f"transfer={self.options.transfer!r} needs a model whose trainable variables are all Keras "
+                "variables (it runs on the received values through keras.StatelessScope); this one has others. "
+                "Build it from Keras layers, or leave transfer='fp32'.")
 
     def _probe_data(self, data: Callable, options: TrainOptions) -> int:
         """Seed Keras, learn the example shape from the data function; return the data seed."""
@@ -175,6 +180,8 @@ class Job:
     def rebuild_worker(self, index: int) -> None:
         """Worker ``index`` was re-hosted: what the job kept on it (its input pipeline) is made again there."""
         self._iterators[index] = self._make_iterator(index)
+        if getattr(self, "_fns", None) is not None:
+            self._fns.forget_worker(self._worker_devices[index])
 
     # -- public ------------------------------------------------------------------------------
 
@@ -204,7 +211,17 @@ class Job:
             "partitioned": dict(self.placer.partitioned) if self.placer else {},
             "checkpoint_dir": self.options.checkpoint_dir,
             "recover": self.options.recover,
+            "transfer": self.options.transfer,
+            "bytes_per_step": self._bytes_per_step(),
         }
+
+    def _bytes_per_step(self) -> dict | None:
+        """What one step of one worker moves between it and the ps tasks: parameters in, gradients out."""
+        packing = getattr(getattr(self, "_fns", None), "packing", None)
+        if packing is None:
+            return None
+        each = packing.bytes_per_transfer()
+        return {"parameters": each, "gradients": each, "total": 2 * each}
 
     @property
     def history(self) -> list[dict]:

@@ -9,6 +9,7 @@ from ..errors import ConfigurationError
 
 STRATEGIES = ("async-ps", "sync-ps", "allreduce", "model-parallel")
 POLICIES = ("wait", "drop", "replace")  # what a job does about a hung task or a straggling call
+TRANSFERS = ("fp32", "bf16", "fp16", "int8")  # precision of parameters and gradients between ps and workers
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class TrainOptions:
     on_hang: str | None = None  # wait | drop | replace; None: replace if recover, else wait
     straggler_factor: float = 10.0  # a call this many times its peers' median (and >= 1 s) straggles
     on_straggler: str = "wait"  # wait | drop | replace
+    transfer: str = "fp32"  # ps strategies: fp32 | bf16 | fp16 | int8 on the wire
     num_workers: int = field(default=1)
 
     @property
@@ -93,6 +95,14 @@ def validate(options: TrainOptions) -> TrainOptions:
     if not isinstance(options.step_timeout, (int, float)) or options.step_timeout <= 0:
         raise ConfigurationError(f"step_timeout={options.step_timeout!r} must be a positive number of seconds.")
     _validate_fault_handling(options)
+    if options.transfer not in TRANSFERS:
+        raise ConfigurationError(f"transfer={options.transfer!r} is not a precision: use one of "
+                                 f"{', '.join(map(repr, TRANSFERS))}.")
+    if options.transfer != "fp32" and options.strategy not in ("async-ps", "sync-ps"):
+        raise ConfigurationError(
+            f"transfer={options.transfer!r} sets how parameters and gradients travel between ps and workers; "
+            f"strategy={options.strategy!r} has no such transfers: use strategy='async-ps' or 'sync-ps', or "
+            "leave transfer='fp32'.")
     return options
 
 

@@ -10,6 +10,13 @@ and split on the ps, where the optimizer applies them. One group per ps task and
 
 Variables of unknown shape and sparse gradients (``tf.IndexedSlices``) travel on their own, as
 before: densifying an embedding's gradient would cost more than it saves.
+
+``transfer`` sets the precision a packed group travels in (``wb.train(..., transfer=...)``): parameters
+are encoded on the ps and decoded on the worker, gradients encoded on the worker and decoded on the
+ps. ``"bf16"``/``"fp16"`` cast; ``"int8"`` rounds each variable's values to 255 levels of its own
+scale (its largest magnitude / 127), the scales travelling in the same tensor, and keeps on the
+worker what rounding lost of each gradient, to add to the next one (error feedback). Only
+floating-point groups are encoded; loose targets travel as they are.
 """
 
 from __future__ import annotations
@@ -38,11 +45,13 @@ class Packing:
     """How the targets of an optimizer (variables, or shards of partitioned ones) travel in groups.
 
     ``grouped=False`` makes every target a group of its own (sync-ps's queue layout when packing
-    is off).
+    is off). ``transfer``: the precision groups travel in (see the module's docstring).
     """
 
-    def __init__(self, targets: list, grouped: bool = True):
+    def __init__(self, targets: list, grouped: bool = True, transfer: str = "fp32"):
         self.targets = list(targets)
+        self.transfer = transfer
+        self._residuals: dict[str, list] = {}  # int8: per worker device, what rounding lost of each group
         groups: dict[tuple, _Group] = {}
         self.loose: list[int] = []  # travel alone: shapes not fully known, or alone on their ps
         for index, target in enumerate(self.targets):
@@ -56,10 +65,32 @@ class Packing:
         self.groups = [g for g in groups.values() if len(g.members) > 1]
         self.loose = sorted(self.loose + [i for g in groups.values() if len(g.members) == 1 for i in g.members])
 
-    def specs(self) -> list[tuple]:
-        """``(dtype, shape)`` of each part ``pack`` makes: one flat tensor per group, then each loose target."""
+    def _encoded(self, group: _Group) -> bool:
+        return self.transfer != "fp32" and group.dtype.is_floating
+
+    def specs(self, wire: bool = True) -> list[tuple]:
+        """``(dtype, shape)`` of each part ``encode`` makes (``wire=False``: ``pack``): one flat tensor per
+        group, then each loose target."""
+        import tensorflow as tf
+
+        dtypes = {"bf16": tf.bfloat16, "fp16": tf.float16, "int8": tf.int8}
+        parts = []
+        for g in self.groups:
+            if not wire or not self._encoded(g):
+                parts.append((g.dtype, [sum(g.sizes)]))
+            else:
+                extra = 4 * len(g.members) if self.transfer == "int8" else 0  # the scales, as bytes
+                parts.append((dtypes[self.transfer], [sum(g.sizes) + extra]))
         loose = [(tf_variable(self.targets[i]).dtype, tf_variable(self.targets[i]).shape) for i in self.loose]
-        return [(g.dtype, [sum(g.sizes)]) for g in self.groups] + loose
+        return parts + loose
+
+    def bytes_per_transfer(self) -> int:
+        """Bytes one direction of a step moves (every target, encoded as it travels)."""
+        total = 0
+        for dtype, shape in self.specs():
+            size = getattr(dtype, "size", None) or 4
+            total += size * math.prod(int(d) for d in shape) if all(d is not None for d in shape) else 0
+        return total
 
     def read(self) -> list:
         """The targets' current values, in order, on the caller's device: one transfer per group."""
@@ -67,36 +98,111 @@ class Packing:
 
         parts = []
         for group in self.groups:
-            with tf.device(group.device):
-                parts.append(tf.concat([tf.reshape(tf_variable(self.targets[i]).read_value(), [-1])
-                                        for i in group.members], 0))
+            with tf.device(group.device):  # concatenated and encoded on the ps
+                flat = tf.concat([tf.reshape(tf_variable(self.targets[i]).read_value(), [-1]) for i in group.members], 0)
+                parts.append(self._encode(flat, group))
+        parts = [self._decode(p, g) for p, g in zip(parts, self.groups)]  # decoded here
         parts += [tf_variable(self.targets[i]).read_value() for i in self.loose]
         return self._split(parts, here=True)
 
     def pack(self, values: list) -> list:
-        """One dense value per target -> the parts (``specs``), made on the caller's device."""
+        """One dense value per target -> the flat parts (one per group, then the loose), on the caller's device."""
         import tensorflow as tf
 
         packed = [tf.concat([tf.reshape(values[i], [-1]) for i in g.members], 0) for g in self.groups]
         return packed + [values[i] for i in self.loose]
 
+    def encode(self, parts: list, residuals: list | None = None) -> list:
+        """Flat parts (``pack``) -> the parts as they travel (``specs``), made here.
+
+        ``residuals`` (int8, from ``residuals_on``): what rounding lost of the previous values, added
+        before this rounding and updated with what this one loses (error feedback).
+        """
+        import tensorflow as tf
+
+        encoded = []
+        for index, (group, part) in enumerate(zip(self.groups, parts)):
+            if residuals is not None and self._encoded(group) and self.transfer == "int8":
+                corrected = part + residuals[index]
+                wire = self._encode(corrected, group)
+                with tf.control_dependencies([residuals[index].assign(corrected - self._decode(wire, group))]):
+                    wire = tf.identity(wire)
+                encoded.append(wire)
+            else:
+                encoded.append(self._encode(part, group))
+        return encoded + list(parts[len(self.groups):])
+
+    def decode(self, parts: list) -> list:
+        """The inverse of ``encode`` (without what rounding lost), made here: flat parts of the groups' dtypes."""
+        return [self._decode(p, g) for p, g in zip(parts, self.groups)] + list(parts[len(self.groups):])
+
     def unpack(self, parts: list) -> list:
-        """The parts of ``pack`` -> one value per target, each group split on its targets' device."""
+        """Flat parts (``pack``) -> one value per target, each group split on its targets' device."""
         return self._split(parts, here=False)
 
-    def push(self, grads: list, after=None) -> list:
+    def push(self, grads: list, after=None, residuals: list | None = None) -> list:
         """``grads`` (one per target, made here) moved to their targets' devices: one transfer per group.
 
-        They leave once ``after`` exists (a control dependency here, none on the receiving ps).
-        With a sparse or missing gradient they go alone, as given (the optimizer places each
-        update with its variable anyway): densifying an embedding's gradient costs more.
+        They leave once ``after`` exists (a control dependency here, none on the receiving ps),
+        encoded here and decoded on the ps. With a sparse or missing gradient they go alone, as
+        given (the optimizer places each update with its variable anyway): densifying an
+        embedding's gradient costs more.
         """
         import tensorflow as tf
 
         dense = all(isinstance(grads[i], tf.Tensor) for g in self.groups for i in g.members)
+        if not dense:
+            with tf.control_dependencies([] if after is None else [after]):
+                return [None if p is None else tf.identity(p) for p in grads]
         with tf.control_dependencies([] if after is None else [after]):
-            parts = [None if p is None else tf.identity(p) for p in (self.pack(grads) if dense else grads)]
-        return self.unpack(parts) if dense else parts
+            parts = [tf.identity(p) for p in self.encode(self.pack(grads), residuals)]
+        flat = []
+        for group, part in zip(self.groups, parts):
+            with tf.device(group.device):
+                flat.append(self._decode(part, group))
+        return self.unpack(flat + parts[len(self.groups):])
+
+    def residuals_on(self, device: str) -> list | None:
+        """int8: the error-feedback variables of ``device`` (a worker), made there on first use; else None."""
+        import tensorflow as tf
+
+        if self.transfer != "int8":
+            return None
+        if device not in self._residuals:
+            with tf.init_scope(), tf.device(device):
+                self._residuals[device] = [
+                    tf.Variable(tf.zeros([sum(g.sizes)], g.dtype), trainable=False, name="transfer_residual")
+                    for g in self.groups]
+        return self._residuals[device]
+
+    def forget(self, device: str) -> None:
+        """The worker on ``device`` was replaced: its error-feedback variables went with it."""
+        self._residuals.pop(device, None)
+
+    def _encode(self, flat, group: _Group):
+        import tensorflow as tf
+
+        if not self._encoded(group):
+            return flat
+        if self.transfer in ("bf16", "fp16"):
+            return tf.cast(flat, tf.bfloat16 if self.transfer == "bf16" else tf.float16)
+        pieces = tf.split(flat, group.sizes)
+        scales = tf.stack([tf.maximum(tf.reduce_max(tf.abs(p)), 1e-30) / 127.0 for p in pieces])
+        levels = [tf.cast(tf.clip_by_value(tf.round(p / scales[i]), -127.0, 127.0), tf.int8) for i, p in enumerate(pieces)]
+        header = tf.reshape(tf.bitcast(tf.cast(scales, tf.float32), tf.int8), [-1])
+        return tf.concat([header, *levels], 0)
+
+    def _decode(self, wire, group: _Group):
+        import tensorflow as tf
+
+        if not self._encoded(group):
+            return wire
+        if self.transfer in ("bf16", "fp16"):
+            return tf.cast(wire, group.dtype)
+        n = len(group.members)
+        scales = tf.cast(tf.bitcast(tf.reshape(wire[:4 * n], [n, 4]), tf.float32), group.dtype)
+        pieces = tf.split(tf.cast(wire[4 * n:], group.dtype), group.sizes)
+        return tf.concat([p * scales[i] for i, p in enumerate(pieces)], 0)
 
     def _split(self, parts: list, here: bool) -> list:
         import tensorflow as tf
@@ -111,7 +217,7 @@ class Packing:
         return values
 
 
-def packing_for(model, targets: list) -> Packing | None:
+def packing_for(model, targets: list, transfer: str = "fp32") -> Packing | None:
     """The packing of a ps job's ``targets``, or None where the model cannot run on packed values.
 
     A model runs on packed values through ``keras.StatelessScope``, so every trainable variable
@@ -120,8 +226,8 @@ def packing_for(model, targets: list) -> Packing | None:
     """
     import keras
 
-    if os.environ.get("WORKBENCH_PACKED_TRANSFERS", "1") == "0":
+    if transfer == "fp32" and os.environ.get("WORKBENCH_PACKED_TRANSFERS", "1") == "0":
         return None
     if not all(isinstance(v, keras.Variable) for v in model.trainable_variables):
         return None
-    return Packing(targets)
+    return Packing(targets, transfer=transfer)

@@ -250,7 +250,16 @@ class StepFunctions:
         n_metrics = len(self.metric_fns)
         packed = self.packing is not None and output_device is None
 
-        def one_step(x, y):
+        def step_on(device: str | None):
+            """The step of the worker on ``device`` (its own error-feedback state for int8 transfer)."""
+            residuals = self.packing.residuals_on(device) if packed and device else None
+
+            def one_step(x, y):
+                return _one_step(x, y, residuals)
+
+            return one_step
+
+        def _one_step(x, y, residuals):
             if packed:
                 pieces = self.packing.read()
                 began = stamp_after(pieces)
@@ -262,7 +271,8 @@ class StepFunctions:
             mark = stamp_after([loss, *grads])
             metrics = tf.stack(metrics) if metrics else tf.zeros([0])
             if packed:  # the push leaves after the mark: phases do not overlap
-                self.optimizer.apply_gradients(zip(self.packing.push(grads, after=mark), self.targets))
+                self.optimizer.apply_gradients(zip(self.packing.push(grads, after=mark, residuals=residuals),
+                                                   self.targets))
                 return loss, metrics, [], mark, began
             with tf.control_dependencies([mark]):  # the push starts after the mark: phases do not overlap
                 updated = self.optimizer.apply_gradients(zip(grads, self.targets))
@@ -270,7 +280,7 @@ class StepFunctions:
 
         settled = (lambda: _written(self.targets)) if packed else None
         self._train_steps: dict[str, Callable] = {}
-        self._async_step = (one_step, n_metrics, settled)
+        self._async_step = (step_on, n_metrics, settled)
 
     def train_steps_on(self, device: str) -> Callable:
         """``train_steps`` for the worker ``device``: one function per worker, each traced once.
@@ -279,8 +289,15 @@ class StepFunctions:
         and TensorFlow warns about the retracing in the notebook.
         """
         if device not in self._train_steps:
-            self._train_steps[device] = steps_in_one_call(*self._async_step)
+            step_on, n_metrics, settled = self._async_step
+            self._train_steps[device] = steps_in_one_call(step_on(device), n_metrics, settled)
         return self._train_steps[device]
+
+    def forget_worker(self, device: str) -> None:
+        """The worker on ``device`` was replaced: what lived there (error-feedback state) is made again."""
+        if self.packing is not None and self.packing.transfer == "int8":
+            self.packing.forget(device)
+            getattr(self, "_train_steps", {}).pop(device, None)
 
     def build_evaluate(self, make_dataset: Callable):
         import tensorflow as tf

@@ -42,7 +42,8 @@ class SyncBarrier:
 
         self.fns, self.n, self.n_metrics, self.ps_device = fns, n_workers, n_metrics, ps_device
         self.packing = fns.packing or Packing(fns.targets, grouped=False)  # a gradient travels in these parts
-        self._specs = self.packing.specs()
+        self._specs = self.packing.specs()  # as they travel (encoded: ``transfer``)
+        self.devices: list[str] = []  # the workers' devices, known from ``warm_up`` on
         with tf.device(ps_device):
             self.required = tf.Variable(required, dtype=tf.int32, trainable=False, name="sync_required")
             self.gradients = tf.queue.FIFOQueue(
@@ -72,6 +73,7 @@ class SyncBarrier:
         import tensorflow as tf
 
         at = tf.constant(step, tf.int64)
+        self.devices = list(worker_devices)
         for work, iterator, device in zip(self.work, iterators, worker_devices):
             with tf.device(device):
                 work(iterator, at)[0].numpy()  # its token is there and not below ``at``: no step runs
@@ -90,6 +92,8 @@ class SyncBarrier:
 
     def rebuild_worker(self, index: int) -> None:
         """Worker ``index`` was re-hosted: its function again (its input pipeline is a new one)."""
+        if self.devices:
+            self.packing.forget(self.devices[index])  # its error-feedback state went with it
         self.work[index] = self._make_work(index)
 
     def leftover(self) -> int:
@@ -155,7 +159,8 @@ class SyncBarrier:
                 with tf.control_dependencies([start]):
                     x, y = next(iterator)
                     loss, metrics, grads = fns._loss_and_grads(x, y)
-                grads = self.packing.pack([tf.convert_to_tensor(g, t.dtype) for g, t in zip(grads, targets)])
+                grads = self.packing.encode(self.packing.pack([tf.convert_to_tensor(g, t.dtype) for g, t in zip(grads, targets)]),
+                                            self.packing.residuals_on(self.devices[index]))
                 times = tf.stack([start, stamp_after([loss, *grads])])
                 values = tf.stack(metrics) if metrics else tf.zeros([0])
                 pushed = gradients.enqueue([step, tf.constant(index, tf.int32), loss, values, times, *grads])
@@ -177,7 +182,7 @@ class SyncBarrier:
         import tensorflow as tf
 
         fns, n, m, gradients, tokens = self.fns, self.n, self.n_metrics, self.gradients, self.tokens
-        specs, required = self._specs, self.required
+        specs, required = self.packing.specs(wire=False), self.required  # slots hold decoded gradients
 
         def gather(step):
             """Dequeue until ``required`` gradients of ``step`` came: their sum per worker slot, who, and how many late."""
@@ -197,7 +202,8 @@ class SyncBarrier:
                 if m:  # no metrics: nothing to add (an empty update is an error)
                     metrics = tf.tensor_scatter_nd_add(metrics, at, [item[3] * weight])
                 stamps = tf.tensor_scatter_nd_add(stamps, at, [item[4] * tf.cast(weight, tf.float64)])
-                slots = [tf.tensor_scatter_nd_add(s, at, [g * tf.cast(weight, g.dtype)]) for s, g in zip(slots, item[5:])]
+                grads = self.packing.decode(list(item[5:]))
+                slots = [tf.tensor_scatter_nd_add(s, at, [g * tf.cast(weight, g.dtype)]) for s, g in zip(slots, grads)]
                 return count + tf.cast(fresh, tf.int32), late, mask, losses, metrics, stamps, slots
 
             start = (tf.constant(0), tf.constant(0), tf.zeros([n]), tf.zeros([n]), tf.zeros([n, m]),

@@ -1,0 +1,103 @@
+"""``cluster.shape(...)``: the part of ``wb.Cluster`` that owns the emulated links between its tasks.
+
+A mixin of ``Cluster`` (it uses the cluster's tasks and lifecycle lock). With ``network=`` given, each
+task's address in the ClusterSpec is the link emulator's port for it and its TF server listens behind
+it; every byte between two tasks crosses the emulator, which holds it to the shaping in force.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import ClusterStateError, ConfigurationError
+from .shaping import Rule, Shaping, UserSpaceLinks, choose_backend, parse_delay, parse_rate
+
+
+class LinkShaping:
+    """Emulated links between tasks (``network=`` of ``wb.Cluster``), reshaped with ``shape()``."""
+
+    def _init_network(self, network: Any, local: bool) -> None:
+        self._network_backend: str | None = None
+        self._first_rule: Rule | None = None
+        self._links: UserSpaceLinks | None = None
+        self._shaping = Shaping()
+        if network is None or network is False:
+            return
+        if not local:
+            raise ConfigurationError(
+                f"network={network!r} needs local engines: the user-space link emulator runs on this machine and "
+                "must see both ends of every connection. Leave network= out for engines on other hosts (their "
+                "links are the real network).")
+        self._network_backend, self._first_rule = choose_backend(network)
+
+    def _open_links(self) -> None:
+        """At start: the emulator, before any task is given its address."""
+        if self._network_backend == "user":
+            self._links = UserSpaceLinks()
+            self._shaping = Shaping([self._first_rule] if self._first_rule else [])
+
+    def _close_links(self) -> None:
+        links, self._links = self._links, None
+        if links is not None:
+            links.close()
+
+    def _link_address(self, task: str, serving: str) -> str:
+        """The address to name for ``task`` in the ClusterSpec: the emulator's port in front of ``serving``."""
+        if self._links is None:
+            return serving
+        port = self._links.listen(task, serving)
+        return f"127.0.0.1:{port}"
+
+    def _links_follow_tasks(self) -> None:
+        """Tasks were added or re-hosted: tell the emulator which process is which, and shape their links."""
+        if self._links is None:
+            return
+        self._links.processes({r.pid: r.name for r in self._tasks.values()} | {os.getpid(): "client"})
+        self._links.apply(*self._shaping.plan([r.name for r in self.tasks]))
+
+    def shape(self, rate: Any = None, delay: Any = None, between: str = "all") -> str:
+        """Set the links between tasks while they run; ``shape(None)`` makes every link unshaped again.
+
+        ``rate`` as tc writes it (``"1gbit"``, ``"100mbit"``; ``"125mbps"`` is bytes/s) or bits/s;
+        ``delay`` one way (``"0.2ms"``, ``"50us"``, seconds). ``between``: ``"all"`` (every task's
+        link), a job (``"ps"``), a task (``"worker:1"``), or two jobs (``"ps-worker"``: only traffic
+        between them). Each task is like a host with one network card of that rate: what it sends
+        and what it receives are each held to it, so a ps serving three workers at 1 Gbit/s gives
+        each about a third. A later call overrides an earlier one for the links both set. Traffic
+        to and from this kernel is not shaped. Returns the shaping now in force, as in ``status()``.
+        """
+        with self._lifecycle:
+            self._require_running("shape its links")
+            if self._links is None:
+                raise ClusterStateError(
+                    f"cluster {self.name!r} was started without emulated links, so they cannot be shaped: start it "
+                    "with wb.Cluster(..., network='auto') (or network='1gbit' to start shaped), then call "
+                    "cluster.shape(...).")
+            if rate is None and delay is None:
+                self._shaping = Shaping()
+            else:
+                rule = Rule(str(between), parse_rate(rate) if rate is not None else None, parse_delay(delay))
+                names = [r.name for r in self.tasks]
+                self._shaping.plan(names)  # validates every rule against the tasks before anything changes
+                candidate = Shaping([r for r in self._shaping.rules if r.between != rule.between] + [rule])
+                candidate.plan(names)
+                self._shaping = candidate
+            self._links.apply(*self._shaping.plan([r.name for r in self.tasks]))
+            self._write_registry()
+            return self.network
+
+    @property
+    def network(self) -> str:
+        """The links between tasks: the backend and the shaping in force (``""`` without ``network=``)."""
+        if self._network_backend is None:
+            return ""
+        where = f" (pid {self._links.pid})" if self._links is not None else ""
+        return f"{self._network_backend}-space links{where}: {self._shaping.describe()}"
+
+    def link_stats(self) -> dict:
+        """Bytes each task sent and received through its link so far, and the emulator's CPU seconds."""
+        if self._links is None:
+            raise ClusterStateError(f"cluster {self.name!r} has no emulated links (start it with network='auto').")
+        answer = self._links.stats()
+        return {"sent": answer["sent"], "cpu_seconds": answer["cpu_seconds"], "seconds": answer["seconds"]}
