@@ -26,18 +26,24 @@ from .errors import WorkbenchError
 HELP = """\
 workbench magics (each one calls the Python API shown on the right)
 
-  %wb start [--ps 1] [--workers 2] [--engines local|slurm|mpi|ssh|pbs|...] [--gpus-per-worker 0] [--name NAME]
+  %wb start [--ps 1] [--workers 2] [--engines local|slurm|mpi|ssh|pbs|...] [--gpus-per-worker 0]
+            [--network auto|1gbit|...] [--name NAME]
                                           wb.Cluster(...).start()
   %wb status [--name NAME]                cluster.status()
   %wb scale --workers N [--name NAME]     cluster.scale(workers=N)
   %wb stop [--name NAME]                  cluster.stop()
+  %wb shape [RATE] [--delay 0.2ms] [--between all|ps|worker:1|ps-worker] [--name NAME]
+                                          cluster.shape(RATE, delay=..., between=...): set the emulated links
+                                          (needs --network at start); `%wb shape off` clears them,
+                                          `%wb shape` alone prints them
   %wb list                                every cluster this kernel runs, the default first
   %wb attach NAME                         wb.attach(NAME): use a cluster another kernel (or the panel) runs
   %%wb on worker:1 [--name NAME]          with cluster.device("worker:1"): <the cell>
   %%wb spmd [--name NAME] [--timeout S]   wb.run_spmd(cluster, <the cell>): on every worker at once, with
                                           `strategy` (MultiWorkerMirroredStrategy), `worker_index`, TF_CONFIG
   %wb train MODEL_FN DATA_FN --loss LOSS [--optimizer adam] [--learning-rate LR] [--strategy async-ps|sync-ps|allreduce]
-            [--backup-workers K] [--steps N] [--batch-size B] [--metrics accuracy ...] [--wait] [--name NAME]
+            [--backup-workers K] [--steps N] [--batch-size B] [--metrics accuracy ...] [--transfer fp32|bf16|fp16|int8]
+            [--wait] [--name NAME]
                                           wb.train(cluster, MODEL_FN, DATA_FN, ...) -> a Job (also in `_wb_job`)
   %wb placement [NAME]                    wb.placement(NAME, or the last job)
   %wb dashboard [--serve] [--name NAME]   wb.dashboard(cluster): live timeline, throughput and progress
@@ -72,12 +78,18 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--workers", type=int, default=2)
     start.add_argument("--engines", default="local")
     start.add_argument("--gpus-per-worker", type=int, default=0)
+    start.add_argument("--network")
     start.add_argument("--name")
     for name in ("status", "stop"):
         commands.add_parser(name, prog=f"%wb {name}", add_help=False).add_argument("--name")
     scale = commands.add_parser("scale", prog="%wb scale", add_help=False)
     scale.add_argument("--workers", type=int, required=True)
     scale.add_argument("--name")
+    shape = commands.add_parser("shape", prog="%wb shape", add_help=False)
+    shape.add_argument("rate", nargs="?")
+    shape.add_argument("--delay")
+    shape.add_argument("--between", default="all")
+    shape.add_argument("--name")
     commands.add_parser("list", prog="%wb list", add_help=False)
     commands.add_parser("attach", prog="%wb attach", add_help=False).add_argument("name")
     commands.add_parser("help", prog="%wb help", add_help=False)
@@ -99,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size", type=int, default=64)
     train.add_argument("--metrics", nargs="*", default=[])
     train.add_argument("--seed", type=int)
+    train.add_argument("--transfer", default="fp32")
     train.add_argument("--wait", action="store_true")
     train.add_argument("--name")
     placement = commands.add_parser("placement", prog="%wb placement", add_help=False)
@@ -113,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-SUBCOMMANDS = ("start", "status", "scale", "stop", "list", "attach", "on", "spmd", "train", "placement", "dashboard", "profile",
+SUBCOMMANDS = ("start", "status", "scale", "stop", "shape", "list", "attach", "on", "spmd", "train", "placement", "dashboard", "profile",
                "help")
 CELL_SUBCOMMANDS = ("on", "spmd")
 
@@ -176,8 +189,18 @@ class WorkbenchMagics(Magics):
 
     def _do_start(self, args, cell):
         cluster = Cluster(ps=args.ps, workers=args.workers, engines=args.engines,
-                          gpus_per_worker=args.gpus_per_worker, name=args.name).start()
+                          gpus_per_worker=args.gpus_per_worker, name=args.name, network=args.network).start()
         return cluster.status()
+
+    def _do_shape(self, args, cell):
+        cluster = self._cluster(args.name)
+        if args.rate is None and args.delay is None:  # what is in force
+            print(cluster.network or f"cluster {cluster.name!r} has no emulated links (%wb start --network auto)")
+        elif args.rate in ("off", "none", "None"):
+            print(cluster.shape(None))
+        else:
+            print(cluster.shape(args.rate, delay=args.delay, between=args.between))
+        return None
 
     def _do_status(self, args, cell):
         return self._cluster(args.name).status()
@@ -238,7 +261,7 @@ class WorkbenchMagics(Magics):
             optimizer = {"class_name": args.optimizer, "config": {"learning_rate": args.learning_rate}}
         job = training.train(cluster, model, data, args.loss, optimizer, metrics=args.metrics,
                              strategy=args.strategy, backup_workers=args.backup_workers, steps=args.steps,
-                             batch_size=args.batch_size, seed=args.seed)
+                             batch_size=args.batch_size, seed=args.seed, transfer=args.transfer)
         self._last_job = job
         self.shell.user_ns["_wb_job"] = job
         if args.wait:

@@ -72,7 +72,7 @@ def format_rate(bits: float) -> str:
 
 
 def format_delay(seconds: float) -> str:
-    return f"{seconds * 1e3:g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:g} us"
+    return f"{seconds * 1e3:g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:g} us"
 
 
 @dataclass
