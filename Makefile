@@ -8,7 +8,7 @@ EXTRAS ?= cpu,notebook,test
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install chromium lab test bench bench-training bench-dashboard bench-memory bench-controller bench-launchers bench-transfers demo clean
+.PHONY: install chromium lab test bench bench-training bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 
@@ -46,6 +46,9 @@ bench-training: install
 
 bench-transfers: install
 	$(PY) bench/transfers.py
+
+bench-network: install
+	$(PY) bench/network.py
 
 bench-dashboard: install chromium
 	$(PY) bench/dashboard.py

@@ -1,0 +1,220 @@
+"""Network what-if: what the link emulator holds, and what reduced-precision transfer buys on a slow link.
+
+Two parts, one run (``python bench/network.py``, or ``make bench-network``):
+
+* ``backends``: the user-space relay (``workbench/cluster/relay.py``) set to each rate, a sender process
+  pushing as fast as it can through it for a few seconds: the rate held in steady state (relative to
+  the setting), the relay's CPU use, and the highest rate it carries unshaped. A rate is claimed when
+  it is held within 10%.
+* ``precision``: 1 ps + 2 workers behind 1 Gbit/s links (``network="1gbit"``), async-ps, an MLP big
+  enough to be link-bound (64-1024-1024-10, 4.5 MB of float32 parameters), per-worker batch 32:
+  steps/s in steady state and test accuracy with ``transfer="fp32"``, ``"bf16"`` and ``"int8"``,
+  runs alternating, medians of the repeats. Also how busy the ps's link was in each direction
+  (bytes through it / (rate x time)): a worker reads, then pushes, so each direction idles while
+  the other works.
+
+Results go to ``bench/results/network.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from training import TIMEOUT, steady_rate
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+RATES = ("100mbit", "1gbit", "2gbit", "4gbit", "10gbit")
+LINK = "1gbit"
+HIDDEN = 1024
+SEND_SECONDS = 4.0
+SKIP_SECONDS = 1.0  # the start of a transfer (buffers filling) is left out
+
+SENDER = """
+import socket, sys, time
+sys.stdin.readline()  # the relay knows this process from here on
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+chunk, until = b"x" * (1 << 20), time.monotonic() + float(sys.argv[2])
+while time.monotonic() < until:
+    sock.sendall(chunk)
+sock.close()
+"""
+
+
+class Counter:
+    """A server counting what it receives, with timestamps."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.samples: list[tuple[float, int]] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        self.server.settimeout(30)
+        connection, _ = self.server.accept()
+        total = 0
+        with connection:
+            while data := connection.recv(1 << 20):
+                total += len(data)
+                self.samples.append((time.monotonic(), total))
+
+    def steady_bits(self, began: float) -> float:
+        window = [s for s in self.samples if s[0] >= began + SKIP_SECONDS]
+        (t0, b0), (t1, b1) = window[0], window[-1]
+        return (b1 - b0) * 8 / (t1 - t0)
+
+
+def relay_at(links, rate: str | None, sender_pid: int) -> None:
+    """The sender is worker:0, the sink ps:0; both links at ``rate`` (planned as ``cluster.shape`` plans)."""
+    from workbench.cluster.shaping import Rule, Shaping, parse_rate
+
+    links.processes({sender_pid: "worker:0"})
+    shaping = Shaping([Rule("all", parse_rate(rate), 0.0)] if rate else [])
+    links.apply(*shaping.plan(["ps:0", "worker:0"]))
+
+
+def measure_rate(rate: str | None) -> dict:
+    from workbench.cluster.shaping import UserSpaceLinks, parse_rate
+
+    links = UserSpaceLinks()
+    try:
+        sink = Counter()
+        port = links.listen("ps:0", f"127.0.0.1:{sink.port}")
+        sender = subprocess.Popen([sys.executable, "-c", SENDER, str(port), str(SEND_SECONDS)], stdin=subprocess.PIPE)
+        relay_at(links, rate, sender.pid)
+        began, cpu_before = time.monotonic(), links.stats()["cpu_seconds"]
+        sender.stdin.close()  # go
+        sender.wait(SEND_SECONDS + 30)
+        cpu = links.stats()["cpu_seconds"] - cpu_before
+        sink.thread.join(10)
+        held = sink.steady_bits(began)
+    finally:
+        links.close()
+    setting = parse_rate(rate) if rate else None
+    return {"rate": rate or "unshaped", "held_gbit": held / 1e9, "relative": held / setting if setting else None,
+            "relay_cpu_fraction": cpu / (time.monotonic() - began)}
+
+
+def backends(repeats: int) -> dict:
+    rows = []
+    for rate in (*RATES, None):
+        runs = [measure_rate(rate) for _ in range(repeats)]
+        row = dict(runs[0])
+        row["held_gbit"] = statistics.median(r["held_gbit"] for r in runs)
+        row["relative"] = statistics.median(r["relative"] for r in runs) if rate else None
+        row["relay_cpu_fraction"] = statistics.median(r["relay_cpu_fraction"] for r in runs)
+        row["repeats"] = [round(r["held_gbit"], 3) for r in runs]
+        rows.append(row)
+        print(f"  relay {row['rate']:>9}: held {row['held_gbit']:.3f} Gbit/s"
+              + (f" ({row['relative']:.3f} of the setting)" if rate else "")
+              + f", relay CPU {row['relay_cpu_fraction'] * 100:.0f}% of a core", flush=True)
+    claimed = [r["rate"] for r in rows if r["relative"] and abs(r["relative"] - 1) <= 0.10]
+    return {"rows": rows, "claimed": claimed, "unshaped_gbit": rows[-1]["held_gbit"]}
+
+
+def wide_model():
+    import keras
+
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(HIDDEN, activation="relu"),
+                             keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(10)])
+
+
+def precision_run(cluster, transfer: str, steps: int) -> dict:
+    import keras
+
+    import workbench as wb
+
+    before = cluster.link_stats()
+    job = wb.train(cluster, wide_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                   keras.optimizers.Adam(1e-3), steps=steps, batch_size=64, seed=0, transfer=transfer,
+                   metrics=["accuracy"], telemetry=False)
+    try:
+        job.wait(TIMEOUT)
+    except TimeoutError:
+        job.stop()
+        raise
+    after = cluster.link_stats()
+    history = job.history
+    ends = sorted(r["end"] for r in history)
+    rate = steady_rate(list(zip(ends, range(1, len(ends) + 1))))
+    seconds = after["seconds"] - before["seconds"]
+    link_bytes = 1e9 / 8 * seconds
+    use = {d: (after["sent"].get(f"ps:0 {d}", 0) - before["sent"].get(f"ps:0 {d}", 0)) / link_bytes for d in ("out", "in")}
+    accuracy = job.evaluate(wb.datasets.digits_test)["accuracy"]
+    return {"steps_per_s": rate, "accuracy": accuracy, "bytes_per_step": job.info["bytes_per_step"]["total"],
+            "ps_link_use": use}
+
+
+def precision(repeats: int, steps: int) -> dict:
+    import workbench as wb
+
+    settings = ("fp32", "bf16", "int8")
+    runs: dict[str, list[dict]] = {s: [] for s in settings}
+    with wb.Cluster(ps=1, workers=2, network=LINK, progress=False) as cluster:
+        precision_run(cluster, "fp32", 40)  # warm-up: functions, channels, the relay's connections
+        for _ in range(repeats):
+            for setting in settings:
+                run = precision_run(cluster, setting, steps)
+                runs[setting].append(run)
+                print(f"  {setting}: {run['steps_per_s']:.1f} steps/s, accuracy {run['accuracy']:.3f}, "
+                      f"{run['bytes_per_step'] / 1e6:.2f} MB/step, ps link use out {run['ps_link_use']['out']:.2f} "
+                      f"in {run['ps_link_use']['in']:.2f}", flush=True)
+    summary = {}
+    for setting, rs in runs.items():
+        summary[setting] = {
+            "steps_per_s": statistics.median(r["steps_per_s"] for r in rs),
+            "accuracy": statistics.median(r["accuracy"] for r in rs),
+            "bytes_per_step": rs[0]["bytes_per_step"],
+            "ps_link_use_out": statistics.median(r["ps_link_use"]["out"] for r in rs),
+            "ps_link_use_in": statistics.median(r["ps_link_use"]["in"] for r in rs),
+            "repeats": [round(r["steps_per_s"], 2) for r in rs],
+        }
+    fp32 = summary["fp32"]
+    ratios = {s: {"speed": summary[s]["steps_per_s"] / fp32["steps_per_s"],
+                  "accuracy_points": 100 * (summary[s]["accuracy"] - fp32["accuracy"]),
+                  "per_repeat": [round(a["steps_per_s"] / b["steps_per_s"], 3) for a, b in zip(runs[s], runs["fp32"])]}
+              for s in settings if s != "fp32"}
+    return {"link": LINK, "hidden": HIDDEN, "steps": steps, "lines": summary, "ratios": ratios}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=("backends", "precision", "all"), default="all")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+    results: dict = {}
+    if args.part in ("backends", "all"):
+        print("user-space relay, a sender process through it:", flush=True)
+        results["backends"] = backends(args.repeats)
+    if args.part in ("precision", "all"):
+        print(f"async-ps, 1 ps + 2 workers behind {LINK} links, MLP 64-{HIDDEN}-{HIDDEN}-10:", flush=True)
+        results["precision"] = precision(args.repeats, args.steps)
+        for setting, ratio in results["precision"]["ratios"].items():
+            print(f"{setting} / fp32: {ratio['speed']:.2f}x steps/s (goal for bf16: >= 1.8), accuracy "
+                  f"{ratio['accuracy_points']:+.1f} points; per repeat {ratio['per_repeat']}")
+    if "backends" in results:
+        print(f"relay rates held within 10%: {', '.join(results['backends']['claimed'])}; unshaped "
+              f"{results['backends']['unshaped_gbit']:.1f} Gbit/s")
+    out = Path(__file__).resolve().parent / "results" / "network.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
