@@ -11,7 +11,9 @@ Two parts, one run (``python bench/network.py``, or ``make bench-network``):
   steps/s in steady state and test accuracy with ``transfer="fp32"``, ``"bf16"`` and ``"int8"``,
   runs alternating, medians of the repeats. Also how busy the ps's link was in each direction
   (bytes through it / (rate x time)): a worker reads, then pushes, so each direction idles while
-  the other works.
+  the other works (``fp32-serial``: reads not overlapped with pushes).
+* ``cost``: ``wb.estimate`` (profiled once per transfer and batch, unshaped) against measured steps/s,
+  for fp32 and bf16, global batch 64 and 512, links of 1 and 10 Gbit/s.
 
 Results go to ``bench/results/network.json``.
 """
@@ -132,11 +134,12 @@ def wide_model():
                              keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(10)])
 
 
-def precision_run(cluster, transfer: str, steps: int) -> dict:
+def precision_run(cluster, transfer: str, steps: int, overlap: bool = True) -> dict:
     import keras
 
     import workbench as wb
 
+    os.environ["WORKBENCH_OVERLAP_TRANSFERS"] = "1" if overlap else "0"  # read when the job starts
     before = cluster.link_stats()
     job = wb.train(cluster, wide_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                    keras.optimizers.Adam(1e-3), steps=steps, batch_size=64, seed=0, transfer=transfer,
@@ -161,13 +164,13 @@ def precision_run(cluster, transfer: str, steps: int) -> dict:
 def precision(repeats: int, steps: int) -> dict:
     import workbench as wb
 
-    settings = ("fp32", "bf16", "int8")
+    settings = ("fp32-serial", "fp32", "bf16", "int8")  # fp32-serial: reads do not overlap pushes
     runs: dict[str, list[dict]] = {s: [] for s in settings}
     with wb.Cluster(ps=1, workers=2, network=LINK, progress=False) as cluster:
         precision_run(cluster, "fp32", 40)  # warm-up: functions, channels, the relay's connections
         for _ in range(repeats):
             for setting in settings:
-                run = precision_run(cluster, setting, steps)
+                run = precision_run(cluster, setting.split("-")[0], steps, overlap=not setting.endswith("serial"))
                 runs[setting].append(run)
                 print(f"  {setting}: {run['steps_per_s']:.1f} steps/s, accuracy {run['accuracy']:.3f}, "
                       f"{run['bytes_per_step'] / 1e6:.2f} MB/step, ps link use out {run['ps_link_use']['out']:.2f} "
@@ -187,12 +190,53 @@ def precision(repeats: int, steps: int) -> dict:
                   "accuracy_points": 100 * (summary[s]["accuracy"] - fp32["accuracy"]),
                   "per_repeat": [round(a["steps_per_s"] / b["steps_per_s"], 3) for a, b in zip(runs[s], runs["fp32"])]}
               for s in settings if s != "fp32"}
+    ratios["fp32"] = {"speed": fp32["steps_per_s"] / summary["fp32-serial"]["steps_per_s"],
+                      "accuracy_points": 100 * (fp32["accuracy"] - summary["fp32-serial"]["accuracy"]),
+                      "per_repeat": [round(a["steps_per_s"] / b["steps_per_s"], 3)
+                                     for a, b in zip(runs["fp32"], runs["fp32-serial"])]}
     return {"link": LINK, "hidden": HIDDEN, "steps": steps, "lines": summary, "ratios": ratios}
+
+
+def measured_rate(cluster, transfer: str, batch: int, steps: int) -> float:
+    """Steady-state steps/s of a digits job of the wide model (what a user would run)."""
+    import keras
+
+    import workbench as wb
+
+    job = wb.train(cluster, wide_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                   keras.optimizers.Adam(1e-3), steps=steps, batch_size=batch, seed=0, transfer=transfer, telemetry=False)
+    job.wait(TIMEOUT)
+    ends = sorted(r["end"] for r in job.history)
+    return steady_rate(list(zip(ends, range(1, len(ends) + 1))))
+
+
+def cost_model(steps: int) -> dict:
+    """``wb.estimate`` against measurement: transfer x global batch x link, 1 ps + 2 workers, async-ps."""
+    import workbench as wb
+
+    rows = []
+    os.environ["WORKBENCH_OVERLAP_TRANSFERS"] = "1"
+    with wb.Cluster(ps=1, workers=2, network="auto", progress=False) as cluster:
+        measured_rate(cluster, "fp32", 64, 40)  # warm-up
+        for transfer in ("fp32", "bf16"):
+            for batch in (64, 512):
+                cluster.shape(None)
+                profile = wb.estimate(wide_model, cluster, batch, transfer=transfer).profile
+                for link in ("1gbit", "10gbit"):
+                    predicted = wb.estimate(wide_model, cluster, batch, transfer=transfer, link=link, profile=profile)
+                    cluster.shape(link)
+                    measured = measured_rate(cluster, transfer, batch, steps)
+                    rows.append({"transfer": transfer, "batch": batch, "link": link, "predicted": predicted.steps_per_s,
+                                 "measured": measured, "error": measured / predicted.steps_per_s - 1,
+                                 "bottleneck": predicted.bottleneck})
+                    print(f"  {transfer} batch {batch:>3} {link:>6}: predicted {predicted.steps_per_s:6.1f} steps/s "
+                          f"({predicted.bottleneck}), measured {measured:6.1f}: {rows[-1]['error']:+.0%}", flush=True)
+    return {"rows": rows, "worst": max(abs(r["error"]) for r in rows)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("backends", "precision", "all"), default="all")
+    parser.add_argument("--part", choices=("backends", "precision", "cost", "all"), default="all")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
@@ -204,8 +248,13 @@ def main() -> int:
         print(f"async-ps, 1 ps + 2 workers behind {LINK} links, MLP 64-{HIDDEN}-{HIDDEN}-10:", flush=True)
         results["precision"] = precision(args.repeats, args.steps)
         for setting, ratio in results["precision"]["ratios"].items():
-            print(f"{setting} / fp32: {ratio['speed']:.2f}x steps/s (goal for bf16: >= 1.8), accuracy "
+            base = "fp32-serial" if setting == "fp32" else "fp32"
+            print(f"{setting} / {base}: {ratio['speed']:.2f}x steps/s (goal for bf16: >= 1.8), accuracy "
                   f"{ratio['accuracy_points']:+.1f} points; per repeat {ratio['per_repeat']}")
+    if args.part in ("cost", "all"):
+        print("wb.estimate against measurement (async-ps, 1 ps + 2 workers, the same wide MLP):", flush=True)
+        results["cost_model"] = cost_model(args.steps)
+        print(f"cost model: worst error {results['cost_model']['worst']:.0%} (goal: within 20%)")
     if "backends" in results:
         print(f"relay rates held within 10%: {', '.join(results['backends']['claimed'])}; unshaped "
               f"{results['backends']['unshaped_gbit']:.1f} Gbit/s")

@@ -11,11 +11,13 @@ from .cluster.batch import slurm_reachable
 from .dashboard import Dashboard, DashboardServer, dashboard, serve_dashboard
 from .training import (
     DataContext,
+    Estimate,
     Job,
     ParameterServerLost,
     PlacedModel,
     Placement,
     TrainingError,
+    estimate,
     place,
     placement,
     run_spmd,
@@ -50,6 +52,8 @@ __all__ = [
     "dashboard",
     "serve_dashboard",
     "DataContext",
+    "Estimate",
+    "estimate",
     "Job",
     "ParameterServerLost",
     "PlacedModel",

@@ -29,6 +29,7 @@ export interface IClusterInfo {
   owned_here: boolean;
   workbench_version: string;
   spec: Record<string, string[]>;
+  network: string;
 }
 
 /** One plot of a cluster, as the panel opens it: ``path`` is served through this Jupyter server. */

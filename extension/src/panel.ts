@@ -192,6 +192,7 @@ class StartForm {
 class ClusterCard {
   readonly node: HTMLElement;
   private readonly heading = el('div', { class: 'wb-card-heading' });
+  private readonly links = el('div', { class: 'wb-links' }); // the emulated links' shaping (network=)
   private readonly tasks = el('table', { class: 'wb-tasks' });
   private readonly live = el('div', { class: 'wb-live' });
   private readonly spark = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
@@ -230,7 +231,7 @@ class ClusterCard {
     actionsRow.append(insert, workersLabel, scale, stop);
     const liveRow = el('div', { class: 'wb-live-row' });
     liveRow.append(this.live, this.spark);
-    this.node.append(this.heading, this.tasks, liveRow, this.plots, actionsRow, this.feedback);
+    this.node.append(this.heading, this.links, this.tasks, liveRow, this.plots, actionsRow, this.feedback);
   }
 
   update(info: IClusterInfo): void {
@@ -240,6 +241,8 @@ class ClusterCard {
       el('span', { class: `wb-state wb-state-${info.state}` }, info.state),
       el('span', { class: 'wb-owner' }, `${info.engines} · ${owner}`)
     );
+    this.links.textContent = info.network ? `links: ${info.network}` : '';
+    this.links.hidden = !info.network;
     const head = el('tr');
     for (const title of ['task', 'engine', 'address', 'devices', 'health']) {
       head.append(el('th', {}, title));

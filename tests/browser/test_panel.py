@@ -20,7 +20,7 @@ KERNEL_CLUSTER = "wb-panel-kernel"
 PANEL_CLUSTER = "wb-panel-started"
 CELLS = [
     "import keras\nimport workbench as wb\n"
-    f"cluster = wb.Cluster(ps=1, workers=1, name={KERNEL_CLUSTER!r}, progress=False).start()",
+    f"cluster = wb.Cluster(ps=1, workers=1, name={KERNEL_CLUSTER!r}, progress=False, network='1gbit').start()",
     "def make_model():\n"
     "    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation='relu'), keras.layers.Dense(10)])\n"
     "job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
@@ -78,6 +78,8 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     card.wait_for(timeout=30_000)
     assert card.locator("tr[data-task]").all_inner_texts()[0].split("\t")[0] == "ps:0"
     assert "running" in card.locator("tr[data-task='worker:0']").inner_text()
+    assert "links: user-space links" in card.locator(".wb-links").inner_text()  # network='1gbit'
+    assert card.locator(".wb-links").inner_text().endswith("all: 1 Gbit/s")
     page.wait_for_function(f"""() => {{ const r = document.querySelector(".wb-card[data-cluster='{KERNEL_CLUSTER}'] .wb-rate");
         return r && parseFloat(r.textContent) > 0; }}""", timeout=120_000, polling=500)
 

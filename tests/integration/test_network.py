@@ -16,6 +16,7 @@ from training_helpers import LOSS, make_model, wait_for
 import workbench as wb
 from workbench.cluster.shaping import UserSpaceLinks
 from workbench.errors import ClusterStateError, ConfigurationError
+from workbench.telemetry.events import LinkEvent
 
 pytestmark = pytest.mark.cluster
 
@@ -144,6 +145,8 @@ def test_shaping_takes_effect_while_a_job_runs(linked):
         assert free > 3 * shaped, f"unshaped {free} bytes vs shaped {shaped} bytes in 1.5 s"
         assert linked.shape(None).endswith("unshaped")
         assert job.state == "running"
+        changes = [e.shaping for e in linked.telemetry.since(0).events if isinstance(e, LinkEvent)]
+        assert changes[-2:] == ["all: 4 Mbit/s", "unshaped"]  # the dashboard's timeline shades between them
     finally:
         job.stop()
         job.wait(120)
@@ -193,3 +196,23 @@ def test_stopping_the_cluster_stops_its_relay():
     assert "all: 1 Gbit/s" in cluster.network
     cluster.stop()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_estimate_profiles_once_and_predicts_links(linked):
+    linked.shape("1gbit")
+    with pytest.raises(ConfigurationError, match=r"shaped links .*cluster.shape\(None\)"):
+        wb.estimate(make_model, linked, 64)
+    linked.shape(None)
+    fast = wb.estimate(make_model, linked, 64, link="10gbit", profile_steps=100)
+    parameters = (64 * 32 + 32 + 32 * 10 + 10) * 4
+    assert (fast.parameter_bytes, fast.gradient_bytes) == (parameters, parameters)
+    assert fast.bottleneck == "the workers' steps" and fast.steps_per_s > 0
+    slow = wb.estimate(make_model, linked, 64, link="1mbit", profile=fast.profile)
+    assert slow.bottleneck.startswith("the ps's link")
+    assert slow.steps_per_s == pytest.approx(1e6 / 8 / parameters)
+    more = wb.estimate(make_model, linked, 64, link="10gbit", profile=fast.profile, workers=8)
+    assert more.workers == 8 and more.batch_size == 256 and "limited by" in str(more)
+    with pytest.raises(ConfigurationError, match="measured for strategy='async-ps', transfer='fp32'"):
+        wb.estimate(make_model, linked, 64, transfer="bf16", profile=fast.profile)
+    with pytest.raises(ConfigurationError, match="models strategy='async-ps' and 'sync-ps'"):
+        wb.estimate(make_model, linked, 64, strategy="allreduce")

@@ -185,3 +185,17 @@ def test_task_health_events_become_markers_on_their_tasks_rows():
     assert timeline.update(now=10.0) == 1
     assert timeline.fault_source.data["kind"] == ["lost", "recovering", "running", "restored"]
     assert timeline.update(now=10.0) == 0 and len(timeline.fault_source.data["kind"]) == 4  # streamed once
+
+
+def test_reshaped_links_shade_the_timeline_until_they_change_again():
+    from workbench.telemetry.events import LinkEvent
+
+    log = EventLog()
+    timeline = TimelineComponent(log, [row_name(W0)])
+    log.extend([LinkEvent(1000.0, "all: 1 Gbit/s"), LinkEvent(1010.0, "worker:1: 100 Mbit/s"),
+                LinkEvent(1020.0, "unshaped")])
+    timeline.update(now=1030.0)
+    bands = [(b.left, b.right) for b in timeline.link_bands]
+    assert bands == [(1_000_000.0, 1_010_000.0), (1_010_000.0, 1_020_000.0)]
+    labels = [m.text for m in timeline.plot.center if getattr(m, "name", "") == "timeline_links_label"]
+    assert labels == ["links: all: 1 Gbit/s", "links: worker:1: 100 Mbit/s"]

@@ -8,9 +8,11 @@ it; every byte between two tasks crosses the emulator, which holds it to the sha
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from ..errors import ClusterStateError, ConfigurationError
+from ..telemetry.events import LinkEvent
 from .shaping import Rule, Shaping, UserSpaceLinks, choose_backend, parse_delay, parse_rate
 
 
@@ -36,6 +38,8 @@ class LinkShaping:
         if self._network_backend == "user":
             self._links = UserSpaceLinks()
             self._shaping = Shaping([self._first_rule] if self._first_rule else [])
+            if self._first_rule:
+                self.telemetry.append(LinkEvent(time.time(), self._shaping.describe()))
 
     def _close_links(self) -> None:
         links, self._links = self._links, None
@@ -84,6 +88,7 @@ class LinkShaping:
                 candidate.plan(names)
                 self._shaping = candidate
             self._links.apply(*self._shaping.plan([r.name for r in self.tasks]))
+            self.telemetry.append(LinkEvent(time.time(), self._shaping.describe()))  # a band on the timeline
             self._write_registry()
             return self.network
 

@@ -14,7 +14,17 @@ from collections import deque
 
 from ..telemetry.events import PHASES, StepSpan
 from ..telemetry.log import EventLog
-from .data import RATE_WINDOW, TOTAL, RecentRates, ThroughputBins, fault_columns, new_rows, row_name, span_columns
+from .data import (
+    RATE_WINDOW,
+    TOTAL,
+    RecentRates,
+    ThroughputBins,
+    fault_columns,
+    link_changes,
+    new_rows,
+    row_name,
+    span_columns,
+)
 from .summary import JobSummary
 
 # The kernel's log keeps the newest 100,000 events, and a timeline keeps as many bars, in segments
@@ -108,8 +118,24 @@ class TimelineComponent:
         plot.add_tools(HoverTool(renderers=[faults], tooltips=[("task", "@task"), ("", "@kind"), ("why", "@detail"),
                                                                 ("job", "@job"), ("at", "@x{%H:%M:%S}")],
                                  formatters={"@x": "datetime"}))
+        self.link_bands: list = []  # shaded while the links were shaped (cluster.shape), newest last
         self._new_segment()
         self.root = column(Div(text=phase_legend()), plot, sizing_mode="stretch_width")
+
+    def _shade_links(self, at: float, shaping: str) -> None:
+        """A band from ``at`` (ms) while the links are shaped; the previous band ends there."""
+        from bokeh.models import BoxAnnotation, Label
+
+        if self.link_bands:
+            self.link_bands[-1].right = at
+        if shaping == "unshaped":
+            return
+        band = BoxAnnotation(left=at, fill_color="#1f77b4", fill_alpha=0.08, line_color="#1f77b4", line_alpha=0.4,
+                             name="timeline_links")
+        self.plot.add_layout(band)
+        self.plot.add_layout(Label(x=at, y=4, y_units="screen", text=f"links: {shaping}", text_font_size="9pt",
+                                   text_color="#1f4e79", name="timeline_links_label"))
+        self.link_bands.append(band)
 
     @property
     def sources(self) -> list:
@@ -193,6 +219,8 @@ class TimelineComponent:
         faults = fault_columns(batch.events, self.rows)
         if faults["x"]:
             self.fault_source.stream(faults, rollover=FAULT_ROLLOVER)
+        for at, shaping in link_changes(batch.events):
+            self._shade_links(at, shaping)
         self._show_segments_in_view()
         if running or self.open_source.data["left"]:
             self.open_source.data = span_columns(running, now)

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..telemetry.events import COMPUTE, PHASES, JobProgress, StepDone, StepSpan, TaskEvent
+from ..telemetry.events import COMPUTE, PHASES, JobProgress, LinkEvent, StepDone, StepSpan, TaskEvent
 
 TOTAL = "total"
 SPAN_COLUMNS = ("row", "left", "right", "phase", "task", "step", "steps", "duration_ms", "examples", "job")
@@ -78,6 +78,11 @@ def fault_columns(events: Iterable, rows: list[str]) -> dict[str, list]:
                                                FAULT_COLOURS[event.kind])):
             columns[name].append(value)
     return columns
+
+
+def link_changes(events: Iterable) -> list[tuple[float, str]]:
+    """Reshaped links (``LinkEvent``) -> ``(time in ms, shaping)``: each shades the timeline until the next."""
+    return [(e.time * 1000.0, e.shaping) for e in events if isinstance(e, LinkEvent)]
 
 
 def new_rows(spans: Iterable[StepSpan], known: list[str]) -> list[str]:

@@ -38,6 +38,7 @@ class ClusterInfo:
     owned_here: bool = False  # started from the panel: this Jupyter server owns it
     workbench_version: str = ""
     spec: dict[str, list[str]] = field(default_factory=dict)
+    network: str = ""  # the emulated links between tasks and their shaping ("" without network=)
 
     @classmethod
     def from_record(cls, record: ClusterRecord, owned_here: bool = False) -> ClusterInfo:
@@ -49,7 +50,7 @@ class ClusterInfo:
         return cls(name=record.name, state=record.state, engines=record.engines, owned=record.owned,
                    client_pid=record.client_pid, tasks=tasks, dashboard=dashboard.url if dashboard else None,
                    updated=record.updated, workbench_version=record.workbench_version, spec=dict(record.spec),
-                   controllable="control" in record.endpoints, owned_here=owned_here)
+                   controllable="control" in record.endpoints, owned_here=owned_here, network=record.network)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -95,6 +95,17 @@ class TaskEvent:
 
 
 @dataclass(frozen=True)
+class LinkEvent:
+    """The links between tasks were reshaped (``cluster.shape``); the timeline shades the time they held.
+
+    ``shaping`` is what ``Cluster.network`` says of the rules now in force (``"unshaped"``: none).
+    """
+
+    time: float
+    shaping: str
+
+
+@dataclass(frozen=True)
 class OpEvent:
     """One op (or other traced activity) from a profiler capture.
 

@@ -3,8 +3,9 @@
 from .allreduce import WorkerOutput, run_spmd
 from .api import train
 from .data import DataContext
+from .estimate import Estimate, estimate
 from .job import Job, ParameterServerLost, TrainingError
 from .model_parallel import PlacedModel, Placement, place, placement
 
-__all__ = ["WorkerOutput", "run_spmd", "DataContext", "Job", "ParameterServerLost", "Placement", "PlacedModel", "TrainingError",
-           "place", "placement", "train"]
+__all__ = ["WorkerOutput", "run_spmd", "DataContext", "Estimate", "estimate", "Job", "ParameterServerLost", "Placement",
+           "PlacedModel", "TrainingError", "place", "placement", "train"]

@@ -52,6 +52,7 @@ class Packing:
         self.targets = list(targets)
         self.transfer = transfer
         self._residuals: dict[str, list] = {}  # int8: per worker device, what rounding lost of each group
+        self._prefetched: dict[str, list] = {}  # overlapped reads: per worker device, the next step's parameters
         groups: dict[tuple, _Group] = {}
         self.loose: list[int] = []  # travel alone: shapes not fully known, or alone on their ps
         for index, target in enumerate(self.targets):
@@ -92,18 +93,35 @@ class Packing:
             total += size * math.prod(int(d) for d in shape) if all(d is not None for d in shape) else 0
         return total
 
-    def read(self) -> list:
-        """The targets' current values, in order, on the caller's device: one transfer per group."""
+    def read(self, parts: list | None = None) -> list:
+        """The targets' current values, in order, on the caller's device: one transfer per group.
+
+        ``parts``: the groups' flat values already here (``prefetched_on``): only loose targets are read.
+        """
+        parts = self.read_parts() if parts is None else [p.read_value() if hasattr(p, "read_value") else p
+                                                         for p in parts]
+        return self._split(parts + [tf_variable(self.targets[i]).read_value() for i in self.loose], here=True)
+
+    def read_parts(self) -> list:
+        """Each group's flat values, concatenated and encoded on its ps, decoded on the caller's device."""
         import tensorflow as tf
 
-        parts = []
+        wire = []
         for group in self.groups:
-            with tf.device(group.device):  # concatenated and encoded on the ps
+            with tf.device(group.device):
                 flat = tf.concat([tf.reshape(tf_variable(self.targets[i]).read_value(), [-1]) for i in group.members], 0)
-                parts.append(self._encode(flat, group))
-        parts = [self._decode(p, g) for p, g in zip(parts, self.groups)]  # decoded here
-        parts += [tf_variable(self.targets[i]).read_value() for i in self.loose]
-        return self._split(parts, here=True)
+                wire.append(self._encode(flat, group))
+        return [self._decode(p, g) for p, g in zip(wire, self.groups)]
+
+    def prefetched_on(self, device: str) -> list:
+        """Variables on ``device`` (a worker) holding each group's values for its next step, read now."""
+        import tensorflow as tf
+
+        if device not in self._prefetched:
+            with tf.init_scope(), tf.device(device):
+                self._prefetched[device] = [tf.Variable(part, trainable=False, name="prefetched_parameters")
+                                            for part in self.read_parts()]
+        return self._prefetched[device]
 
     def pack(self, values: list) -> list:
         """One dense value per target -> the flat parts (one per group, then the loose), on the caller's device."""
@@ -175,9 +193,13 @@ class Packing:
                     for g in self.groups]
         return self._residuals[device]
 
-    def forget(self, device: str) -> None:
-        """The worker on ``device`` was replaced: its error-feedback variables went with it."""
-        self._residuals.pop(device, None)
+    def forget(self, device: str) -> bool:
+        """The worker on ``device`` was replaced: its error-feedback and prefetched variables went with it.
+
+        True when it held some (functions that used them must be made again).
+        """
+        held = [self._residuals.pop(device, None), self._prefetched.pop(device, None)]
+        return any(h is not None for h in held)
 
     def _encode(self, flat, group: _Group):
         import tensorflow as tf

@@ -13,6 +13,7 @@ spans come from them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -244,24 +245,29 @@ class StepFunctions:
 
         With ``packing``, a step reads the parameters packed, pushes its gradients packed once its
         mark is taken, and waits for nothing from the ps: its next read does (``steps_in_one_call``).
+        With overlap (the default; ``WORKBENCH_OVERLAP_TRANSFERS=0`` turns it off), a step computes on
+        parameters prefetched into a variable on its worker while the next step's are read from the
+        ps, so the read of one step and the push of the other share the link's two directions.
         """
         import tensorflow as tf
 
         n_metrics = len(self.metric_fns)
         packed = self.packing is not None and output_device is None
+        overlap = packed and os.environ.get("WORKBENCH_OVERLAP_TRANSFERS", "1") != "0"
 
         def step_on(device: str | None):
-            """The step of the worker on ``device`` (its own error-feedback state for int8 transfer)."""
+            """The step of the worker on ``device``: its own error-feedback state (int8) and prefetched parameters."""
             residuals = self.packing.residuals_on(device) if packed and device else None
+            prefetched = self.packing.prefetched_on(device) if overlap and device else None
 
             def one_step(x, y):
-                return _one_step(x, y, residuals)
+                return _one_step(x, y, residuals, prefetched)
 
             return one_step
 
-        def _one_step(x, y, residuals):
+        def _one_step(x, y, residuals, prefetched):
             if packed:
-                pieces = self.packing.read()
+                pieces = self.packing.read(prefetched)
                 began = stamp_after(pieces)
                 loss, metrics, grads = self._loss_and_grads_on(pieces, x, y)
             elif output_device is None:
@@ -273,7 +279,15 @@ class StepFunctions:
             if packed:  # the push leaves after the mark: phases do not overlap
                 self.optimizer.apply_gradients(zip(self.packing.push(grads, after=mark, residuals=residuals),
                                                    self.targets))
-                return loss, metrics, [], mark, began
+                if prefetched is None:
+                    return loss, metrics, [], mark, began
+                # The next step's parameters leave the ps now, while this step computes and pushes: both
+                # directions of the link work at once. They miss this worker's own last update (one step
+                # staler than without overlap; other workers' updates arrive as in any async step).
+                fresh = self.packing.read_parts()
+                with tf.control_dependencies([mark]):
+                    kept = [variable.assign(part) for variable, part in zip(prefetched, fresh)]
+                return loss, metrics, kept, mark, began
             with tf.control_dependencies([mark]):  # the push starts after the mark: phases do not overlap
                 updated = self.optimizer.apply_gradients(zip(grads, self.targets))
             return loss, metrics, [] if updated is None else [updated], mark, None
@@ -294,10 +308,9 @@ class StepFunctions:
         return self._train_steps[device]
 
     def forget_worker(self, device: str) -> None:
-        """The worker on ``device`` was replaced: what lived there (error-feedback state) is made again."""
-        if self.packing is not None and self.packing.transfer == "int8":
-            self.packing.forget(device)
-            getattr(self, "_train_steps", {}).pop(device, None)
+        """The worker on ``device`` was replaced: what lived there (prefetched parameters, error feedback) is made again."""
+        if self.packing is not None and self.packing.forget(device):
+            getattr(self, "_train_steps", {}).pop(device, None)  # its function used them: made again
 
     def build_evaluate(self, make_dataset: Callable):
         import tensorflow as tf

@@ -1,0 +1,177 @@
+"""``wb.estimate``: bytes and time per step on a given link, from a short measured profile.
+
+The profile is a short job of the model on the cluster with unshaped links (synthetic data of the
+model's input shape; what a step computes and how it is laid out are the job's own). It gives the
+time a worker takes for one step when transfers cost nothing but CPU, and the bytes a step moves.
+The link then adds its transfer times, in the shape of the strategy:
+
+* async-ps: a worker step is ``compute + push + read`` (``max(compute + push, read)`` when reads
+  overlap pushes, the default); the workers' steps/s are capped by each direction of the ps's own
+  link, which carries every worker's parameters out and gradients in.
+* sync-ps: a step reads every worker's parameters through the ps's link, computes, then takes every
+  worker's gradient back through it.
+
+Each task is one host with one network card of the link's rate (``cluster.shape`` emulates exactly
+that). ``workers=`` extends the estimate to more workers than the cluster has: their compute is
+assumed to scale (each on its own host), so only the ps's link is shared.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigurationError
+
+PROFILE_STEPS = 120
+STEADY = (0.25, 0.9)  # the part of the profile's steps used (start-up and the last call left out)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What ``wb.estimate`` measured: one short job on unshaped links."""
+
+    strategy: str
+    transfer: str
+    batch_size: int  # global
+    workers: int
+    ps: int
+    worker_step_seconds: float  # async-ps: median time of one worker's step
+    global_step_seconds: float  # 1 / steps per second of the whole job
+    parameter_bytes: int  # what one step reads from the ps tasks
+    gradient_bytes: int  # what one step pushes to them
+    overlap: bool
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A prediction of ``wb.estimate``; ``profile`` can be given again to predict other links or worker counts."""
+
+    strategy: str
+    transfer: str
+    link_bits: float
+    workers: int
+    ps: int
+    batch_size: int
+    parameter_bytes: int
+    gradient_bytes: int
+    step_seconds: float  # global: one optimizer step of the job
+    steps_per_s: float
+    examples_per_s: float
+    bottleneck: str
+    profile: Profile
+
+    def __str__(self) -> str:
+        from ..cluster.shaping import format_rate
+
+        return (f"{self.strategy}, transfer {self.transfer}, {self.workers} worker(s) + {self.ps} ps on "
+                f"{format_rate(self.link_bits)} links, global batch {self.batch_size}: "
+                f"{(self.parameter_bytes + self.gradient_bytes) / 1e6:.2f} MB per step, "
+                f"{self.steps_per_s:.1f} steps/s ({self.examples_per_s:,.0f} examples/s), limited by {self.bottleneck}")
+
+    __repr__ = __str__
+
+
+def predict(profile: Profile, link_bits: float, workers: int | None = None) -> tuple[float, str]:
+    """Global seconds per step, and what limits it, for ``profile`` on links of ``link_bits`` (pure)."""
+    rate = link_bits / 8  # bytes per second, each direction of each task's card
+    workers = workers or profile.workers
+    per_ps = 1.0 / profile.ps  # variables spread evenly by size over the ps tasks
+    read, push = profile.parameter_bytes / rate, profile.gradient_bytes / rate
+    if profile.strategy == "sync-ps":
+        fixed = profile.global_step_seconds  # compute, barrier and apply, measured unshaped
+        through_ps = workers * per_ps * (read + push)
+        return fixed + through_ps, ("the ps's link" if through_ps > fixed else "compute and coordination")
+    compute = profile.worker_step_seconds
+    worker = max(compute + push, read) if profile.overlap else compute + push + read
+    candidates = {
+        "the workers' steps": worker / workers,
+        "the ps's link, outgoing": per_ps * read,
+        "the ps's link, incoming": per_ps * push,
+    }
+    bottleneck = max(candidates, key=candidates.get)
+    return candidates[bottleneck], bottleneck
+
+
+def estimate(model: Any, cluster, batch_size: int = 64, strategy: str = "async-ps", transfer: str = "fp32",
+             link: Any = "1gbit", *, workers: int | None = None, profile: Profile | None = None,
+             profile_steps: int = PROFILE_STEPS) -> Estimate:
+    """Predict bytes and time per step of ``wb.train(cluster, model, ..., strategy, transfer)`` on ``link``.
+
+    ``model``: as for ``wb.train`` (a function returning a Keras model). ``link``: a rate as
+    ``cluster.shape`` takes it (``"1gbit"``, ``"10gbit"``). ``workers``: predict for this many workers
+    (default: the cluster's). The first call runs a short profile job (``profile_steps`` steps,
+    synthetic data, unshaped links: call ``cluster.shape(None)`` first); pass ``profile=`` (an earlier
+    estimate's ``.profile``) to predict other links or worker counts without measuring again.
+    Strategies: ``"async-ps"`` and ``"sync-ps"``.
+    """
+    from ..cluster.shaping import parse_rate
+
+    if strategy not in ("async-ps", "sync-ps"):
+        raise ConfigurationError(f"wb.estimate models strategy='async-ps' and 'sync-ps', not {strategy!r}.")
+    link_bits = parse_rate(link)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigurationError(f"workers={workers!r}: pass a whole number of workers >= 1.")
+    if profile is None:
+        profile = measure_profile(model, cluster, batch_size, strategy, transfer, profile_steps)
+    elif (profile.strategy, profile.transfer) != (strategy, transfer):
+        raise ConfigurationError(
+            f"profile= was measured for strategy={profile.strategy!r}, transfer={profile.transfer!r}; this estimate "
+            f"asks for {strategy!r}, {transfer!r}: measure again (leave profile= out).")
+    n = workers or profile.workers
+    step, bottleneck = predict(profile, link_bits, n)
+    batch = profile.batch_size // profile.workers * n
+    return Estimate(strategy, transfer, link_bits, n, profile.ps, batch, profile.parameter_bytes,
+                    profile.gradient_bytes, step, 1 / step, batch / step if strategy == "sync-ps" else
+                    profile.batch_size // profile.workers / step, bottleneck, profile)
+
+
+def measure_profile(model: Any, cluster, batch_size: int, strategy: str, transfer: str, steps: int) -> Profile:
+    """Run the short profile job on ``cluster`` (unshaped links) and read its step times and bytes."""
+    from . import api
+
+    if getattr(cluster, "_shaping", None) is not None and cluster._shaping.rules:
+        raise ConfigurationError(
+            f"cluster {cluster.name!r} has shaped links ({cluster.network}): the profile measures compute on "
+            "unshaped ones. Call cluster.shape(None) first, or pass profile= from an earlier estimate.")
+    shapes = _shapes(model)
+    job = api.train(cluster, model, lambda ctx: _synthetic(shapes, ctx), "mse", "adam", strategy=strategy,
+                    steps=steps, batch_size=batch_size, transfer=transfer, telemetry=False, seed=0)
+    job.wait(600)
+    if job.state != "done":
+        raise ConfigurationError(f"the profile job ended {job.state}: {job.error}")
+    history = sorted(job.history, key=lambda r: r["end"])
+    steady = history[int(STEADY[0] * len(history)):int(STEADY[1] * len(history))]
+    if len(steady) < 10:
+        raise ConfigurationError(f"profile_steps={steps} leaves too few steady steps to time: use 100 or more.")
+    per_step = statistics.median(r["end"] - r["start"] for r in steady)
+    rate = (len(steady) - 1) / (steady[-1]["end"] - steady[0]["end"])
+    info = job.info
+    moved = info["bytes_per_step"] or {"parameters": 0, "gradients": 0}
+    overlap = strategy == "async-ps" and os.environ.get("WORKBENCH_OVERLAP_TRANSFERS", "1") != "0"
+    return Profile(strategy, transfer, batch_size, len(info["workers"]), len(info["ps_bytes"]) or 1, per_step,
+                   1 / rate, moved["parameters"], moved["gradients"], overlap)
+
+
+def _shapes(model: Any) -> tuple[tuple, tuple]:
+    """The shapes of one example's input and output (the model built here once, to look)."""
+    import keras
+
+    built = model() if callable(model) and not isinstance(model, keras.Model) else model
+    inputs, outputs = getattr(built, "inputs", None), getattr(built, "outputs", None)
+    if not inputs or not outputs or any(d is None for d in (*inputs[0].shape[1:], *outputs[0].shape[1:])):
+        raise ConfigurationError("wb.estimate needs a model with known input and output shapes (start it with "
+                                 "keras.Input(...)).")
+    return tuple(int(d) for d in inputs[0].shape[1:]), tuple(int(d) for d in outputs[0].shape[1:])
+
+
+def _synthetic(shapes: tuple[tuple, tuple], ctx):
+    """Random inputs and zero targets of the model's shapes (a regression on its outputs): compute only."""
+    import tensorflow as tf
+
+    del ctx
+    x, y = tf.random.stateless_normal(shapes[0], [0, 1]), tf.zeros(shapes[1])
+    return tf.data.Dataset.from_tensors((x, y)).repeat()
+
