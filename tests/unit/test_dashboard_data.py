@@ -199,3 +199,11 @@ def test_reshaped_links_shade_the_timeline_until_they_change_again():
     assert bands == [(1_000_000.0, 1_010_000.0), (1_010_000.0, 1_020_000.0)]
     labels = [m.text for m in timeline.plot.center if getattr(m, "name", "") == "timeline_links_label"]
     assert labels == ["links: all: 1 Gbit/s", "links: worker:1: 100 Mbit/s"]
+
+
+def test_progress_shows_the_bytes_a_step_moves_and_their_precision():
+    log = EventLog()
+    progress = ProgressComponent(log)
+    log.append(JobProgress("async-ps-1", 100.0, 0, 50, RUNNING, 100.0, "async-ps", ("worker:0",), "bf16", 19_240))
+    progress.update(now=101.0)
+    assert "19.2 kB/step (bf16)" in progress.root.text

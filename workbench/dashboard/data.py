@@ -199,6 +199,8 @@ class JobState:
     started: float = 0.0
     strategy: str = ""
     workers: tuple[str, ...] = ()
+    transfer: str = ""
+    bytes_per_step: int = 0
     last_step_end: dict[str, float] = field(default_factory=dict)  # worker -> end of its last computed step
     durations: deque = field(default_factory=lambda: deque(maxlen=500))  # recent step durations (compute and the rest)
 
@@ -206,6 +208,7 @@ class JobState:
         if isinstance(event, JobProgress):
             self.steps_total, self.state, self.started = event.steps_total, event.state, event.started
             self.strategy, self.workers = event.strategy, event.workers
+            self.transfer, self.bytes_per_step = event.transfer, event.bytes_per_step
             self.steps_done = max(self.steps_done, event.steps_done)
         elif isinstance(event, StepDone):
             self.steps_done += 1
@@ -242,6 +245,7 @@ def progress_info(job: JobState, in_progress: list[StepSpan], now: float, rate: 
         "job": job.job, "strategy": job.strategy, "state": job.state, "steps_done": job.steps_done,
         "steps_total": job.steps_total, "fraction": job.steps_done / job.steps_total if job.steps_total else 0.0,
         "eta_s": eta, "elapsed_s": now - job.started if job.started else 0.0, "notes": notes,
+        "transfer": job.transfer, "bytes_per_step": job.bytes_per_step,
     }
 
 

@@ -76,6 +76,8 @@ class JobProgress:
     started: float
     strategy: str = ""
     workers: tuple[str, ...] = ()
+    transfer: str = ""  # ps strategies: the precision parameters and gradients travel in
+    bytes_per_step: int = 0  # what one worker's step moves between it and the ps tasks (0: not known)
 
 
 @dataclass(frozen=True)

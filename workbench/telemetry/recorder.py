@@ -93,7 +93,7 @@ class StepRecorder:
                                      record["loss"]))
 
     def progress(self, steps_done: int, steps_total: int, state: str, started: float, strategy: str,
-                 workers: Sequence[str]) -> None:
+                 workers: Sequence[str], transfer: str = "", bytes_per_step: int = 0) -> None:
         if self.log is not None:
             self.log.append(JobProgress(self.job, time.time(), steps_done, steps_total, state, started, strategy,
-                                        tuple(workers)))
+                                        tuple(workers), transfer, bytes_per_step))

@@ -192,8 +192,10 @@ class Job:
         return self
 
     def _report_progress(self) -> None:
+        moved = self._bytes_per_step()
         self._recorder.progress(self.steps_done, self.options.steps - self.start_step, self.state, self._started,
-                                self.options.strategy, [r.name for r in self._workers])
+                                self.options.strategy, [r.name for r in self._workers], self.options.transfer,
+                                moved["total"] if moved else 0)
 
     @property
     def info(self) -> dict:
