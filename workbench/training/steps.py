@@ -277,14 +277,16 @@ class StepFunctions:
             mark = stamp_after([loss, *grads])
             metrics = tf.stack(metrics) if metrics else tf.zeros([0])
             if packed:  # the push leaves after the mark: phases do not overlap
+                # With overlap, the next step's parameters leave the ps as this step starts, while it computes
+                # and pushes: both directions of the link work at once. Made before the update, so the update
+                # waits for this read (TensorFlow orders a variable's reads and writes as written), not the
+                # other way round. They miss this worker's own update (one step staler than without overlap;
+                # other workers' updates arrive as in any async step).
+                fresh = self.packing.read_parts() if prefetched is not None else None
                 self.optimizer.apply_gradients(zip(self.packing.push(grads, after=mark, residuals=residuals),
                                                    self.targets))
                 if prefetched is None:
                     return loss, metrics, [], mark, began
-                # The next step's parameters leave the ps now, while this step computes and pushes: both
-                # directions of the link work at once. They miss this worker's own last update (one step
-                # staler than without overlap; other workers' updates arrive as in any async step).
-                fresh = self.packing.read_parts()
                 with tf.control_dependencies([mark]):
                     kept = [variable.assign(part) for variable, part in zip(prefetched, fresh)]
                 return loss, metrics, kept, mark, began
