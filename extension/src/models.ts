@@ -68,6 +68,8 @@ export interface IJobNow {
   examples_per_s: number;
   steps_per_s: number;
   workers: Record<string, IWorkerRates>;
+  transfer: string;
+  bytes_per_step: number;
 }
 
 /** Every 4xx answer: what failed, and what to do. */

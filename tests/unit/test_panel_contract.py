@@ -36,3 +36,11 @@ def test_a_summary_that_drifted_from_jobnow_is_refused():
     assert models.JobNow.from_json(good).to_json() == good
     with pytest.raises(TypeError, match="differ from JobNow"):
         models.JobNow.from_json({**good, "extra": 1})
+    with pytest.raises(TypeError, match="differ from JobNow"):
+        models.JobNow.from_json({k: v for k, v in good.items() if k != "steps_done"})
+
+
+def test_a_summary_from_an_older_owner_lacks_only_the_newer_fields():
+    good = {f.name: 0 for f in dataclasses.fields(models.JobNow)} | {"notes": [], "workers": {}, "eta_s": None}
+    older = {k: v for k, v in good.items() if k not in ("transfer", "bytes_per_step")}
+    assert models.JobNow.from_json(older).bytes_per_step == 0

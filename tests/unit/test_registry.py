@@ -24,7 +24,8 @@ def test_records_round_trip_and_stale_ones_are_pruned(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_REGISTRY_DIR", str(tmp_path))
     task = TaskRecord("worker", 0, 3, "host", "127.0.0.1:5", 42, ["/job:worker/replica:0/task:0/device:CPU:0"], [], "running")
     alive = _mine("alive", spec={"worker": ["127.0.0.1:5"]}, tasks=[task],
-                  endpoints={"control": Endpoint("http://127.0.0.1:9", "secret")}, updated=2.0)
+                  endpoints={"control": Endpoint("http://127.0.0.1:9", "secret")}, updated=2.0,
+                  network="user-space links (pid 7): all: 1 Gbit/s")
     registry.write_record(alive)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -149,7 +149,7 @@ def _checked(key: str, value: Any, types: dict[str, Any]) -> Any:
 _RECORD_TYPES: dict[str, Any] = {
     "name": str, "state": str, "engines": str, "owned": bool, "client_pid": int, "client_created": "number",
     "cluster_file": str, "profile_dir": str, "spec": "spec", "gpus_per_worker": int, "updated": "number",
-    "workbench_version": str}
+    "workbench_version": str, "network": str}
 _TASK_TYPES: dict[str, Any] = {
     "job": str, "index": int, "engine_id": int, "host": str, "address": str, "pid": int, "devices": "strings",
     "gpus": "strings", "state": str, "tensorflow": str, "since": "number", "note": str, "restarts": int}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from ..cluster.registry import ClusterRecord
@@ -131,12 +131,18 @@ class JobNow:
     examples_per_s: float
     steps_per_s: float
     workers: dict[str, WorkerRates]
+    transfer: str = ""  # ps strategies: the precision parameters and gradients travel in ("" from older owners)
+    bytes_per_step: int = 0  # what one worker's step moves to and from the ps tasks (0: not known)
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> JobNow:
-        """Checks an owner's answer against this shape (a ``KeyError``/``TypeError`` if it drifted)."""
+        """Checks an owner's answer against this shape (a ``KeyError``/``TypeError`` if it drifted).
+
+        Fields with a default may be missing: an owner running an older workbench does not send them.
+        """
         known = {f.name for f in fields(cls)}
-        if set(body) != known:
+        required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+        if not required <= set(body) <= known:
             raise TypeError(f"summary fields {sorted(body)} differ from JobNow's {sorted(known)}")
         return cls(**{**body, "workers": {w: WorkerRates(**r) for w, r in body["workers"].items()}})
 
