@@ -225,7 +225,7 @@ def test_04_model_parallelism_trains_a_split_model(binder_env, capped, no_leftov
     assert float(re.search(r"test accuracy ([\d.]+)", result).group(1)) >= 0.9
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(700)
 def test_05_scaling_study_measures_every_configuration(binder_env, capped, no_leftover_processes):
     cells = _execute(binder_env, capped, "05-scaling-study.ipynb")
     measured = {(int(w), int(b)): float(x) for w, b, x in
@@ -234,6 +234,15 @@ def test_05_scaling_study_measures_every_configuration(binder_env, capped, no_le
     assert measured[(1, 768)] > measured[(1, 48)]  # a larger batch amortizes the per-step cost
     assert "application/vnd.bokehjs_exec.v0+json" in _mimes(cells[2])
     assert "fastest:" in _text(cells[3])
+    # part 2: the network, measured on emulated 1 and 10 Gbit/s links and predicted by wb.estimate
+    network = {(int(b), link): (float(m), float(p)) for b, link, m, p in
+               re.findall(r"batch=\s*(\d+) link=\s*(\w+): measured\s+(\d+) examples/s, predicted\s+(\d+)", _text(cells[4]))}
+    assert set(network) == {(b, link) for b in (96, 768) for link in ("1gbit", "10gbit")}
+    assert all(m > 0 and p > 0 for m, p in network.values())
+    assert network[(96, "1gbit")][0] < network[(96, "10gbit")][0]  # the slow link slows the small batch
+    extended = re.findall(r"32 workers\s+(\d+) examples/s", _text(cells[5]))
+    assert len(extended) == 5  # four link x batch lines and bf16
+    assert "application/vnd.bokehjs_exec.v0+json" in _mimes(cells[5])
 
 
 @pytest.fixture
