@@ -73,6 +73,9 @@ class LinkShaping:
         """
         with self._lifecycle:
             self._require_running("shape its links")
+            if self.attached:
+                raise ClusterStateError(f"cluster {self.name!r} is attached: process {self._owner_pid} owns it and its "
+                                        "links; shape them there.")
             if self._links is None:
                 raise ClusterStateError(
                     f"cluster {self.name!r} was started without emulated links, so they cannot be shaped: start it "
