@@ -70,3 +70,5 @@ def test_network_option():
         choose_backend("netns")
     with pytest.raises(ConfigurationError, match="unknown key"):
         choose_backend({"speed": "1gbit"})
+    with pytest.raises(ConfigurationError, match=r"network='fast': use 'auto'"):
+        choose_backend("fast")

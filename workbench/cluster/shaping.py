@@ -152,7 +152,10 @@ def choose_backend(network: Any) -> tuple[str, Rule | None]:
     if network in ("auto", "user", "netns"):
         return _backend(network), None
     if isinstance(network, (str, int, float)) and not isinstance(network, bool):
-        return _backend("auto"), Rule("all", parse_rate(network), 0.0)
+        try:
+            return _backend("auto"), Rule("all", parse_rate(network), 0.0)
+        except ConfigurationError:
+            pass  # neither a backend nor a rate: say what network= takes
     raise ConfigurationError(
         f"network={network!r}: use 'auto' (emulated links you can shape later with cluster.shape(...)), a rate "
         "such as '1gbit' (every link at that rate from the start), or a dict(rate=..., delay=..., between=..., "
