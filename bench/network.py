@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training import TIMEOUT, steady_rate
+from training import completion_points, finished, steady_rate
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 RATES = ("100mbit", "1gbit", "2gbit", "4gbit", "10gbit")
@@ -134,25 +134,27 @@ def wide_model():
                              keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(10)])
 
 
-def precision_run(cluster, transfer: str, steps: int, overlap: bool = True) -> dict:
+def wide_job(cluster, transfer: str, batch: int, steps: int, metrics: tuple = ()):
+    """A finished digits job of the wide model (what a user would run): Adam 1e-3, seed 0."""
     import keras
 
     import workbench as wb
 
+    return finished(wb.train(cluster, wide_model, wb.datasets.digits,
+                             keras.losses.SparseCategoricalCrossentropy(from_logits=True), keras.optimizers.Adam(1e-3),
+                             steps=steps, batch_size=batch, seed=0, transfer=transfer, metrics=metrics,
+                             telemetry=False))
+
+
+def precision_run(cluster, transfer: str, steps: int, overlap: bool = True) -> dict:
+    import workbench as wb
+
     os.environ["WORKBENCH_OVERLAP_TRANSFERS"] = "1" if overlap else "0"  # read when the job starts
     before = cluster.link_stats()
-    job = wb.train(cluster, wide_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                   keras.optimizers.Adam(1e-3), steps=steps, batch_size=64, seed=0, transfer=transfer,
-                   metrics=["accuracy"], telemetry=False)
-    try:
-        job.wait(TIMEOUT)
-    except TimeoutError:
-        job.stop()
-        raise
+    job = wide_job(cluster, transfer, 64, steps, metrics=("accuracy",))
     after = cluster.link_stats()
     history = job.history
-    ends = sorted(r["end"] for r in history)
-    rate = steady_rate(list(zip(ends, range(1, len(ends) + 1))))
+    rate = steady_rate(completion_points(history))
     seconds = after["seconds"] - before["seconds"]
     link_bytes = 1e9 / 8 * seconds
     moved = {d: after["sent"].get(f"ps:0 {d}", 0) - before["sent"].get(f"ps:0 {d}", 0) for d in ("out", "in")}
@@ -204,16 +206,8 @@ def precision(repeats: int, steps: int) -> dict:
 
 
 def measured_rate(cluster, transfer: str, batch: int, steps: int) -> float:
-    """Steady-state steps/s of a digits job of the wide model (what a user would run)."""
-    import keras
-
-    import workbench as wb
-
-    job = wb.train(cluster, wide_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                   keras.optimizers.Adam(1e-3), steps=steps, batch_size=batch, seed=0, transfer=transfer, telemetry=False)
-    job.wait(TIMEOUT)
-    ends = sorted(r["end"] for r in job.history)
-    return steady_rate(list(zip(ends, range(1, len(ends) + 1))))
+    """Steady-state steps/s of the wide model's digits job."""
+    return steady_rate(completion_points(wide_job(cluster, transfer, batch, steps).history))
 
 
 def cost_model(steps: int) -> dict:

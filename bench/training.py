@@ -82,6 +82,21 @@ def steady_rate(points: Points) -> float:
     return (last[1] - first[1]) / (last[0] - first[0])
 
 
+def completion_points(history: list[dict]) -> Points:
+    """A job's history -> ``(time, steps finished by then)``, on the workers' clocks (for ``steady_rate``)."""
+    ends = sorted(record["end"] for record in history)
+    return list(zip(ends, range(1, len(ends) + 1)))
+
+
+def finished(job):
+    """``job`` once it ended; one still running after ``TIMEOUT`` is stopped, then the TimeoutError raised."""
+    try:
+        return job.wait(TIMEOUT)
+    except TimeoutError:
+        job.stop()
+        raise
+
+
 def loopback_bytes() -> int:
     for line in Path("/proc/net/dev").read_text().splitlines():
         if line.strip().startswith("lo:"):
@@ -147,14 +162,8 @@ def workbench_run(cluster, *, strategy: str, steps: int, batch: int, steps_per_c
         job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                        keras.optimizers.Adam(LEARNING_RATE), steps=steps, batch_size=batch, steps_per_call=steps_per_call,
                        seed=SEED, strategy=strategy, backup_workers=backup_workers)
-        try:
-            job.wait(TIMEOUT)
-        except TimeoutError:
-            job.stop()
-            raise
-        history = job.history
-        ends = sorted(record["end"] for record in history)
-        return list(zip(ends, range(1, len(ends) + 1))), sum(r["examples"] for r in history) / len(history)
+        history = finished(job).history
+        return completion_points(history), sum(r["examples"] for r in history) / len(history)
 
     return measured(run, steps, cluster)
 

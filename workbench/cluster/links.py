@@ -48,8 +48,6 @@ class LinkShaping:
 
     def _link_address(self, task: str, serving: str) -> str:
         """The address to name for ``task`` in the ClusterSpec: the emulator's port in front of ``serving``."""
-        if self._links is None:
-            return serving
         port = self._links.listen(task, serving)
         return f"127.0.0.1:{port}"
 
@@ -81,19 +79,21 @@ class LinkShaping:
                     f"cluster {self.name!r} was started without emulated links, so they cannot be shaped: start it "
                     "with wb.Cluster(..., network='auto') (or network='1gbit' to start shaped), then call "
                     "cluster.shape(...).")
-            if rate is None and delay is None:
-                self._shaping = Shaping()
-            else:
+            shaping = Shaping()
+            if rate is not None or delay is not None:
                 rule = Rule(str(between), parse_rate(rate) if rate is not None else None, parse_delay(delay))
-                names = [r.name for r in self.tasks]
-                self._shaping.plan(names)  # validates every rule against the tasks before anything changes
-                candidate = Shaping([r for r in self._shaping.rules if r.between != rule.between] + [rule])
-                candidate.plan(names)
-                self._shaping = candidate
-            self._links.apply(*self._shaping.plan([r.name for r in self.tasks]))
+                shaping = Shaping([r for r in self._shaping.rules if r.between != rule.between] + [rule])
+            plan = shaping.plan([r.name for r in self.tasks])  # checks every rule before anything changes
+            self._links.apply(*plan)
+            self._shaping = shaping
             self.telemetry.append(LinkEvent(time.time(), self._shaping.describe()))  # a band on the timeline
             self._write_registry()
             return self.network
+
+    @property
+    def shaped(self) -> bool:
+        """True while a ``shape()`` rule is in force (False without emulated links, or after ``shape(None)``)."""
+        return bool(self._shaping.rules)
 
     @property
     def network(self) -> str:

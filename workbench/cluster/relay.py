@@ -189,6 +189,7 @@ class Relay:
         self.sockets: dict[socket.socket, tuple[Direction, Direction]] = {}  # sock -> (reads it, writes it)
         self.started = time.monotonic()
         self.running = True
+        self._partial = b""  # the start of a command line not yet complete
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -228,7 +229,7 @@ class Relay:
         if not data:  # the kernel is gone
             self.running = False
             return
-        self._partial = getattr(self, "_partial", b"") + data
+        self._partial += data
         *lines, self._partial = self._partial.split(b"\n")
         for line in lines:
             if not line.strip():

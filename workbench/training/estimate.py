@@ -122,24 +122,29 @@ def estimate(model: Any, cluster, batch_size: int = 64, strategy: str = "async-p
             f"asks for {strategy!r}, {transfer!r}: measure again (leave profile= out).")
     n = workers or profile.workers
     step, bottleneck = predict(profile, link_bits, n)
-    batch = profile.batch_size // profile.workers * n
-    return Estimate(strategy, transfer, link_bits, n, profile.ps, batch, profile.parameter_bytes,
-                    profile.gradient_bytes, step, 1 / step, batch / step if strategy == "sync-ps" else
-                    profile.batch_size // profile.workers / step, bottleneck, profile)
+    per_worker = profile.batch_size // profile.workers
+    examples = per_worker * n if strategy == "sync-ps" else per_worker  # what one global step trains on
+    return Estimate(strategy, transfer, link_bits, n, profile.ps, per_worker * n, profile.parameter_bytes,
+                    profile.gradient_bytes, step, 1 / step, examples / step, bottleneck, profile)
 
 
 def measure_profile(model: Any, cluster, batch_size: int, strategy: str, transfer: str, steps: int) -> Profile:
     """Run the short profile job on ``cluster`` (unshaped links) and read its step times and bytes."""
     from . import api
 
-    if getattr(cluster, "_shaping", None) is not None and cluster._shaping.rules:
+    if cluster.shaped:
         raise ConfigurationError(
             f"cluster {cluster.name!r} has shaped links ({cluster.network}): the profile measures compute on "
             "unshaped ones. Call cluster.shape(None) first, or pass profile= from an earlier estimate.")
     shapes = _shapes(model)
     job = api.train(cluster, model, lambda ctx: _synthetic(shapes, ctx), "mse", "adam", strategy=strategy,
                     steps=steps, batch_size=batch_size, transfer=transfer, telemetry=False, seed=0)
-    job.wait(600)
+    try:
+        job.wait(600)
+    except TimeoutError:
+        job.stop()
+        raise ConfigurationError(f"the profile job of {steps} steps did not end within 600 s: it was stopped. "
+                                 "Pass a smaller profile_steps.") from None
     if job.state != "done":
         raise ConfigurationError(f"the profile job ended {job.state}: {job.error}")
     history = sorted(job.history, key=lambda r: r["end"])

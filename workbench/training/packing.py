@@ -89,8 +89,7 @@ class Packing:
         """Bytes one direction of a step moves (every target, encoded as it travels)."""
         total = 0
         for dtype, shape in self.specs():
-            size = getattr(dtype, "size", None) or 4
-            total += size * math.prod(int(d) for d in shape) if all(d is not None for d in shape) else 0
+            total += dtype.size * math.prod(int(d) for d in shape) if all(d is not None for d in shape) else 0
         return total
 
     def read(self, parts: list | None = None) -> list:
@@ -98,8 +97,7 @@ class Packing:
 
         ``parts``: the groups' flat values already here (``prefetched_on``): only loose targets are read.
         """
-        parts = self.read_parts() if parts is None else [p.read_value() if hasattr(p, "read_value") else p
-                                                         for p in parts]
+        parts = self.read_parts() if parts is None else [p.read_value() for p in parts]
         return self._split(parts + [tf_variable(self.targets[i]).read_value() for i in self.loose], here=True)
 
     def read_parts(self) -> list:

@@ -276,7 +276,7 @@ class StepFunctions:
                 loss, metrics, grads = self.placed_gradients(x, y, output_device)
             mark = stamp_after([loss, *grads])
             metrics = tf.stack(metrics) if metrics else tf.zeros([0])
-            if packed:  # the push leaves after the mark: phases do not overlap
+            if packed:  # the push leaves after the mark
                 # With overlap, the next step's parameters leave the ps as this step starts, while it computes
                 # and pushes: both directions of the link work at once. Made before the update, so the update
                 # waits for this read (TensorFlow orders a variable's reads and writes as written), not the
