@@ -1,17 +1,19 @@
-"""Network what-if: what the link emulator holds, and what reduced-precision transfer buys on a slow link.
+"""Network what-if: what the link emulators hold, and what reduced-precision transfer buys on a slow link.
 
-Two parts, one run (``python bench/network.py``, or ``make bench-network``):
+Three parts, one run (``python bench/network.py``, or ``make bench-network``):
 
-* ``backends``: the user-space relay (``workbench/cluster/relay.py``) set to each rate, a sender process
-  pushing as fast as it can through it for a few seconds: the rate held in steady state (relative to
-  the setting), the relay's CPU use, and the highest rate it carries unshaped. A rate is claimed when
-  it is held within 10%.
-* ``precision``: 1 ps + 2 workers behind 1 Gbit/s links (``network="1gbit"``), async-ps, an MLP big
-  enough to be link-bound (64-1024-1024-10, 4.5 MB of float32 parameters), per-worker batch 32:
-  steps/s in steady state and test accuracy with ``transfer="fp32"``, ``"bf16"`` and ``"int8"``,
-  runs alternating, medians of the repeats. Also how busy the ps's link was in each direction
-  (bytes through it / (rate x time)): a worker reads, then pushes, so each direction idles while
-  the other works (``fp32-serial``: reads not overlapped with pushes).
+* ``backends``: each backend that runs here (``netns``: namespaces, veth and tc, as root; ``user``: the
+  relay of ``workbench/cluster/relay.py``) set to each rate, a sender process pushing as fast as it can
+  to a receiver through it for a few seconds: the payload rate the receiver got in steady state
+  (relative to the setting), the relay's own CPU, the machine's busy cores, and the highest rate
+  carried unshaped. A rate is claimed when it is held within 10%. tc counts the wire (TCP/IP headers
+  of 1500-byte frames included), so its payload is about 4% under the setting, as on real Ethernet.
+* ``precision``: 1 ps + 2 workers behind 1 Gbit/s links (``network=dict(backend=..., rate="1gbit")``),
+  async-ps, an MLP big enough to be link-bound (64-1024-1024-10, 4.5 MB of float32 parameters),
+  per-worker batch 32: steps/s in steady state and test accuracy with ``transfer="fp32"``, ``"bf16"``
+  and ``"int8"``, runs alternating, medians of the repeats. Also how busy the ps's link was in each
+  direction (bytes through it / (rate x time)): a worker reads, then pushes, so each direction idles
+  while the other works (``fp32-serial``: reads not overlapped with pushes).
 * ``cost``: ``wb.estimate`` (profiled once per transfer and batch, unshaped) against measured steps/s,
   for fp32 and bf16, global batch 64 and 512, links of 1 and 10 Gbit/s.
 
@@ -23,11 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -45,86 +45,103 @@ SKIP_SECONDS = 1.0  # the start of a transfer (buffers filling) is left out
 
 SENDER = """
 import socket, sys, time
-sys.stdin.readline()  # the relay knows this process from here on
-sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
-chunk, until = b"x" * (1 << 20), time.monotonic() + float(sys.argv[2])
+sys.stdin.readline()  # the links know this process from here on
+sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+chunk, until = b"x" * (1 << 20), time.monotonic() + float(sys.argv[3])
 while time.monotonic() < until:
     sock.sendall(chunk)
 sock.close()
 """
 
-
-class Counter:
-    """A server counting what it receives, with timestamps."""
-
-    def __init__(self):
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.samples: list[tuple[float, int]] = []
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self):
-        self.server.settimeout(30)
-        connection, _ = self.server.accept()
-        total = 0
-        with connection:
-            while data := connection.recv(1 << 20):
-                total += len(data)
-                self.samples.append((time.monotonic(), total))
-
-    def steady_bits(self, began: float) -> float:
-        window = [s for s in self.samples if s[0] >= began + SKIP_SECONDS]
-        (t0, b0), (t1, b1) = window[0], window[-1]
-        return (b1 - b0) * 8 / (t1 - t0)
+SINK = """
+import socket, sys, time
+server = socket.create_server((sys.argv[1], 0))
+print(server.getsockname()[1], flush=True)
+server.settimeout(30)
+connection, _ = server.accept()
+samples, total = [], 0
+while data := connection.recv(1 << 20):
+    total += len(data)
+    samples.append((time.monotonic(), total))
+window = [s for s in samples if s[0] >= samples[0][0] + float(sys.argv[2])]
+print((window[-1][1] - window[0][1]) * 8 / (window[-1][0] - window[0][0]), flush=True)
+"""
 
 
-def relay_at(links, rate: str | None, sender_pid: int) -> None:
-    """The sender is worker:0, the sink ps:0; both links at ``rate`` (planned as ``cluster.shape`` plans)."""
+def machine_busy() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine so far, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle and iowait
+    return (sum(fields) - idle) / tick, sum(fields) / tick
+
+
+def plan_at(rate: str | None):
+    """Both tasks' links at ``rate``, planned as ``cluster.shape`` plans them."""
     from workbench.cluster.shaping import Rule, Shaping, parse_rate
 
-    links.processes({sender_pid: "worker:0"})
-    shaping = Shaping([Rule("all", parse_rate(rate), 0.0)] if rate else [])
-    links.apply(*shaping.plan(["ps:0", "worker:0"]))
+    return Shaping([Rule("all", parse_rate(rate), 0.0)] if rate else []).plan(["ps:0", "worker:0"])
 
 
-def measure_rate(rate: str | None) -> dict:
+def measure_rate(backend: str, rate: str | None) -> dict:
+    """A sender (worker:0) pushing as fast as it can to a sink (ps:0) through links of ``backend`` at ``rate``."""
+    from workbench.cluster.netns import NamespaceLinks
     from workbench.cluster.shaping import UserSpaceLinks, parse_rate
 
-    links = UserSpaceLinks()
+    links = NamespaceLinks() if backend == "netns" else UserSpaceLinks()
     try:
-        sink = Counter()
-        port = links.listen("ps:0", f"127.0.0.1:{sink.port}")
-        sender = subprocess.Popen([sys.executable, "-c", SENDER, str(port), str(SEND_SECONDS)], stdin=subprocess.PIPE)
-        relay_at(links, rate, sender.pid)
-        began, cpu_before = time.monotonic(), links.stats()["cpu_seconds"]
+        if backend == "netns":
+            ps, worker = links.attach("ps:0"), links.attach("worker:0")
+            inside = {"ps": ["nsenter", f"--net={ps.namespace.path}"], "worker": ["nsenter", f"--net={worker.namespace.path}"]}
+            sink_host = ps.address
+        else:
+            inside, sink_host = {"ps": [], "worker": []}, "127.0.0.1"
+        sink = subprocess.Popen([*inside["ps"], sys.executable, "-c", SINK, sink_host, str(SKIP_SECONDS)],
+                                stdout=subprocess.PIPE, text=True)
+        sink_port = int(sink.stdout.readline())
+        target = (sink_host, sink_port) if backend == "netns" else ("127.0.0.1", links.listen("ps:0", f"127.0.0.1:{sink_port}"))
+        sender = subprocess.Popen([*inside["worker"], sys.executable, "-c", SENDER, target[0], str(target[1]),
+                                   str(SEND_SECONDS)], stdin=subprocess.PIPE)
+        if backend == "user":
+            links.processes({sender.pid: "worker:0"})
+        links.apply(*plan_at(rate))
+        began, cpu_before, busy_before = time.monotonic(), links.stats()["cpu_seconds"], machine_busy()
         sender.stdin.close()  # go
         sender.wait(SEND_SECONDS + 30)
+        elapsed, busy_after = time.monotonic() - began, machine_busy()
         cpu = links.stats()["cpu_seconds"] - cpu_before
-        sink.thread.join(10)
-        held = sink.steady_bits(began)
+        held = float(sink.communicate(timeout=30)[0])
     finally:
         links.close()
     setting = parse_rate(rate) if rate else None
     return {"rate": rate or "unshaped", "held_gbit": held / 1e9, "relative": held / setting if setting else None,
-            "relay_cpu_fraction": cpu / (time.monotonic() - began)}
+            "emulator_cpu_fraction": cpu / elapsed, "machine_cores_busy": (busy_after[0] - busy_before[0]) / elapsed}
 
 
 def backends(repeats: int) -> dict:
-    rows = []
-    for rate in (*RATES, None):
-        runs = [measure_rate(rate) for _ in range(repeats)]
-        row = dict(runs[0])
-        row["held_gbit"] = statistics.median(r["held_gbit"] for r in runs)
-        row["relative"] = statistics.median(r["relative"] for r in runs) if rate else None
-        row["relay_cpu_fraction"] = statistics.median(r["relay_cpu_fraction"] for r in runs)
-        row["repeats"] = [round(r["held_gbit"], 3) for r in runs]
-        rows.append(row)
-        print(f"  relay {row['rate']:>9}: held {row['held_gbit']:.3f} Gbit/s"
-              + (f" ({row['relative']:.3f} of the setting)" if rate else "")
-              + f", relay CPU {row['relay_cpu_fraction'] * 100:.0f}% of a core", flush=True)
-    claimed = [r["rate"] for r in rows if r["relative"] and abs(r["relative"] - 1) <= 0.10]
-    return {"rows": rows, "claimed": claimed, "unshaped_gbit": rows[-1]["held_gbit"]}
+    """Each backend that runs here, at each rate: what it holds and what it costs."""
+    from workbench.cluster import netns
+
+    found = {}
+    for backend in ("netns", "user"):
+        if backend == "netns" and netns.problem():
+            print(f"  netns: not measured: {netns.problem()}", flush=True)
+            continue
+        rows = []
+        for rate in (*RATES, None):
+            runs = [measure_rate(backend, rate) for _ in range(repeats)]
+            row = dict(runs[0])
+            for key in ("held_gbit", "relative", "emulator_cpu_fraction", "machine_cores_busy"):
+                row[key] = statistics.median(r[key] for r in runs) if runs[0][key] is not None else None
+            row["repeats"] = [round(r["held_gbit"], 3) for r in runs]
+            rows.append(row)
+            print(f"  {backend} {row['rate']:>9}: held {row['held_gbit']:.3f} Gbit/s"
+                  + (f" ({row['relative']:.3f} of the setting)" if rate else "")
+                  + (f", relay CPU {row['emulator_cpu_fraction'] * 100:.0f}% of a core" if backend == "user" else "")
+                  + f", machine {row['machine_cores_busy']:.2f} cores busy", flush=True)
+        claimed = [r["rate"] for r in rows if r["relative"] and abs(r["relative"] - 1) <= 0.10]
+        found[backend] = {"rows": rows, "claimed": claimed, "unshaped_gbit": rows[-1]["held_gbit"]}
+    return found
 
 
 def wide_model():
@@ -150,28 +167,32 @@ def precision_run(cluster, transfer: str, steps: int, overlap: bool = True) -> d
     import workbench as wb
 
     os.environ["WORKBENCH_OVERLAP_TRANSFERS"] = "1" if overlap else "0"  # read when the job starts
-    before = cluster.link_stats()
-    job = wide_job(cluster, transfer, 64, steps, metrics=("accuracy",))
-    after = cluster.link_stats()
+    before, busy_before = cluster.link_stats(), machine_busy()
+    workers = sum(1 for task in cluster.tasks if task.job == "worker")
+    job = wide_job(cluster, transfer, 32 * workers, steps, metrics=("accuracy",))  # 32 per worker
+    after, busy_after = cluster.link_stats(), machine_busy()
     history = job.history
     rate = steady_rate(completion_points(history))
     seconds = after["seconds"] - before["seconds"]
     link_bytes = 1e9 / 8 * seconds
     moved = {d: after["sent"].get(f"ps:0 {d}", 0) - before["sent"].get(f"ps:0 {d}", 0) for d in ("out", "in")}
     use = {d: moved[d] / link_bytes for d in ("out", "in")}  # over the whole job, its start-up included
-    # in steady state: the bytes a step moved through the ps's link (counted by the relay) at the steady rate
+    # in steady state: the bytes a step moved through the ps's link (counted by the links) at the steady rate
     steady_use = {d: moved[d] / len(history) * rate / (1e9 / 8) for d in ("out", "in")}
     accuracy = job.evaluate(wb.datasets.digits_test)["accuracy"]
     return {"steps_per_s": rate, "accuracy": accuracy, "bytes_per_step": job.info["bytes_per_step"]["total"],
-            "ps_link_use": use, "ps_link_use_steady": steady_use}
+            "ps_link_use": use, "ps_link_use_steady": steady_use, "job_seconds": seconds,
+            "machine_busy": (busy_after[0] - busy_before[0]) / (busy_after[1] - busy_before[1])}
 
 
-def precision(repeats: int, steps: int) -> dict:
+def precision(repeats: int, steps: int, backend: str, workers: int) -> dict:
     import workbench as wb
 
     settings = ("fp32-serial", "fp32", "bf16", "int8")  # fp32-serial: reads do not overlap pushes
     runs: dict[str, list[dict]] = {s: [] for s in settings}
-    with wb.Cluster(ps=1, workers=2, network=LINK, progress=False) as cluster:
+    with wb.Cluster(ps=1, workers=workers, network=dict(backend=backend, rate=LINK), progress=False) as cluster:
+        links = cluster.network
+        print(f"  links: {links}", flush=True)
         precision_run(cluster, "fp32", 40)  # warm-up: functions, channels, the relay's connections
         for _ in range(repeats):
             for setting in settings:
@@ -180,7 +201,8 @@ def precision(repeats: int, steps: int) -> dict:
                 print(f"  {setting}: {run['steps_per_s']:.1f} steps/s, accuracy {run['accuracy']:.3f}, "
                       f"{run['bytes_per_step'] / 1e6:.2f} MB/step, ps link use in steady state out "
                       f"{run['ps_link_use_steady']['out']:.2f} in {run['ps_link_use_steady']['in']:.2f} (whole job "
-                      f"{run['ps_link_use']['out']:.2f}, {run['ps_link_use']['in']:.2f})", flush=True)
+                      f"{run['ps_link_use']['out']:.2f}, {run['ps_link_use']['in']:.2f} over {run['job_seconds']:.0f} s), machine CPU "
+                      f"{run['machine_busy']:.0%} busy", flush=True)
     summary = {}
     for setting, rs in runs.items():
         summary[setting] = {
@@ -191,6 +213,7 @@ def precision(repeats: int, steps: int) -> dict:
             "ps_link_use_in": statistics.median(r["ps_link_use"]["in"] for r in rs),
             "ps_link_use_steady_out": statistics.median(r["ps_link_use_steady"]["out"] for r in rs),
             "ps_link_use_steady_in": statistics.median(r["ps_link_use_steady"]["in"] for r in rs),
+            "machine_busy": statistics.median(r["machine_busy"] for r in rs),
             "repeats": [round(r["steps_per_s"], 2) for r in rs],
         }
     fp32 = summary["fp32"]
@@ -202,7 +225,7 @@ def precision(repeats: int, steps: int) -> dict:
                       "accuracy_points": 100 * (fp32["accuracy"] - summary["fp32-serial"]["accuracy"]),
                       "per_repeat": [round(a["steps_per_s"] / b["steps_per_s"], 3)
                                      for a, b in zip(runs["fp32"], runs["fp32-serial"])]}
-    return {"link": LINK, "hidden": HIDDEN, "steps": steps, "lines": summary, "ratios": ratios}
+    return {"link": LINK, "links": links, "workers": workers, "hidden": HIDDEN, "steps": steps, "lines": summary, "ratios": ratios}
 
 
 def measured_rate(cluster, transfer: str, batch: int, steps: int) -> float:
@@ -210,13 +233,14 @@ def measured_rate(cluster, transfer: str, batch: int, steps: int) -> float:
     return steady_rate(completion_points(wide_job(cluster, transfer, batch, steps).history))
 
 
-def cost_model(steps: int) -> dict:
+def cost_model(steps: int, backend: str) -> dict:
     """``wb.estimate`` against measurement: transfer x global batch x link, 1 ps + 2 workers, async-ps."""
     import workbench as wb
 
     rows = []
     os.environ["WORKBENCH_OVERLAP_TRANSFERS"] = "1"
-    with wb.Cluster(ps=1, workers=2, network="auto", progress=False) as cluster:
+    with wb.Cluster(ps=1, workers=2, network=dict(backend=backend), progress=False) as cluster:
+        print(f"  links: {cluster.network}", flush=True)
         measured_rate(cluster, "fp32", 64, 40)  # warm-up
         for transfer in ("fp32", "bf16"):
             for batch in (64, 512):
@@ -239,14 +263,17 @@ def main() -> int:
     parser.add_argument("--part", choices=("backends", "precision", "cost", "all"), default="all")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--workers", type=int, default=2, help="workers of the precision part (one ps)")
+    parser.add_argument("--backend", choices=("auto", "netns", "user"), default="auto",
+                        help="the links of the precision and cost parts (auto: netns as root, else user)")
     args = parser.parse_args()
     results: dict = {}
     if args.part in ("backends", "all"):
-        print("user-space relay, a sender process through it:", flush=True)
+        print("each backend, a sender process pushing through it (payload bits the receiver got):", flush=True)
         results["backends"] = backends(args.repeats)
     if args.part in ("precision", "all"):
-        print(f"async-ps, 1 ps + 2 workers behind {LINK} links, MLP 64-{HIDDEN}-{HIDDEN}-10:", flush=True)
-        results["precision"] = precision(args.repeats, args.steps)
+        print(f"async-ps, 1 ps + {args.workers} workers behind {LINK} links, MLP 64-{HIDDEN}-{HIDDEN}-10:", flush=True)
+        results["precision"] = precision(args.repeats, args.steps, args.backend, args.workers)
         for setting, ratio in results["precision"]["ratios"].items():
             base = "fp32-serial" if setting == "fp32" else "fp32"
             goal = {"bf16": " (goal >= 1.8, accuracy within 1 point)", "fp32": " (overlap)"}.get(setting, "")
@@ -254,11 +281,11 @@ def main() -> int:
                   f"{ratio['accuracy_points']:+.1f} points; per repeat {ratio['per_repeat']}")
     if args.part in ("cost", "all"):
         print("wb.estimate against measurement (async-ps, 1 ps + 2 workers, the same wide MLP):", flush=True)
-        results["cost_model"] = cost_model(args.steps)
+        results["cost_model"] = cost_model(args.steps, args.backend)
         print(f"cost model: worst error {results['cost_model']['worst']:.0%} (goal: within 20%)")
-    if "backends" in results:
-        print(f"relay rates held within 10%: {', '.join(results['backends']['claimed'])}; unshaped "
-              f"{results['backends']['unshaped_gbit']:.1f} Gbit/s")
+    for backend, found in results.get("backends", {}).items():
+        print(f"{backend}: rates held within 10%: {', '.join(found['claimed'])}; unshaped "
+              f"{found['unshaped_gbit']:.1f} Gbit/s")
     out = Path(__file__).resolve().parent / "results" / "network.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+import debian
 import keras
 import psutil
 import pytest
@@ -14,7 +15,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from training_helpers import LOSS, make_model, wait_for
 
 import workbench as wb
-from workbench.cluster.shaping import UserSpaceLinks
+from workbench.cluster import netns
+from workbench.cluster.shaping import Rule, Shaping, UserSpaceLinks
 from workbench.errors import ClusterStateError, ConfigurationError
 from workbench.telemetry.events import LinkEvent
 
@@ -105,19 +107,46 @@ def test_the_relay_goes_when_its_kernel_dies():
              10, f"the relay (pid {relay_pid}) to exit after its kernel was killed")
 
 
-@pytest.fixture(scope="module")
-def linked():
-    cluster = wb.Cluster(ps=1, workers=2, name="wb-test-links", network="auto", progress=False).start()
+def need_netns() -> None:
+    """Skip unless the netns backend runs here (as root, iproute2 is installed first when missing)."""
+    if os.geteuid() == 0 and not debian.ensure(["ip", "tc", "ss", "nsenter", "unshare"], ["iproute2", "util-linux"],
+                                               "iproute2") and "not found" in netns._CACHE.get("problem", ""):
+        del netns._CACHE["problem"]  # found missing before the install: look again
+    if netns.problem():
+        pytest.skip(f"the netns backend cannot run here: {netns.problem()} (CI runs as root, where it does)")
+
+
+def can_delay(cluster) -> bool:
+    return cluster._network_backend == "user" or not netns.netem_problem()
+
+
+@pytest.fixture(scope="module", params=["user", "netns"])
+def linked(request):
+    """A running cluster with emulated links, once per backend."""
+    if request.param == "netns":
+        need_netns()
+    cluster = wb.Cluster(ps=1, workers=2, name=f"wb-test-links-{request.param}", network=dict(backend=request.param),
+                         progress=False).start()
     yield cluster
     cluster.stop()
 
 
+def network_namespace(pid: int) -> int:
+    return os.stat(f"/proc/{pid}/ns/net").st_ino
+
+
 def test_every_task_is_reached_through_its_link(linked):
-    relay = psutil.Process(linked._links.pid)
-    listening = {c.laddr.port for c in relay.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-    for record in linked.tasks:
-        assert int(record.address.rsplit(":", 1)[1]) in listening, f"{record.name} is not behind the relay"
-    assert "links: user-space links" in str(linked.status())
+    if linked._network_backend == "user":
+        relay = psutil.Process(linked._links.pid)
+        listening = {c.laddr.port for c in relay.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        for record in linked.tasks:
+            assert int(record.address.rsplit(":", 1)[1]) in listening, f"{record.name} is not behind the relay"
+        assert "links: user-space links" in str(linked.status())
+    else:  # each task in a namespace of its own, at its own address on the cluster's bridge
+        spaces = {record.name: network_namespace(record.pid) for record in linked.tasks}
+        assert len(set(spaces.values()) | {network_namespace(os.getpid())}) == len(spaces) + 1, spaces
+        assert all(record.address.startswith("10.213.") for record in linked.tasks)
+        assert "links: netns links (bridge 10.213." in str(linked.status())
     assert "unshaped" in linked.network
 
 
@@ -156,10 +185,14 @@ def test_shaping_takes_effect_while_a_job_runs(linked):
 
 
 def test_rules_show_in_status_and_a_task_keeps_its_link_when_re_hosted(linked):
-    linked.shape("100mbit", delay="1ms", between="ps-worker")
+    if not can_delay(linked):
+        with pytest.raises(ConfigurationError, match=r"cannot add delay: this Linux kernel has no netem.*backend='user'"):
+            linked.shape("100mbit", delay="1ms", between="ps-worker")
+    delay = "1ms" if can_delay(linked) else None
+    linked.shape("100mbit", delay=delay, between="ps-worker")
     linked.shape("10mbit", between="worker:1")
     status = str(linked.status())
-    assert "ps-worker: 100 Mbit/s, delay 1 ms; worker:1: 10 Mbit/s" in status
+    assert f"ps-worker: 100 Mbit/s{', delay 1 ms' if delay else ''}; worker:1: 10 Mbit/s" in status
     address = linked.task("worker:1").address
     linked.replace_task("worker:1")
     assert linked.task("worker:1").address == address
@@ -183,19 +216,124 @@ def test_bad_shaping_says_what_to_do(linked, cluster):
 def test_shape_magic(linked, capsys):
     shell = InteractiveShell.instance()
     shell.extension_manager.load_extension("workbench")
-    shell.run_line_magic("wb", f"shape 1gbit --delay 0.2ms --between ps --name {linked.name}")
+    delay = " --delay 0.2ms" if can_delay(linked) else ""
+    shell.run_line_magic("wb", f"shape 1gbit{delay} --between ps --name {linked.name}")
     shell.run_line_magic("wb", f"shape --name {linked.name}")
     shell.run_line_magic("wb", f"shape off --name {linked.name}")
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith("ps: 1 Gbit/s, delay 0.2 ms") and out[1] == out[0] and out[2].endswith("unshaped")
+    assert out[0].endswith("ps: 1 Gbit/s" + (", delay 0.2 ms" if delay else ""))
+    assert out[1] == out[0] and out[2].endswith("unshaped")
 
 
-def test_stopping_the_cluster_stops_its_relay():
-    cluster = wb.Cluster(ps=1, workers=1, name="wb-test-links-stop", network="1gbit", progress=False).start()
-    pid = cluster._links.pid
-    assert "all: 1 Gbit/s" in cluster.network
-    cluster.stop()
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+def host_links() -> set[str]:
+    return {line.split()[0].split("@")[0] for line in subprocess.run(
+        ["ip", "-br", "link"], capture_output=True, text=True, timeout=10).stdout.splitlines()}
+
+
+@pytest.mark.parametrize("backend", ["user", "netns"])
+def test_stopping_the_cluster_removes_its_links(backend):
+    if backend == "netns":
+        need_netns()
+    before = host_links() if backend == "netns" else set()
+    cluster = wb.Cluster(ps=1, workers=1, name=f"wb-test-links-stop-{backend}", progress=False,
+                         network=dict(backend=backend, rate="1gbit")).start()
+    try:
+        pid = cluster._links.pid if backend == "user" else None
+        added = host_links() - before if backend == "netns" else set()
+        assert "all: 1 Gbit/s" in cluster.network
+    finally:
+        cluster.stop()
+    if backend == "user":
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    else:
+        assert len(added) == 1 and not added & host_links(), f"the host end of the kernel's link stayed: {added}"
+
+
+# -- the netns backend on its own ------------------------------------------------------------
+
+SINK = """
+import socket, sys
+server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+server.settimeout(30)
+connection, _ = server.accept()
+total = 0
+while data := connection.recv(1 << 20):
+    total += len(data)
+print(total, flush=True)
+"""
+
+
+def sink_in(link, port: int) -> subprocess.Popen:
+    """A process in ``link``'s namespace that counts what reaches ``link.address:port`` and prints it."""
+    sink = subprocess.Popen(["nsenter", f"--net={link.namespace.path}", sys.executable, "-c", SINK, link.address,
+                             str(port)], stdout=subprocess.PIPE, text=True)
+    wait_for(lambda: subprocess.run(["nsenter", f"--net={link.namespace.path}", "ss", "-ltn"], capture_output=True,
+                                    text=True, timeout=10).stdout.count(f":{port} ") > 0, 10, "the sink to listen")
+    return sink
+
+
+def blast_from(link, target, port: int, seconds: float) -> None:
+    code = ("import socket, sys, time\nsock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)\n"
+            "chunk, until = b'x' * (1 << 18), time.monotonic() + float(sys.argv[3])\n"
+            "while time.monotonic() < until:\n    sock.sendall(chunk)\n")
+    command = [sys.executable, "-c", code, target.address, str(port), str(seconds)]
+    if link is not None:
+        command = ["nsenter", f"--net={link.namespace.path}", *command]
+    subprocess.run(command, check=True, timeout=seconds + 30)
+
+
+@pytest.fixture
+def namespaces():
+    need_netns()
+    links = netns.NamespaceLinks()
+    yield links
+    links.close()
+
+
+def test_netns_links_hold_a_task_to_its_rate_and_let_the_kernel_through(namespaces):
+    ps, worker = namespaces.attach("ps:0"), namespaces.attach("worker:0")
+    namespaces.apply(Shaping([Rule("all", 20e6, 0.0)]).plan(["ps:0", "worker:0"])[0],
+                     [["ps:0", "worker:0"]])
+    slow = sink_in(ps, 7000)
+    blast_from(worker, ps, 7000, 2.0)
+    received = int(slow.communicate(timeout=30)[0])
+    assert received < 2.0 * 2.5e6 * 1.5, f"{received} bytes in 2 s through a 20 Mbit/s link"
+    sent = namespaces.stats()["sent"]
+    assert sent["worker:0 out"] >= received and sent["ps:0 in"] >= received, sent  # counted on the wire
+
+    kernel = sink_in(ps, 7001)
+    blast_from(None, ps, 7001, 2.0)  # from this process: the kernel's traffic is never shaped
+    assert int(kernel.communicate(timeout=30)[0]) > 4 * received
+    assert namespaces.stats()["sent"]["ps:0 in"] == sent["ps:0 in"], "the kernel's traffic was counted as a task's"
+
+
+def test_netns_delay_is_refused_with_the_reason_when_netem_is_missing(namespaces):
+    namespaces.attach("ps:0")
+    settings = {"ps:0": {"rate": None, "delay": 0.001}}
+    if netns.netem_problem():
+        with pytest.raises(ConfigurationError, match="no netem qdisc"):
+            namespaces.apply(settings, [])
+        assert "no delay: netem is missing" in namespaces.describe()
+    else:
+        namespaces.apply(settings, [])
+        assert "netem" not in namespaces.describe()
+
+
+def test_netns_links_go_when_their_kernel_dies():
+    need_netns()
+    before = host_links()
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import time\nfrom workbench.cluster.netns import NamespaceLinks\n"
+        "links = NamespaceLinks()\nlinks.attach('ps:0')\nprint('up', flush=True)\ntime.sleep(120)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        added = host_links() - before
+        assert len(added) == 1, added
+    finally:
+        child.kill()
+        child.wait(10)
+    wait_for(lambda: not added & host_links(), 10, f"the host end {added} to go with its namespaces")
 
 
 def test_estimate_profiles_once_and_predicts_links(linked):

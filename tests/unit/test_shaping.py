@@ -2,6 +2,8 @@
 
 import pytest
 
+from workbench.cluster import netns
+from workbench.cluster.netns import tc_plan
 from workbench.cluster.shaping import Rule, Shaping, choose_backend, parse_delay, parse_rate, select_links
 from workbench.errors import ConfigurationError
 
@@ -60,15 +62,82 @@ def test_a_later_rule_overrides_an_earlier_one_and_rates_go_out_in_bytes():
     assert "worker:1: 100 Mbit/s, delay 2 ms" in shaping.describe()
 
 
-def test_network_option():
+@pytest.fixture
+def netns_can(monkeypatch):
+    """Set what this process found about the netns backend: ``netns_can(problem, netem_problem)``."""
+    def set_to(problem: str = "", netem: str = "") -> None:
+        monkeypatch.setattr(netns, "_CACHE", {"problem": problem, "netem": netem})
+    return set_to
+
+
+def test_network_option(netns_can):
+    netns_can("it needs root")
     assert choose_backend("auto") == ("user", None)
     backend, rule = choose_backend("1gbit")
     assert backend == "user" and rule.rate == 1e9 and rule.between == "all"
     backend, rule = choose_backend({"rate": "100mbit", "delay": "1ms", "between": "ps"})
     assert (rule.rate, rule.delay, rule.between) == (1e8, 1e-3, "ps")
-    with pytest.raises(ConfigurationError, match="not available in this version"):
+    with pytest.raises(ConfigurationError, match=r"'netns' cannot run here: it needs root\. Use backend 'user'"):
         choose_backend("netns")
     with pytest.raises(ConfigurationError, match="unknown key"):
         choose_backend({"speed": "1gbit"})
     with pytest.raises(ConfigurationError, match=r"network='fast': use 'auto'"):
         choose_backend("fast")
+    with pytest.raises(ConfigurationError, match=r"backend 'tunnel' is unknown: use 'auto', 'netns' or 'user'"):
+        choose_backend({"backend": "tunnel"})
+
+
+def test_auto_picks_netns_where_it_runs_unless_the_first_rule_needs_a_missing_delay(netns_can):
+    netns_can("", "no netem")
+    assert choose_backend("auto") == ("netns", None)
+    assert choose_backend("1gbit")[0] == "netns"
+    assert choose_backend({"rate": "1gbit", "delay": "1ms"})[0] == "user"  # the relay adds delay itself
+    assert choose_backend({"rate": "1gbit", "delay": "1ms", "backend": "netns"})[0] == "netns"  # asked: said at shape
+    netns_can("", "")
+    assert choose_backend({"rate": "1gbit", "delay": "1ms"})[0] == "netns"
+
+
+ADDRESSES = {"ps:0": "10.213.0.2", "worker:0": "10.213.0.3", "worker:1": "10.213.0.4"}
+PORTS = {"ps:0": "t0", "worker:0": "t1", "worker:1": "t2"}
+
+
+def filters(lines: list[str]) -> dict[str, str]:
+    """Peer address -> class, from a direction's filter lines."""
+    return {line.split(" match ip ")[1].split()[1].split("/")[0]: line.rsplit(" ", 1)[1]
+            for line in lines if line.startswith("filter")}
+
+
+def test_tc_shapes_both_directions_of_a_task_and_leaves_the_kernel_out():
+    settings, pairs = Shaping([Rule("all", 1e9, 0.0)]).plan(list(ADDRESSES))
+    plan = tc_plan(ADDRESSES, PORTS, settings, pairs)
+    out, into = plan["ps:0"]["out"], plan["ps:0"]["in"]
+    assert out[0] == "qdisc add dev eth0 root handle 1: htb default 0"  # unclassified (the kernel's): not shaped
+    assert into[0] == "qdisc add dev t0 root handle 1: htb default 0"
+    assert "classid 1:1 htb rate 1000000000bit ceil 1000000000bit burst 500000 " in out[1]
+    assert filters(out) == {"10.213.0.3": "1:1", "10.213.0.4": "1:1"}
+    assert all(" match ip dst " in line for line in out if line.startswith("filter"))
+    assert filters(into) == {"10.213.0.3": "1:1", "10.213.0.4": "1:1"}
+    assert all(" match ip src " in line for line in into if line.startswith("filter"))
+    assert not any("netem" in line for line in out + into)
+
+
+def test_tc_between_two_jobs_counts_but_does_not_shape_the_rest():
+    settings, pairs = Shaping([Rule("ps-worker", 1e8, 0.0)]).plan(list(ADDRESSES))
+    plan = tc_plan(ADDRESSES, PORTS, settings, pairs)
+    assert filters(plan["ps:0"]["out"]) == {"10.213.0.3": "1:1", "10.213.0.4": "1:1"}
+    assert filters(plan["worker:0"]["out"]) == {"10.213.0.2": "1:1", "10.213.0.4": "1:2"}  # worker to worker: free
+    assert "classid 1:2 htb rate 100gbit" in plan["worker:0"]["out"][2]
+    unshaped = tc_plan(ADDRESSES, PORTS, {}, [])
+    assert set(filters(unshaped["worker:1"]["in"]).values()) == {"1:2"}
+
+
+def test_tc_delay_is_the_larger_of_the_two_tasks_and_sits_on_the_sending_side():
+    settings, pairs = Shaping([Rule("all", None, 1e-3), Rule("worker:1", 1e8, 5e-3)]).plan(list(ADDRESSES))
+    plan = tc_plan(ADDRESSES, PORTS, settings, pairs)
+    out = plan["ps:0"]["out"]
+    assert "classid 1:1 htb rate 100gbit" in out[1]  # a delay alone does not limit the rate
+    netem = {line.split(" parent ")[1].split()[0]: line.split(" delay ")[1].split()[0] for line in out if "netem" in line}
+    assert netem == {"1:10": "1000us", "1:11": "5000us"}
+    assert filters(out) == {"10.213.0.3": "1:10", "10.213.0.4": "1:11"}
+    assert not any("netem" in line for line in plan["worker:1"]["in"])
+    assert "rate 100000000bit" in plan["worker:1"]["in"][1]

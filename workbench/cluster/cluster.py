@@ -109,8 +109,11 @@ class Cluster(TaskHosting, LinkShaping):
     network:
         Emulated links between the tasks, which ``shape()`` sets while they run: ``"auto"`` (unshaped
         until then), a rate for every link from the start (``"1gbit"``), or
-        ``dict(rate=, delay=, between=, backend=)``. Local engines only. Default: none (tasks talk
-        directly, as without the workbench).
+        ``dict(rate=, delay=, between=, backend=)``. Backends: ``"netns"`` (a network namespace per
+        task, ``tc`` on its veth; root, Linux; delay only where the kernel has netem), ``"user"`` (a
+        relay process; no root), ``"auto"`` (netns where it can run, else user); ``status()`` names
+        the one in use. Local engines only. Default: none (tasks talk directly, as without the
+        workbench).
     """
 
     # Called with every cluster this process starts, once its tasks run (a failure stops the cluster).
@@ -386,7 +389,6 @@ class Cluster(TaskHosting, LinkShaping):
     def _teardown(self, timeout: float = 60.0) -> None:
         self.health.closing = True  # the engines stopped from here on are not "lost"
         self._close_kept()
-        self._close_links()
         pool, self._pool = self._pool, None
         if self.attached:  # only this process's connection ends; the owner keeps the cluster
             if pool is not None:
@@ -400,6 +402,9 @@ class Cluster(TaskHosting, LinkShaping):
                 except Exception:  # noqa: BLE001 - borrowed engines may already be gone
                     pass
             pool.close(timeout)
+        # after the engines: a task's connections to this kernel must close while its link still carries the
+        # close (a namespace removed first leaves the kernel's TensorFlow waiting on peers that never answer)
+        self._close_links()
         for record in self._tasks.values():
             record.state = "stopped"
         registry.remove_record(self.name)

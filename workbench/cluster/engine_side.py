@@ -7,9 +7,11 @@ the client turns them into messages that name the engine.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -19,6 +21,7 @@ from .gpus import discover_gpus
 
 _SERVER: dict[str, Any] = {}
 _PORT_ATTEMPTS = 8
+_CLONE_NEWNET = 0x40000000
 
 
 def _workbench_version() -> str:
@@ -142,18 +145,47 @@ def start_profiler_server(attempts: int = 3) -> int:
     raise RuntimeError("unreachable")
 
 
-def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | None = None) -> dict[str, Any]:
+def join_namespace(path: str, address: str) -> None:
+    """Move this engine's main thread into the network namespace at ``path``, where it has ``address``.
+
+    Only the calling thread moves (a namespace is per thread): the engine's own connections to its
+    controller, opened before, stay where they are, while the TF server and every thread TensorFlow
+    starts from here on listen and connect inside. So it must run on the thread that runs TensorFlow,
+    before TensorFlow starts a thread of its own (an engine forked from the warm process has none).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("join_namespace must run on the engine's main thread (the one that runs TensorFlow)")
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"setns into the task's network namespace failed: {os.strerror(error)}")
+    finally:
+        os.close(fd)
+    os.environ[containment.BIND_ENV] = address  # the bind shim puts wildcard binds there
+    _SERVER["namespace"] = path
+
+
+def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | None = None,
+                 namespace: dict | None = None) -> dict[str, Any]:
     """Start this engine's ``tf.distribute.Server`` for ``job:index`` of ``spec``.
 
     ``port``: the port to listen on when ``spec`` names another one for this task (a link emulator
-    forwards that one here); None: listen where ``spec`` says. If the port was taken since it was
-    reserved, pick another and try again: the returned ``address`` is the one named in the spec and
-    ``serving`` the port actually listened on.
+    forwards that one here); None: listen where ``spec`` says. ``namespace``: ``{"path", "address"}``
+    of the task's own network namespace, joined first (``join_namespace``). If the port was taken
+    since it was reserved, pick another and try again: the returned ``address`` is the one named in
+    the spec and ``serving`` the port actually listened on.
     """
     import tensorflow as tf
     from tensorflow.core.protobuf import tensorflow_server_pb2
 
     existing = _SERVER.get("server")
+    if namespace is not None and existing is None and _SERVER.get("namespace") != namespace["path"]:
+        try:
+            join_namespace(namespace["path"], namespace["address"])
+        except (OSError, RuntimeError) as exc:
+            return {"ok": False, "error": f"could not join the task's network namespace: {exc}"}
     if existing is not None:
         if (_SERVER["job"], _SERVER["index"]) == (job, index):
             return _describe(tf, _SERVER["address"], job, index, _SERVER["serving"], reused=True)

@@ -80,6 +80,7 @@ class TaskHosting:
 
         visible = self._plan_gpus(assignment, probes)
         serving: dict[TaskId, int | None] = {}  # the port each server listens on, where the spec names another
+        namespaces: dict[TaskId, dict | None] = {}  # the network namespace each server joins (backend netns)
         imports = self._run_each(
             {eid: (engine_side.prepare_tensorflow, visible[task]) for task, eid in assignment.items()},
             "TensorFlow imported", deadline, progress,
@@ -89,16 +90,15 @@ class TaskHosting:
             record = self._tasks[task]
             record.tensorflow = imports[eid]["version"]
             record.address = _format_address(probes[eid]["address"], imports[eid]["port"])
-            serving[task] = None
-            if self._links is not None:  # named in the spec: the link emulator's port in front of the server
-                serving[task] = imports[eid]["port"]
-                record.address = self._link_address(str(task), record.address)
+            serving[task], namespaces[task] = None, None
+            if self._links is not None:  # named in the spec: the task's end of its emulated link
+                record.address, serving[task], namespaces[task] = self._link_address(str(task), record.address)
             old = previous.get(task)
             if old is not None and old.address.rpartition(":")[0] == record.address.rpartition(":")[0]:
                 record.address = old.address  # the same host: the same address, if its port is free again
         spec = self.spec_dict
         servers = self._run_each(
-            {eid: (engine_side.start_server, spec, task.job, task.index, serving[task])
+            {eid: (engine_side.start_server, spec, task.job, task.index, serving[task], namespaces[task])
              for task, eid in assignment.items()},
             "TF servers up", deadline, progress,
         )
@@ -112,7 +112,7 @@ class TaskHosting:
             record.gpus = [g for g in (result["cuda_visible_devices"] or "").split(",") if g]
             record.state, record.since = RUNNING, time.time()
             if serving[task] is not None and result["serving"] != serving[task]:  # the server took another port
-                self._link_address(str(task), _format_address(probes[eid]["address"], result["serving"]))
+                self._relink(str(task), _format_address(probes[eid]["address"], result["serving"]))
         self._links_follow_tasks()
 
     def check_exposure(self, records: list[TaskRecord] | None = None, deadline: Deadline | None = None,

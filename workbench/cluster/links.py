@@ -1,8 +1,9 @@
 """``cluster.shape(...)``: the part of ``wb.Cluster`` that owns the emulated links between its tasks.
 
-A mixin of ``Cluster`` (it uses the cluster's tasks and lifecycle lock). With ``network=`` given, each
-task's address in the ClusterSpec is the link emulator's port for it and its TF server listens behind
-it; every byte between two tasks crosses the emulator, which holds it to the shaping in force.
+A mixin of ``Cluster`` (it uses the cluster's tasks and lifecycle lock). With ``network=`` given, every
+byte between two tasks crosses an emulated link that holds it to the shaping in force: with backend
+``"user"`` a task's address in the ClusterSpec is the relay's port for it and its TF server listens
+behind it; with ``"netns"`` the task lives in a network namespace of its own and its address is there.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from ..errors import ClusterStateError, ConfigurationError
 from ..telemetry.events import LinkEvent
+from .netns import NamespaceLinks
 from .shaping import Rule, Shaping, UserSpaceLinks, choose_backend, parse_delay, parse_rate
 
 
@@ -22,40 +24,50 @@ class LinkShaping:
     def _init_network(self, network: Any, local: bool) -> None:
         self._network_backend: str | None = None
         self._first_rule: Rule | None = None
-        self._links: UserSpaceLinks | None = None
+        self._links: UserSpaceLinks | NamespaceLinks | None = None
         self._shaping = Shaping()
         if network is None or network is False:
             return
         if not local:
             raise ConfigurationError(
-                f"network={network!r} needs local engines: the user-space link emulator runs on this machine and "
-                "must see both ends of every connection. Leave network= out for engines on other hosts (their "
-                "links are the real network).")
+                f"network={network!r} needs local engines: the links are emulated on this machine, which must hold "
+                "both ends of every connection. Leave network= out for engines on other hosts (their links are the "
+                "real network).")
         self._network_backend, self._first_rule = choose_backend(network)
 
     def _open_links(self) -> None:
-        """At start: the emulator, before any task is given its address."""
-        if self._network_backend == "user":
-            self._links = UserSpaceLinks()
-            self._shaping = Shaping([self._first_rule] if self._first_rule else [])
-            if self._first_rule:
-                self.telemetry.append(LinkEvent(time.time(), self._shaping.describe()))
+        """At start: the links, before any task is given its address."""
+        if self._network_backend is None:
+            return
+        self._links = NamespaceLinks() if self._network_backend == "netns" else UserSpaceLinks()
+        self._shaping = Shaping([self._first_rule] if self._first_rule else [])
+        if self._first_rule:
+            self.telemetry.append(LinkEvent(time.time(), self._shaping.describe()))
 
     def _close_links(self) -> None:
         links, self._links = self._links, None
         if links is not None:
             links.close()
 
-    def _link_address(self, task: str, serving: str) -> str:
-        """The address to name for ``task`` in the ClusterSpec: the emulator's port in front of ``serving``."""
-        port = self._links.listen(task, serving)
-        return f"127.0.0.1:{port}"
+    def _link_address(self, task: str, serving: str) -> tuple[str, int | None, dict | None]:
+        """For a task whose server was given the address ``serving``: the address to name in the ClusterSpec,
+        the port the server listens on when that differs (None: the named one), and the network namespace it
+        joins first (None: none)."""
+        port = serving.rpartition(":")[2]
+        if isinstance(self._links, NamespaceLinks):  # the task's own namespace, at its address there
+            link = self._links.attach(task)
+            return f"{link.address}:{port}", None, {"path": link.namespace.path, "address": link.address}
+        return self._relink(task, serving), int(port), None
+
+    def _relink(self, task: str, serving: str) -> str:
+        """The relay's address for ``task``, now forwarding to ``serving``."""
+        return f"127.0.0.1:{self._links.listen(task, serving)}"
 
     def _links_follow_tasks(self) -> None:
-        """Tasks were added or re-hosted: tell the emulator which process is which, and shape their links."""
+        """Tasks were added or re-hosted: tell the links which process is which, and shape them."""
         if self._links is None:
             return
-        self._links.processes({r.pid: r.name for r in self._tasks.values()} | {os.getpid(): "client"})
+        self._links.follow({r.pid: r.name for r in self._tasks.values()} | {os.getpid(): "client"})
         self._links.apply(*self._shaping.plan([r.name for r in self.tasks]))
 
     def shape(self, rate: Any = None, delay: Any = None, between: str = "all") -> str:
@@ -100,8 +112,8 @@ class LinkShaping:
         """The links between tasks: the backend and the shaping in force (``""`` without ``network=``)."""
         if self._network_backend is None:
             return ""
-        where = f" (pid {self._links.pid})" if self._links is not None else ""
-        return f"{self._network_backend}-space links{where}: {self._shaping.describe()}"
+        where = self._links.describe() if self._links is not None else f"{self._network_backend} links"
+        return f"{where}: {self._shaping.describe()}"
 
     def link_stats(self) -> dict:
         """Bytes each task sent and received through its link so far, and the emulator's CPU seconds."""

@@ -8,9 +8,10 @@ delays. ``between`` picks the links: every task (default), a job (``"ps"``), one
 or the traffic between two jobs (``"ps-worker"``). Traffic to and from the notebook kernel is never
 shaped: in a real deployment the coordinator's messages are small and often on another network.
 
-Backends: ``"user"`` (``relay.py``: a process that forwards every connection between tasks and meters
-it; no root, local engines). ``"netns"`` (network namespaces, veth pairs and ``tc``, as root) is not
-built yet: asking for it says so, and ``"auto"`` picks ``"user"``.
+Backends: ``"netns"`` (``netns.py``: a network namespace per task, veth pairs to a bridge, ``tc`` on
+each; root, Linux) and ``"user"`` (``relay.py``: a process that forwards every connection between tasks
+and meters it; no root, so it runs on Binder). Both need local engines. ``"auto"`` picks netns where it
+can run, else user, and status names the one in use.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ClusterStateError, ConfigurationError
+from . import netns
 
-BACKENDS = ("user",)
+BACKENDS = ("netns", "user")
 ANSWER_TIMEOUT = 10.0  # seconds the relay may take to answer a command
 
 _RATE_UNITS = {  # tc's notation: "bit" units are bits per second, "bps" units are bytes per second
@@ -142,43 +144,45 @@ def choose_backend(network: Any) -> tuple[str, Rule | None]:
         if unknown:
             raise ConfigurationError(f"network={network!r}: unknown key(s) {sorted(unknown)}; use backend, rate, "
                                      "delay and between.")
-        backend = network.get("backend", "auto")
         rule = None
         if network.get("rate") is not None or network.get("delay") is not None:
             rule = Rule(str(network.get("between") or "all"),
                         parse_rate(network["rate"]) if network.get("rate") is not None else None,
                         parse_delay(network.get("delay")))
-        return _backend(backend), rule
-    if network in ("auto", "user", "netns"):
-        return _backend(network), None
+        return _backend(network.get("backend", "auto"), rule), rule
+    if network in ("auto", *BACKENDS):
+        return _backend(network, None), None
     if isinstance(network, (str, int, float)) and not isinstance(network, bool):
         try:
-            return _backend("auto"), Rule("all", parse_rate(network), 0.0)
+            rule = Rule("all", parse_rate(network), 0.0)
         except ConfigurationError:
             pass  # neither a backend nor a rate: say what network= takes
+        else:
+            return _backend("auto", rule), rule
     raise ConfigurationError(
         f"network={network!r}: use 'auto' (emulated links you can shape later with cluster.shape(...)), a rate "
         "such as '1gbit' (every link at that rate from the start), or a dict(rate=..., delay=..., between=..., "
-        "backend='user').")
+        "backend='auto'|'netns'|'user').")
 
 
-def _backend(name: str) -> str:
+def _backend(name: str, rule: Rule | None) -> str:
+    """``"auto"``: netns where it can run (root, Linux) unless the first rule asks a delay this kernel cannot add."""
     if name == "auto":
-        return "user"
-    if name == "netns":
+        if netns.problem() or (rule is not None and rule.delay and netns.netem_problem()):
+            return "user"
+        return "netns"
+    if name == "netns" and netns.problem():
         raise ConfigurationError(
-            "network backend 'netns' (network namespaces + tc, as root) is not available in this version of the "
-            "workbench: use backend 'user' (a user-space relay; it holds rates within a few percent up to about "
-            "1 Gbit/s per link on two cores, see bench/network.py).")
+            f"network backend 'netns' cannot run here: {netns.problem()}. Use backend 'user' (a user-space relay: no "
+            "root needed; it holds rates within a few percent up to 10 Gbit/s per link, at a CPU cost, see bench/network.py), "
+            "or 'auto', which picks it when netns cannot run.")
     if name not in BACKENDS:
-        raise ConfigurationError(f"network backend {name!r} is unknown: use 'auto' or 'user'.")
+        raise ConfigurationError(f"network backend {name!r} is unknown: use 'auto', 'netns' or 'user'.")
     return name
 
 
 class UserSpaceLinks:
     """The kernel's handle on the relay process (``relay.py``): one per cluster with ``network=``."""
-
-    backend = "user"
 
     def __init__(self, host: str = "127.0.0.1"):
         self._process = subprocess.Popen(
@@ -237,6 +241,11 @@ class UserSpaceLinks:
     def processes(self, pids: dict[int, str]) -> None:
         """Which process is which task (connections from other processes are the kernel's: not shaped)."""
         self.call("telling the relay the tasks' processes", do="pids", pids={str(p): t for p, t in pids.items()})
+
+    follow = processes  # what every backend is told when tasks change
+
+    def describe(self) -> str:
+        return f"user-space links (pid {self.pid})"
 
     def apply(self, settings: dict[str, dict], pairs: list[list[str]]) -> None:
         self.call("shaping the links", do="shape", tasks=settings, pairs=pairs)

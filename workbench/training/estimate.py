@@ -18,12 +18,12 @@ assumed to scale (each on its own host), so only the ps's link is shared.
 
 from __future__ import annotations
 
-import os
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError
+from .options import overlap_transfers
 
 PROFILE_STEPS = 120
 STEADY = (0.25, 0.9)  # the part of the profile's steps used (start-up and the last call left out)
@@ -155,7 +155,7 @@ def measure_profile(model: Any, cluster, batch_size: int, strategy: str, transfe
     rate = (len(steady) - 1) / (steady[-1]["end"] - steady[0]["end"])
     info = job.info
     moved = info["bytes_per_step"] or {"parameters": 0, "gradients": 0}
-    overlap = strategy == "async-ps" and os.environ.get("WORKBENCH_OVERLAP_TRANSFERS", "1") != "0"
+    overlap = strategy == "async-ps" and overlap_transfers()
     return Profile(strategy, transfer, batch_size, len(info["workers"]), len(info["ps_bytes"]) or 1, per_step,
                    1 / rate, moved["parameters"], moved["gradients"], overlap)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,6 +11,12 @@ from ..errors import ConfigurationError
 STRATEGIES = ("async-ps", "sync-ps", "allreduce", "model-parallel")
 POLICIES = ("wait", "drop", "replace")  # what a job does about a hung task or a straggling call
 TRANSFERS = ("fp32", "bf16", "fp16", "int8")  # precision of parameters and gradients between ps and workers
+
+
+def overlap_transfers() -> bool:
+    """async-ps reads the next step's parameters while a step computes and pushes, unless
+    ``WORKBENCH_OVERLAP_TRANSFERS=0`` (read when a job builds its steps)."""
+    return os.environ.get("WORKBENCH_OVERLAP_TRANSFERS", "1") != "0"
 
 
 @dataclass(frozen=True)

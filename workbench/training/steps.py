@@ -13,12 +13,12 @@ spans come from them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError
+from .options import overlap_transfers
 from .placement import shards_of, tf_variable
 
 
@@ -253,7 +253,7 @@ class StepFunctions:
 
         n_metrics = len(self.metric_fns)
         packed = self.packing is not None and output_device is None
-        overlap = packed and os.environ.get("WORKBENCH_OVERLAP_TRANSFERS", "1") != "0"
+        overlap = packed and overlap_transfers()
 
         def step_on(device: str | None):
             """The step of the worker on ``device``: its own error-feedback state (int8) and prefetched parameters."""
