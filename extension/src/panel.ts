@@ -98,15 +98,20 @@ export class WorkbenchPanel extends Widget {
         this.cards.delete(name);
       }
     }
-    for (const info of clusters) {
+    clusters.forEach((info, position) => {
       let card = this.cards.get(info.name);
       if (!card) {
         card = new ClusterCard(info.name, this.actions, () => this.refresh());
         this.cards.set(info.name, card);
       }
-      this.list.append(card.node); // keeps the server's order (by name)
+      // the server's order (by name); a card already in place is not moved, since moving a node takes
+      // the focus from the field the user is typing in
+      const there = this.list.children[position] ?? null;
+      if (there !== card.node) {
+        this.list.insertBefore(card.node, there);
+      }
       card.update(info);
-    }
+    });
     if (!clusters.length) {
       this.list.replaceChildren(
         el('p', { class: 'wb-empty' }, 'No cluster runs. Start one above, or from a notebook: wb.Cluster(ps=1, workers=2).start()')

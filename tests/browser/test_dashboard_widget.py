@@ -23,6 +23,11 @@ CELLS = [
 ]
 
 
+TIMELINE_BARS = """() => [...Bokeh.documents].flatMap((d) => [...d._all_models.values()])
+    .filter((m) => m.name && m.name.startsWith("timeline_steps_"))
+    .reduce((n, s) => n + s.data.right.length, 0)"""
+
+
 def _steps_shown(page) -> int:
     text = page.locator(".workbench-steps").first.inner_text(timeout=5000)
     return int(re.match(r"\s*(\d+)\s*/", text).group(1))
@@ -40,10 +45,9 @@ def test_the_dashboard_widget_renders_and_updates_while_a_job_trains(jupyter_lab
     assert second > first, f"the widget did not update: {first} then {second} steps"
     # the timeline and throughput plots are drawn (canvases), with the job's bars in the browser's data
     assert page.locator(".jp-OutputArea canvas").count() >= 3
-    rows = page.evaluate("""() => [...Bokeh.documents].flatMap((d) => [...d._all_models.values()])
-        .filter((m) => m.name && m.name.startsWith("timeline_steps_"))
-        .reduce((n, s) => n + s.data.right.length, 0)""")
-    assert rows > 0
+    # the progress text is patched before the timeline's bars in each update, so the bars may land a moment later
+    page.wait_for_function(f"() => ({TIMELINE_BARS})() > 0", timeout=60_000, polling=250)
+    assert page.evaluate(TIMELINE_BARS) > 0
     assert page.locator(".workbench-throughput-now").first.inner_text() != ""
     # the server extension lists the cluster the notebook's kernel started (through the registry)
     listing = json.loads(jupyter_lab.api("workbench/api/clusters"))

@@ -52,6 +52,13 @@ def _pane_frame(page, plot: str, timeout: float = 60.0):
     return frame
 
 
+def _next_list_refresh(page) -> None:
+    """Wait for the panel's next list refresh to come back and be drawn."""
+    with page.expect_response(lambda r: r.url.split("?")[0].endswith("/workbench/api/clusters"), timeout=30_000):
+        pass
+    page.wait_for_timeout(300)
+
+
 def _wait_for_card_text(card, selector: str, text: str, timeout: float) -> None:
     """Wait for ``text`` in ``selector`` within ``card``; on a timeout, say what the card showed instead."""
     try:
@@ -115,10 +122,10 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     assert f"a cluster named '{PANEL_CLUSTER}' is already running" in page.locator(".wb-status").inner_text()
     workers = started.locator(".wb-workers")
     workers.fill("2")
-    workers.blur()  # a refresh of the list while the user moves to Scale keeps the typed count
-    with page.expect_response(lambda r: r.url.split("?")[0].endswith("/workbench/api/clusters"), timeout=30_000):
-        pass
-    page.wait_for_timeout(300)  # the refreshed list is drawn
+    _next_list_refresh(page)  # while the user is in the field, a refresh neither takes the focus nor the count
+    assert workers.evaluate("(e) => document.activeElement === e"), "a refresh took the focus from the worker field"
+    workers.blur()  # and when the user moves to Scale, the next refresh keeps the typed count
+    _next_list_refresh(page)
     assert workers.input_value() == "2", "a refresh overwrote the worker count the user typed"
     started.locator(".wb-scale").click()
     _wait_for_card_text(started, ".wb-feedback", "Now 2 worker(s)", timeout=180.0)  # the PATCH's answer
