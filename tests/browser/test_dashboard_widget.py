@@ -56,3 +56,12 @@ def test_the_dashboard_widget_renders_and_updates_while_a_job_trains(jupyter_lab
     time.sleep(1.0)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard-widget.png"), full_page=True)
+
+    # a page reloaded while the job trains shows the timeline's history, not only what streamed since
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")  # the widget's output survives
+    before = page.evaluate(TIMELINE_BARS)
+    page.reload(wait_until="domcontentloaded")
+    page.locator(".workbench-steps").first.wait_for(timeout=120_000)
+    page.wait_for_function(f"() => ({TIMELINE_BARS})() > 0", timeout=60_000, polling=250)
+    after = page.evaluate(TIMELINE_BARS)
+    assert after >= before, f"after a reload the timeline held {after} bars, {before} before it"

@@ -41,7 +41,7 @@ class Dashboard:
         self._widget = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._key = f"dashboard-widget-{id(self)}"  # under which the cluster keeps it while it updates
 
     @property
@@ -71,7 +71,7 @@ class Dashboard:
 
             output_notebook(resources=INLINE, hide_banner=True)
             self.update()
-            self._widget = BokehModel(self.layout)
+            self._widget = _live_widget(BokehModel, self._lock)(self.layout)
         return self._widget
 
     def start(self) -> Dashboard:
@@ -118,6 +118,28 @@ class Dashboard:
         live = "live" if self._thread is not None and self._thread.is_alive() else "not live"
         return (f"<workbench.Dashboard of cluster {self.cluster.name!r} ({', '.join(self.components)}; {live}): display "
                 "it in a notebook, or dashboard.serve() for URLs to open in a browser>")
+
+
+def _live_widget(base: type, lock: threading.Lock) -> type:
+    """``jupyter_bokeh.BokehModel`` whose whole state, when a frontend asks for it, is the plots as they are now.
+
+    BokehModel sends the document once, as it was when the widget was made, then only patches, and a
+    view drops the patches sent before it rendered. So a page reloaded while a job trains would
+    show the plots as they were at display time plus what streamed since: the timeline's history
+    gone. A frontend that (re)loads asks for every widget's whole state; here that state is the
+    document as it is then, taken under the dashboard's lock so that no update is half made.
+    """
+    from bokeh.core.json_encoder import serialize_json
+
+    class LiveBokehModel(base):
+        def get_state(self, key=None, drop_defaults=False):
+            state = super().get_state(key, drop_defaults)
+            if key is None and "render_bundle" in state and self._model.document is not None:
+                with lock:
+                    state["render_bundle"] = serialize_json(self._model_to_traits(self._model))
+            return state
+
+    return LiveBokehModel
 
 
 def _live(ref, stop: threading.Event, interval: float) -> None:
