@@ -69,6 +69,25 @@ def test_scaling_forks_from_the_same_warm_process_and_stop_leaves_nothing(no_lef
     assert not wait_gone(everything, timeout=30), "the warm process or one of its forks outlived stop()"
 
 
+def test_engines_added_after_a_job_are_still_forks(monkeypatch, no_leftover_processes):
+    from training_helpers import train
+
+    from workbench.cluster.connection import CLIENT_ENVIRONMENT
+
+    for name in CLIENT_ENVIRONMENT:  # as in a fresh kernel: its first connection (the job below) sets them
+        monkeypatch.delenv(name, raising=False)
+    with wb.Cluster(ps=1, workers=1, name="wb-test-fork-after-job", progress=False) as cluster:
+        warm = _warm_of(cluster)
+        assert train(cluster, steps=20, batch_size=60).wait(120).state == "done"
+        assert all(name in os.environ for name in CLIENT_ENVIRONMENT)  # the kernel is a client now
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", wb.EngineForkWarning)  # the client's settings cost no fork
+            cluster.scale(workers=2)
+        assert _warm_of(cluster).pid == warm.pid
+        everything = [warm.pid, *(p.pid for p in warm.children(recursive=True))]
+    assert not wait_gone(everything, timeout=30), "the warm process or one of its forks outlived stop()"
+
+
 def test_plain_ipyparallel_can_fork_engines_by_launcher_name(no_leftover_processes):
     import ipyparallel as ipp
 

@@ -13,6 +13,8 @@ def test_variables_read_when_tensorflow_loads_must_match_for_a_fork():
     warm = {"PYTHONPATH": "/a", "TF_CPP_MIN_LOG_LEVEL": "1", "HOME": "/root", "TF_CONFIG": "{}"}
     same = {**warm, "HOME": "/elsewhere", "TF_CONFIG": '{"task": 1}', "WORKBENCH_LIFELINE": "h 1 t"}
     assert import_time_mismatch(warm, same) == []  # per-engine settings are the fork's own
+    client = {**warm, "TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE": "False", "TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY": "True"}
+    assert import_time_mismatch(warm, client) == []  # a connected kernel's client settings, read at run time
     other = {**warm, "PYTHONPATH": "/b", "LD_PRELOAD": "libx.so", "OMP_NUM_THREADS": "1"}
     assert import_time_mismatch(warm, other) == ["LD_PRELOAD", "OMP_NUM_THREADS", "PYTHONPATH"]
 

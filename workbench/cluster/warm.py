@@ -42,6 +42,8 @@ import threading
 import traceback
 import types
 
+from workbench.cluster.connection import CLIENT_ENVIRONMENT
+
 # Modules every engine needs: imported here once, shared by every fork.
 PRELOAD = (
     "tensorflow",
@@ -64,7 +66,10 @@ PRELOAD = (
 # Environment variables read when these libraries load: an engine forked from here runs with the
 # values the warm process had, so a request that sets them differently cannot be served by a fork.
 _IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "TF_", "OMP_", "KMP_", "MKL_", "OPENBLAS_")
-_NOT_IMPORT_TIME = ("TF_CONFIG", "PYTHONUNBUFFERED")
+# Not read at import either: the settings a kernel gives itself when it connects to a cluster as its
+# client (TensorFlow reads them at run time, in the client). Engines started after that connection
+# inherit them; they must not cost those engines their fork.
+_NOT_IMPORT_TIME = ("TF_CONFIG", "PYTHONUNBUFFERED", *CLIENT_ENVIRONMENT)
 # Shared libraries whose presence means a GPU runtime may have been initialised: no fork after that.
 _GPU_DRIVERS = ("libcuda.so", "libamdhip64.so", "libhsa-runtime64.so")
 MAX_MESSAGE = 1 << 20
