@@ -307,6 +307,18 @@ def test_netns_links_hold_a_task_to_its_rate_and_let_the_kernel_through(namespac
     assert namespaces.stats()["sent"]["ps:0 in"] == sent["ps:0 in"], "the kernel's traffic was counted as a task's"
 
 
+def test_netns_links_are_reached_before_use_and_a_dead_link_says_so(namespaces):
+    ps = namespaces.attach("ps:0")
+    sink = sink_in(ps, 7002)
+    namespaces.reach({"ps:0": f"{ps.address}:7002"}, timeout=10)  # the kernel opens a connection through the bridge
+    sink.communicate(timeout=30)
+    subprocess.run(["nsenter", f"--net={ps.namespace.path}", "ip", "link", "set", "eth0", "down"], check=True, timeout=10)
+    started = time.monotonic()
+    with pytest.raises(ClusterStateError, match=r"ps:0 at 10\.213\.\d+\.\d+:7003 cannot be reached through its link .*neighbour"):
+        namespaces.reach({"ps:0": f"{ps.address}:7003"}, timeout=3)
+    assert time.monotonic() - started < 10  # bounded by the timeout given
+
+
 def test_netns_delay_is_refused_with_the_reason_when_netem_is_missing(namespaces):
     namespaces.attach("ps:0")
     settings = {"ps:0": {"rate": None, "delay": 0.001}}

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import ClusterStateError, ConfigurationError
 from ..telemetry.events import LinkEvent
+from .health import RUNNING
 from .netns import NamespaceLinks
 from .shaping import Rule, Shaping, UserSpaceLinks, choose_backend, parse_delay, parse_rate
 
@@ -69,6 +70,8 @@ class LinkShaping:
             return
         self._links.follow({r.pid: r.name for r in self._tasks.values()} | {os.getpid(): "client"})
         self._links.apply(*self._shaping.plan([r.name for r in self.tasks]))
+        if isinstance(self._links, NamespaceLinks):  # the servers are reached through the bridge before anyone uses them
+            self._links.reach({r.name: r.address for r in self.tasks if r.state == RUNNING})
 
     def shape(self, rate: Any = None, delay: Any = None, between: str = "all") -> str:
         """Set the links between tasks while they run; ``shape(None)`` makes every link unshaped again.

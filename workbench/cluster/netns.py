@@ -24,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -33,6 +34,8 @@ from ..errors import ClusterStateError, ConfigurationError
 
 COMMAND_TIMEOUT = 20.0  # seconds one ip/tc call may take
 NAMESPACE_TIMEOUT = 5.0  # seconds a new namespace may take to appear
+REACH_TIMEOUT = 15.0  # seconds a new task's server may take to be reachable through its link
+REACH_RETRY = 0.2
 SUBNETS = "10.213.{}.0/24"  # one per cluster; the first free one is taken
 LINE = "100gbit"  # a class that counts traffic without limiting it (a veth carries about 16 Gbit/s here)
 MIN_BURST = 64 * 1024  # bytes; tc holds a rate well with a bucket of at least rate/250 (NOTES)
@@ -222,6 +225,29 @@ class NamespaceLinks:
 
     def follow(self, pids: dict[int, str]) -> None:
         """Nothing to learn: every task's traffic leaves from its own namespace."""
+
+    def reach(self, addresses: dict[str, str], timeout: float = REACH_TIMEOUT) -> None:
+        """Wait until this kernel can open a connection to each task's server (``{"worker:1": "10.213.0.4:port"}``).
+
+        A server just started in a new namespace is reached through the bridge; the first packets
+        wait for the kernel to learn the task's link address. A task still unreachable after
+        ``timeout`` seconds is an error that says what the kernel knows of its neighbour.
+        """
+        deadline = time.monotonic() + timeout
+        for task, address in addresses.items():
+            host, _, port = address.rpartition(":")
+            while True:
+                try:
+                    with socket.create_connection((host, int(port)), timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+                        break
+                except OSError as exc:
+                    if time.monotonic() + REACH_RETRY > deadline:
+                        neighbour = _run(["ip", "neigh", "show", host]).strip() or "no entry"
+                        raise ClusterStateError(
+                            f"{task} at {address} cannot be reached through its link after {timeout:.0f} s ({exc}; "
+                            f"neighbour: {neighbour}). Stop the cluster and start it again; if this repeats, "
+                            "start it with network=dict(backend='user').") from None
+                    time.sleep(REACH_RETRY)
 
     def apply(self, settings: dict[str, dict], pairs: list[list[str]]) -> None:
         """Shape each task's two directions as ``settings`` says, for traffic with the tasks of ``pairs``."""
