@@ -62,7 +62,7 @@ def stateful_model():
 
 @pytest.mark.parametrize("strategy", ["async-ps", "sync-ps"])
 def test_a_model_with_batch_statistics_dropout_and_an_embedding_trains_packed(cluster_two_ps, strategy):
-    job = wb.train(cluster_two_ps, stateful_model, wb.datasets.digits, LOSS, keras.optimizers.Adam(0.01), steps=400,
+    job = wb.train(cluster_two_ps, stateful_model, wb.datasets.digits, LOSS, keras.optimizers.Adam(0.003), steps=400,
                    batch_size=64, seed=7, strategy=strategy, metrics=["accuracy"]).wait(300)
     assert job.state == "done"
     moving = {w.path.split("/")[-1]: w.numpy() for w in job.model.weights if "moving" in w.path}
