@@ -31,6 +31,7 @@ from .steps import StepFunctions, resolve_loss, resolve_metrics
 
 # Errors that mean "a task went away", as opposed to a bug in the model or data functions.
 _INFRASTRUCTURE_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError", "InternalError")
+PS_CONFIRM_SECONDS = 1.0  # how long a lost connection is re-checked for a ps that is going away
 MAX_RESTORES = 10  # restores from a checkpoint one job may do before it gives up (a task that keeps dying)
 _JOB_NUMBERS = itertools.count(1)
 
@@ -453,6 +454,12 @@ class Job:
         if not is_infrastructure_error(exc):
             return TrainingError(f"a step on {where} failed: {type(exc).__name__}: {getattr(exc, 'message', exc)}")
         lost = self.lost_ps()
+        deadline = time.monotonic() + PS_CONFIRM_SECONDS
+        while not lost and time.monotonic() < deadline:
+            # A ps being killed drops its connections a moment before its listening port closes (and
+            # before its engine counts as exited): look again before calling it something else.
+            time.sleep(0.1)
+            lost = self.lost_ps()
         if lost:
             return self._ps_lost(lost)
         return ClusterStateError(f"{where} was lost: {type(exc).__name__}")
