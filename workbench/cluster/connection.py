@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 import threading
 import time
 import warnings
@@ -37,6 +38,17 @@ LINK_RETRY_SECONDS = 0.1
 # rather than waiting for it to come back. A user's own setting of any of them wins.
 CLIENT_ENVIRONMENT = {"TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE": "False", "TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY": "True",
                       "GRPC_FAIL_FAST": "true"}
+
+
+def connect_problem(address: str, timeout: float) -> str:
+    """``""`` when a TCP connection to ``address`` (``host:port``, ``[v6]:port``) opens within ``timeout`` s,
+    else why not (the OS's words). It proves the task's server listens and its host is reachable."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return ""
+    except OSError as exc:
+        return str(exc) or type(exc).__name__
 
 
 def connect(cluster, timeout: float = 60.0, holder=None) -> int:

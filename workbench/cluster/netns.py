@@ -24,13 +24,13 @@ from __future__ import annotations
 import ipaddress
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
 from ..errors import ClusterStateError, ConfigurationError
+from .connection import connect_problem
 
 COMMAND_TIMEOUT = 20.0  # seconds one ip/tc call may take
 NAMESPACE_TIMEOUT = 5.0  # seconds a new namespace may take to appear
@@ -235,19 +235,14 @@ class NamespaceLinks:
         """
         deadline = time.monotonic() + timeout
         for task, address in addresses.items():
-            host, _, port = address.rpartition(":")
-            while True:
-                try:
-                    with socket.create_connection((host, int(port)), timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
-                        break
-                except OSError as exc:
-                    if time.monotonic() + REACH_RETRY > deadline:
-                        neighbour = _run(["ip", "neigh", "show", host]).strip() or "no entry"
-                        raise ClusterStateError(
-                            f"{task} at {address} cannot be reached through its link after {timeout:.0f} s ({exc}; "
-                            f"neighbour: {neighbour}). Stop the cluster and start it again; if this repeats, "
-                            "start it with network=dict(backend='user').") from None
-                    time.sleep(REACH_RETRY)
+            while why := connect_problem(address, max(0.1, min(1.0, deadline - time.monotonic()))):
+                if time.monotonic() + REACH_RETRY > deadline:
+                    neighbour = _run(["ip", "neigh", "show", address.rpartition(":")[0]]).strip() or "no entry"
+                    raise ClusterStateError(
+                        f"{task} at {address} cannot be reached through its link after {timeout:.0f} s ({why}; "
+                        f"neighbour: {neighbour}). Stop the cluster and start it again; if this repeats, "
+                        "start it with network=dict(backend='user').")
+                time.sleep(REACH_RETRY)
 
     def apply(self, settings: dict[str, dict], pairs: list[list[str]]) -> None:
         """Shape each task's two directions as ``settings`` says, for traffic with the tasks of ``pairs``."""

@@ -10,7 +10,6 @@ in ``recovery.py``.
 from __future__ import annotations
 
 import itertools
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -42,15 +41,6 @@ class TrainingError(WorkbenchError):
 
 class ParameterServerLost(TrainingError):
     """A ps task became unreachable and the job does not recover (``recover=False``): its variables lived there."""
-
-
-def _reachable(address: str, timeout: float = 2.0) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def is_infrastructure_error(exc: BaseException) -> bool:
@@ -446,8 +436,8 @@ class Job:
     def lost_ps(self) -> list[str]:
         """The ps tasks that are gone: their engines exited (health), or their servers refuse connections."""
         records = {r.name: r for r in self.cluster.tasks}
-        return [name for name in self._ps_names
-                if name not in records or records[name].state in (LOST, RECOVERING) or not _reachable(records[name].address)]
+        return [name for name in self._ps_names if name not in records or records[name].state in (LOST, RECOVERING)
+                or connection.connect_problem(records[name].address, 2.0)]
 
     def _classify(self, exc: BaseException, where: str) -> BaseException:
         """A remote call's error: ``TaskLost`` if a ps is gone, a ``ClusterStateError`` for a lost worker, else a bug."""
