@@ -259,13 +259,19 @@ class WorkbenchMagics(Magics):
         optimizer = args.optimizer
         if args.learning_rate is not None:  # a Keras optimizer config, built (and checked) by wb.train
             optimizer = {"class_name": args.optimizer, "config": {"learning_rate": args.learning_rate}}
-        job = training.train(cluster, model, data, args.loss, optimizer, metrics=args.metrics,
-                             strategy=args.strategy, backup_workers=args.backup_workers, steps=args.steps,
-                             batch_size=args.batch_size, seed=args.seed, transfer=args.transfer)
-        self._last_job = job
-        self.shell.user_ns["_wb_job"] = job
-        if args.wait:
-            job.wait()
+        try:
+            job = training.train(cluster, model, data, args.loss, optimizer, metrics=args.metrics,
+                                 strategy=args.strategy, backup_workers=args.backup_workers, steps=args.steps,
+                                 batch_size=args.batch_size, seed=args.seed, transfer=args.transfer)
+            self._last_job = job
+            self.shell.user_ns["_wb_job"] = job
+            if job.state == "queued":
+                print(f"{job.describe()}: it begins when the cluster's running job ends (job.cancel() drops it).")
+            if args.wait:
+                job.wait()
+        except KeyboardInterrupt as interrupt:  # the job goes on: one line, not a traceback
+            print(f"Interrupted: {interrupt}")
+            return None
         return job
 
     def _do_placement(self, args, cell):

@@ -70,6 +70,7 @@ export interface IJobNow {
   workers: Record<string, IWorkerRates>;
   transfer: string;
   bytes_per_step: number;
+  queued: string[];
 }
 
 /** Every 4xx answer: what failed, and what to do. */

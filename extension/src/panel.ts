@@ -319,7 +319,8 @@ class ClusterCard {
     this.rates.splice(0, Math.max(0, this.rates.length - SPARK_POINTS));
     this.live.replaceChildren(
       el('div', { class: 'wb-rate' }, `${job.examples_per_s.toFixed(0)} examples/s`),
-      el('div', { class: 'wb-job' }, `${job.steps_per_s.toFixed(1)} steps/s · ${job.job} ${job.state} ${job.steps_done}/${job.steps_total}`)
+      el('div', { class: 'wb-job' }, `${job.steps_per_s.toFixed(1)} steps/s · ${job.job} ${job.state} ${job.steps_done}/${job.steps_total}`),
+      ...(job.queued ?? []).map(line => el('div', { class: 'wb-queued' }, `queued: ${line}`))
     );
     const top = Math.max(...this.rates, 1e-9);
     const points = this.rates.map((r, i) => `${i + SPARK_POINTS - this.rates.length},${(20 - (18 * r) / top).toFixed(1)}`);

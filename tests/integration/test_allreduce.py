@@ -11,7 +11,7 @@ pytestmark = pytest.mark.cluster
 
 def test_allreduce_learns_digits_with_every_worker_in_every_step(cluster):
     job = train(cluster, strategy="allreduce", steps=300, steps_per_call=25).wait(600)
-    assert job.state == "done"
+    assert job.state == "finished"
     history = job.history
     assert [r["step"] for r in history] == list(range(300))
     assert all(r["worker"] == "worker:0,worker:1" and r["aggregated"] == 2 and r["examples"] == 64 for r in history)

@@ -45,7 +45,7 @@ def test_an_attached_cluster_trains_on_the_owners_tasks_and_detaches(owner):
         assert [t.name for t in cluster.tasks] == ["ps:0", "worker:0", "worker:1"]
         assert cluster.spec_dict == owners.spec
         job = train(cluster, strategy="async-ps", steps=30, steps_per_call=5).wait(300)
-        assert job.state == "done" and len(job.history) == 30
+        assert job.state == "finished" and len(job.history) == 30
         with pytest.raises(wb.ClusterStateError, match="is attached: process .* owns it"):
             cluster.scale(workers=3)
     finally:

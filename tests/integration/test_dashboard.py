@@ -22,7 +22,7 @@ def _run_with_dashboard(cluster, job, board, timeout=300):
     """Update the dashboard like its live thread does, noting the in-progress bars seen, until the job ends."""
     seen_running = []  # (time seen, task, first step, steps)
     deadline = time.monotonic() + timeout
-    while job.state in ("starting", "running") and time.monotonic() < deadline:
+    while job.state in ("queued", "running") and time.monotonic() < deadline:
         board.update()
         if "timeline" in board.components:
             data = board.components["timeline"].open_source.data
@@ -102,7 +102,7 @@ def test_throughput_agrees_with_job_history(cluster, strategy):
     per_worker = {w: sum(data[f"{w}:steps"]) for w in ("worker:0", "worker:1")}
     assert all(v > 0 for v in per_worker.values()), per_worker
     progress = board.components["progress"].info
-    assert progress["job"] == job.name and progress["state"] == "done"
+    assert progress["job"] == job.name and progress["state"] == "finished"
     assert progress["steps_done"] == progress["steps_total"] == 150
     board.close()
 
@@ -127,7 +127,7 @@ def test_served_apps_list_their_plots_and_render(cluster, registry_dir):
     summary = json.loads(urllib.request.urlopen(f"{server.url}/summary.json", timeout=10).read())
     assert summary["cluster"] == cluster.name
     job = summary["job"]  # the newest job the session's cluster ran (earlier tests trained on it)
-    assert job["state"] in ("done", "running") and job["steps_done"] <= job["steps_total"]
+    assert job["state"] in ("finished", "running") and job["steps_done"] <= job["steps_total"]
     assert {"examples_per_s", "steps_per_s", "eta_s", "notes", "workers"} <= set(job)
     record = registry.read_record(cluster.name)
     assert record.endpoints["dashboard"].url == server.url  # the panel finds the plots at <url>/plots.json

@@ -78,7 +78,7 @@ def test_engines_added_after_a_job_are_still_forks(monkeypatch, no_leftover_proc
         monkeypatch.delenv(name, raising=False)
     with wb.Cluster(ps=1, workers=1, name="wb-test-fork-after-job", progress=False) as cluster:
         warm = _warm_of(cluster)
-        assert train(cluster, steps=20, batch_size=60).wait(120).state == "done"
+        assert train(cluster, steps=20, batch_size=60).wait(120).state == "finished"
         assert all(name in os.environ for name in CLIENT_ENVIRONMENT)  # the kernel is a client now
         with warnings.catch_warnings():
             warnings.simplefilter("error", wb.EngineForkWarning)  # the client's settings cost no fork

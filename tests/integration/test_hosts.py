@@ -80,7 +80,7 @@ def test_a_cluster_over_three_hosts_trains_across_the_bridge_and_recovers_a_lost
         assert "re-hosted 1x" in str(cluster.status())
 
         job.wait(300)
-        assert job.state == "done" and job.steps_done == 3000
+        assert job.state == "finished" and job.steps_done == 3000
         assert [(f["task"], f["action"]) for f in job.faults] == [("worker:1", "re-hosted")]
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.9
     finally:

@@ -110,7 +110,7 @@ def test_train_and_placement_wrap_the_api(shell, cluster):
     shell.user_ns["digits"] = wb.datasets.digits
     job = shell.run_line_magic("wb", f"train make_model digits --loss sparse_categorical_crossentropy --strategy sync-ps "
                                      f"--steps 20 --metrics accuracy --wait --name {cluster.name}")
-    assert job.state == "done" and len(job.history) == 20 and shell.user_ns["_wb_job"] is job
+    assert job.state == "finished" and len(job.history) == 20 and shell.user_ns["_wb_job"] is job
     table = shell.run_line_magic("wb", "placement")
     assert set(table.by_layer().values()) == {"ps:0"}
 

@@ -64,7 +64,7 @@ def test_an_mpi_cluster_trains_scales_and_stops(tmp_path):
         assert len(cluster.spec_dict["worker"]) == 3
         assert all(set(psutil.Process(t.pid).cpu_affinity()) == cores for t in cluster.status().tasks)
         job = train(cluster, steps=100, batch_size=63).wait(300)
-        assert job.state == "done"
+        assert job.state == "finished"
     finally:
         cluster.stop()
 

@@ -198,7 +198,7 @@ def test_rules_show_in_status_and_a_task_keeps_its_link_when_re_hosted(linked):
     assert linked.task("worker:1").address == address
     job = wb.train(linked, make_model, wb.datasets.digits, LOSS, steps=100, batch_size=64, telemetry=False)
     job.wait(120)
-    assert job.state == "done", job.error
+    assert job.state == "finished", job.error
     linked.shape(None)
 
 

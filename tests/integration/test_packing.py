@@ -64,7 +64,7 @@ def stateful_model():
 def test_a_model_with_batch_statistics_dropout_and_an_embedding_trains_packed(cluster_two_ps, strategy):
     job = wb.train(cluster_two_ps, stateful_model, wb.datasets.digits, LOSS, keras.optimizers.Adam(0.003), steps=400,
                    batch_size=64, seed=7, strategy=strategy, metrics=["accuracy"]).wait(300)
-    assert job.state == "done"
+    assert job.state == "finished"
     moving = {w.path.split("/")[-1]: w.numpy() for w in job.model.weights if "moving" in w.path}
     assert np.abs(moving["moving_mean"]).max() > 0.01, "the batch statistics were never written back"
     assert not np.allclose(moving["moving_variance"], 1.0), "the batch statistics were never written back"

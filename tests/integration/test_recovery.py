@@ -54,7 +54,7 @@ def test_killed_worker_is_rehosted_and_rejoins_without_losing_a_step(strategy, s
         wait_for(_back(cluster, "worker:1"), RECOVERY_SECONDS, "worker:1 re-hosted")
         job.wait(600)
 
-        assert job.state == "done" and job.recoveries == 0 and job.lost_workers == []
+        assert job.state == "finished" and job.recoveries == 0 and job.lost_workers == []
         steps_run = sorted(r["step"] for r in job.history)
         assert steps_run == list(range(steps))  # no step lost, none run twice
         rejoined = [r for r in job.history if "worker:1" in r["worker"].split(",") and r["start"] > killed]
@@ -82,7 +82,7 @@ def test_killed_ps_is_restored_from_the_newest_checkpoint_in_the_same_kernel(str
             signal_process(old.pid, signal.SIGKILL)
             job.wait(600)
 
-        assert job.state == "done" and job.recoveries == 1
+        assert job.state == "finished" and job.recoveries == 1
         (fault,) = job.faults
         assert fault["task"] == "ps:0" and fault["action"] == "restored"
         assert fault["resumed_from"] % every == 0 and fault["resumed_from"] >= every
@@ -116,7 +116,7 @@ def test_stopped_worker_is_flagged_then_replaced(no_leftover_processes):
         finally:
             if psutil.pid_exists(old.pid):
                 signal_process(old.pid, signal.SIGCONT)
-        assert job.state == "done"
+        assert job.state == "finished"
         assert sorted(r["step"] for r in job.history) == list(range(4000))
         lost = [f for f in job.faults if f["kind"] == "lost"]
         assert len(lost) == 1 and "answered nothing for 3 s" in lost[0]["detail"] and lost[0]["action"] == "re-hosted"
@@ -197,7 +197,7 @@ def test_allreduce_forms_its_group_again_and_resumes_from_the_checkpoint(fault, 
         finally:
             if psutil.pid_exists(old["worker:1"].pid):
                 signal_process(old["worker:1"].pid, signal.SIGCONT)
-        assert job.state == "done" and job.recoveries == 1
+        assert job.state == "finished" and job.recoveries == 1
         (record,) = job.faults
         assert record["task"] == "worker:1" and record["action"] == "restored"
         assert record["resumed_from"] % every == 0 and 0 <= record["redone"] <= every
@@ -232,7 +232,7 @@ def test_sync_ps_drops_a_hung_worker_and_takes_it_back_when_it_answers(no_leftov
             signal_process(stopped.pid, signal.SIGCONT)
             resumed = time.time()
         job.wait(300)
-        assert job.state == "done" and [r["step"] for r in job.history] == list(range(800))
+        assert job.state == "finished" and [r["step"] for r in job.history] == list(range(800))
         (fault,) = [f for f in job.faults if f["task"] == "worker:1" and f["kind"] == "silent"]
         assert fault["action"] == "dropped" and "answering again" in fault["detail"] and fault["recovered"] is not None
         assert job.dropped_gradients >= 1  # its gradient of the step in flight, counted like a late backup one

@@ -55,7 +55,7 @@ def test_an_ssh_cluster_trains_and_stops(server):
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.9
         cluster.scale(workers=3)
         job = train(cluster, steps=99, batch_size=63).wait(300)
-        assert job.state == "done"
+        assert job.state == "finished"
     finally:
         cluster.stop()
 

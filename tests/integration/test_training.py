@@ -12,7 +12,7 @@ pytestmark = pytest.mark.cluster
 @pytest.mark.parametrize("strategy, backup", [("async-ps", 0), ("sync-ps", 0), ("sync-ps", 1)])
 def test_each_strategy_reaches_90_percent_on_held_out_digits(cluster, strategy, backup):
     job = train(cluster, strategy=strategy, backup_workers=backup).wait(300)
-    assert job.state == "done"
+    assert job.state == "finished"
     history = job.history
     assert [r["step"] for r in history] == list(range(300))
     assert history[-1]["loss"] < history[0]["loss"] / 5
@@ -148,4 +148,4 @@ def test_a_new_connection_keeps_finished_jobs_weights_and_waits_for_no_running_j
             train(cluster, steps=20, batch_size=60)
         assert running.state == "running"
         running.stop()
-        assert train(cluster, steps=20, batch_size=60).wait(120).state == "done"
+        assert train(cluster, steps=20, batch_size=60).wait(120).state == "finished"

@@ -81,7 +81,7 @@ def test_without_recovery_a_killed_worker_does_not_stop_async_training(no_leftov
             time.sleep(0.05)
         signal_process(cluster.task("worker:1").pid, signal.SIGKILL)
         job.wait(600)
-        assert job.state == "done"
+        assert job.state == "finished"
         assert job.lost_workers == ["worker:1"]
         steps = [r["step"] for r in job.history]
         assert steps == list(range(1500))  # every step ran once; the lost worker's ones elsewhere
@@ -101,7 +101,7 @@ def test_without_recovery_a_stalled_worker_is_given_up_on_and_async_training_fin
             job.wait(300)
         finally:
             signal_process(stalled, signal.SIGCONT)
-        assert job.state == "done"
+        assert job.state == "finished"
         assert job.lost_workers == ["worker:1"]
         assert [r["step"] for r in job.history] == list(range(1200))  # each once; the stalled chunk re-ran
         assert job.history[-1]["worker"] == "worker:0"

@@ -21,7 +21,7 @@ def trained(cluster, transfer, strategy="async-ps"):
     job = wb.train(cluster, mlp, wb.datasets.digits, LOSS, keras.optimizers.Adam(3e-3), strategy=strategy,
                    steps=600, batch_size=64, seed=1, transfer=transfer, metrics=["accuracy"], telemetry=False)
     job.wait(300)
-    assert job.state == "done", f"transfer={transfer}: the job ended {job.state}: {job.error}"
+    assert job.state == "finished", f"transfer={transfer}: the job ended {job.state}: {job.error}"
     return job
 
 

@@ -54,7 +54,7 @@ async def test_summary_reports_the_newest_job(jp_fetch, cluster):
     train(cluster, strategy="async-ps", steps=40, steps_per_call=10).wait(300)
     body = await _json(jp_fetch, "workbench", "api", "clusters", cluster.name, "summary")
     assert body["cluster"] == cluster.name
-    assert body["job"]["steps_done"] == body["job"]["steps_total"] == 40 and body["job"]["state"] == "done"
+    assert body["job"]["steps_done"] == body["job"]["steps_total"] == 40 and body["job"]["state"] == "finished"
 
 
 async def test_scale_and_stop_reach_the_owner(jp_fetch, no_leftover_processes):

@@ -33,6 +33,7 @@ from . import registry
 from .gpus import discover_gpus, validate_gpus_per_worker
 from .health import LOST, RECOVERING, RUNNING, SILENT, STOPPED, TaskHealth
 from .hosting import TaskHosting
+from .jobs import JobList, JobQueue
 from .links import LinkShaping
 from .memory import available_memory, engine_memory_warning
 from .pool import (
@@ -151,6 +152,7 @@ class Cluster(TaskHosting, LinkShaping):
         self._pool: OwnedPool | AttachedPool | None = None
         self._pool_factory: Callable[[], OwnedPool | AttachedPool]
         self.telemetry = EventLog()  # step spans and progress of every job on this cluster (wb.dashboard)
+        self.job_queue = JobQueue(self.name)  # this process's training jobs on the cluster, one running at a time
         self._lifecycle = threading.RLock()  # start/scale/stop, from the kernel or the control thread
         # What higher layers (control endpoint, dashboards, widgets) keep with this cluster: key -> (resource, close)
         self._kept: dict[str, tuple[Any, Callable[[], None] | None]] = {}
@@ -376,15 +378,27 @@ class Cluster(TaskHosting, LinkShaping):
             )
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Stop every task and everything this cluster started. Safe to call twice."""
+        """Stop every task and everything this cluster started. Safe to call twice.
+
+        Jobs go first: queued ones are cancelled and the running one stops after its calls in flight
+        (each line of what was done is printed), so no job sees its tasks vanish under it.
+        """
         with self._lifecycle:
             if self._state == "new":
                 return
             if self._state in ("stopped", "failed"):
                 self._state = "stopped"
                 return
+            for line in self.job_queue.stop_all(min(timeout, 60.0)):
+                print(f"cluster {self.name!r}: {line}")
             self._teardown(timeout)
             self._state = "stopped"
+
+    @property
+    def jobs(self) -> JobList:
+        """This process's training jobs on the cluster, oldest first, with their states (queued, running, stopping,
+        finished, failed, cancelled); ``cluster.jobs["async-ps-3"]`` finds one by name. One runs at a time."""
+        return self.job_queue.all()
 
     def _teardown(self, timeout: float = 60.0) -> None:
         self.health.closing = True  # the engines stopped from here on are not "lost"
@@ -600,6 +614,7 @@ class Cluster(TaskHosting, LinkShaping):
             raise ConfigurationError(
                 f"{record.name} has no device {device_type}:{index}: its devices are "
                 f"{', '.join(d.rsplit('/device:', 1)[-1] for d in record.devices)}.")
+        self.job_queue.require_idle(f"place work on {record.name}")
         self.connect()
         return tf.device(name)
 
@@ -643,7 +658,9 @@ class Cluster(TaskHosting, LinkShaping):
                 gone = record.engine_id not in alive or (self._is_local(record) and not psutil.pid_exists(record.pid))
                 if gone and record.state in (RUNNING, SILENT):
                     self.health.set_state(record, LOST, "its engine left the controller")
-        return ClusterStatus(self.name, self._state, self._launcher, self.tasks, self.network)
+        active = [self.job_queue.current] + self.job_queue.queued
+        return ClusterStatus(self.name, self._state, self._launcher, self.tasks, self.network,
+                             tuple(job.describe() for job in active if job is not None))
 
     def _publish_tasks(self) -> None:
         """Task states changed: the registry (read by the panel and by attached processes) says so at once."""

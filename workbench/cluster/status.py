@@ -79,6 +79,7 @@ class ClusterStatus:
     launcher: str
     tasks: list[TaskRecord]
     network: str = ""  # the emulated links and their shaping, "" without network=
+    jobs: tuple[str, ...] = ()  # one line per job that runs or waits (JobQueue), the running one first
 
     def _header(self) -> str:
         counts = {job: sum(t.job == job for t in self.tasks) for job in ("ps", "worker")}
@@ -89,7 +90,8 @@ class ClusterStatus:
 
     def __str__(self) -> str:
         table = text_table(_COLUMNS, [_row(t) for t in self.tasks], title=self._header())
-        return f"{table}\nlinks: {self.network}" if self.network else table
+        lines = [table] + ([f"links: {self.network}"] if self.network else []) + [f"job: {j}" for j in self.jobs]
+        return "\n".join(lines)
 
     __repr__ = __str__
 
@@ -108,5 +110,6 @@ class ClusterStatus:
             f"<div class='workbench-cluster'><p><b>{html.escape(self._header())}</b></p>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
             + (f"<p class='workbench-links'>links: {html.escape(self.network)}</p>" if self.network else "")
+            + "".join(f"<p class='workbench-job'>job: {html.escape(j)}</p>" for j in self.jobs)
             + "</div>"
         )

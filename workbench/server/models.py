@@ -121,7 +121,7 @@ class JobNow:
 
     job: str
     strategy: str
-    state: str  # running | done | failed | cancelled
+    state: str  # running | stopping | finished | failed | cancelled (workbench.cluster.jobs)
     steps_done: int
     steps_total: int
     fraction: float
@@ -133,6 +133,7 @@ class JobNow:
     workers: dict[str, WorkerRates]
     transfer: str = ""  # ps strategies: the precision parameters and gradients travel in ("" from older owners)
     bytes_per_step: int = 0  # what one worker's step moves to and from the ps tasks (0: not known)
+    queued: list[str] = field(default_factory=list)  # the jobs waiting for the cluster, one line each, oldest first
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> JobNow:

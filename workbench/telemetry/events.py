@@ -72,7 +72,7 @@ class JobProgress:
     time: float
     steps_done: int
     steps_total: int
-    state: str  # starting | running | done | cancelled | failed
+    state: str  # queued | running | stopping | finished | failed | cancelled (workbench.cluster.jobs)
     started: float
     strategy: str = ""
     workers: tuple[str, ...] = ()

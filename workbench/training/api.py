@@ -38,6 +38,7 @@ def train(
     on_straggler: str = "wait",
     transfer: str = "fp32",
     wait: bool = False,
+    queue: bool = True,
 ) -> Job:
     """Train a Keras model on ``cluster`` with the workbench's own distributed training loop.
 
@@ -94,7 +95,15 @@ def train(
         quarter; each variable scaled by its largest magnitude, and what rounding loses of a gradient
         kept on its worker and added to the next one). Values are restored on arrival; variables
         and updates stay in their own precision. ``job.info["bytes_per_step"]`` says what a step moves.
-    wait: block until the job ends (else it trains in the background; see ``job.wait()``).
+    wait: block until the job ends (else it trains in the background; see ``job.wait()``). An interrupt
+        (Jupyter's stop button) ends the wait, never the job: ``job.stop()`` stops it.
+    queue: a cluster runs one job at a time. On a busy cluster the job is returned in state ``queued`` and
+        begins when the jobs before it end (``cluster.jobs`` lists them; ``job.cancel()`` drops it);
+        ``queue=False`` raises ``ClusterStateError`` instead, naming the running job.
+
+    A job that begins at once is set up before ``wb.train`` returns, so a mistake in the model, data or
+    options is raised here; a queued job is set up when its turn comes (its error then comes from
+    ``job.wait()``, and ``job.state`` is ``failed``).
     """
     from .model_parallel import PlacedModel, _placed_job_class
 
@@ -122,5 +131,7 @@ def train(
 
         raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}. Call cluster.start() first.")
     job_class = {"allreduce": AllReduceJob, "model-parallel": _placed_job_class()}.get(strategy, Job)
-    job = job_class(cluster, model, data, loss, optimizer, options).start()
+    job = job_class(cluster, model, data, loss, optimizer, options).start(queue=queue)
+    if job.state != "queued":
+        job.wait_set_up()
     return job.wait() if wait else job

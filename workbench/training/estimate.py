@@ -145,7 +145,7 @@ def measure_profile(model: Any, cluster, batch_size: int, strategy: str, transfe
         job.stop()
         raise ConfigurationError(f"the profile job of {steps} steps did not end within 600 s: it was stopped. "
                                  "Pass a smaller profile_steps.") from None
-    if job.state != "done":
+    if job.state != "finished":
         raise ConfigurationError(f"the profile job ended {job.state}: {job.error}")
     history = sorted(job.history, key=lambda r: r["end"])
     steady = history[int(STEADY[0] * len(history)):int(STEADY[1] * len(history))]

@@ -13,16 +13,18 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ..cluster import connection
 from ..cluster.health import LOST, RECOVERING, SILENT
+from ..cluster.jobs import CANCELLED, ENDED, FAILED, FINISHED, QUEUED, RUNNING, STOPPING
 from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
 from ..telemetry.recorder import StepRecorder
 from .building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
 from .data import DataContext, evaluation_dataset, training_dataset
 from .evaluation import check_evaluation_data, evaluate_dataset, is_dataset
-from .options import TrainOptions
+from .options import TrainOptions, validate
 from .packing import packing_for
 from .placement import PsPlacer, optimizer_targets, shards_of, tf_variable
 from .recovery import Supervisor, TaskLost
@@ -43,17 +45,35 @@ class ParameterServerLost(TrainingError):
     """A ps task became unreachable and the job does not recover (``recover=False``): its variables lived there."""
 
 
+def _caller_dtype_policy():
+    import keras
+
+    return keras.config.dtype_policy()
+
+
+def _use_dtype_policy(policy) -> None:
+    """Keras's global dtype policy (mixed precision) lives per thread: the job's thread takes its caller's."""
+    import keras
+
+    keras.config.set_dtype_policy(policy)
+
+
 def is_infrastructure_error(exc: BaseException) -> bool:
     """An error that says a task went away (or cannot be reached), not a bug in the model or data."""
     return type(exc).__name__ in _INFRASTRUCTURE_ERRORS
 
 
 class Job:
-    """A running or finished training job. Returned by ``wb.train``.
+    """A training job on a cluster. Returned by ``wb.train``.
 
-    ``wait()`` blocks until it ends; ``history`` holds one record per step; ``evaluate(data)``
-    runs on the trained variables; ``model`` is a local Keras model with the trained weights;
-    ``faults`` lists the tasks lost, hung or straggling during the job and what was done about it.
+    A cluster runs one job at a time (``cluster.jobs`` lists them): a job submitted while another runs
+    waits in state ``queued`` and begins when the cluster is free. ``state`` is one of ``queued``,
+    ``running``, ``stopping``, ``finished``, ``failed``, ``cancelled``.
+
+    ``wait()`` blocks until it ends; ``stop()`` stops it (or ``cancel()``, which also drops a queued one);
+    ``history`` holds one record per step; ``evaluate(data)`` runs on the trained variables; ``model``
+    is a local Keras model with the trained weights; ``faults`` lists the tasks lost, hung or
+    straggling during the job and what was done about it.
     """
 
     _holders = "parameter server"  # what the tasks whose loss needs a restore are, in messages
@@ -67,7 +87,7 @@ class Job:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._history: list[dict] = []
-        self.state = "starting"
+        self.state = QUEUED
         self.error: BaseException | None = None
         self.dropped_gradients = 0
         self.lost_workers: list[str] = []  # workers the job lost and finished without
@@ -82,11 +102,20 @@ class Job:
         self.name = f"{options.strategy}-{next(_JOB_NUMBERS)}"
         self._saved_records: dict[str, int] = {}  # checkpoint path -> records of the history it includes
         self._local_weights: list | None = None  # the trained weights, kept when the kernel's connection is replaced
-        self._setup(cluster, model, data, loss, optimizer, options)
+        self._loss_source = loss
+        # set by _setup, once the job's turn comes (a queued job has touched no task yet)
+        self._epoch: int | None = None
+        self._ps_names: list[str] = []
+        self._worker_devices: list[str] = []
+        self._fns = None
+        self._set_up = threading.Event()  # _setup finished (or failed: then ``error`` says why)
+        self._ended = threading.Event()  # the job is finished, failed or cancelled
+        self._setup_error: BaseException | None = None  # raised as it came (a mistake in the user's functions)
+        self._dtype_policy = _caller_dtype_policy()  # Keras keeps it per thread; set up runs in the job's thread
         self._recorder = StepRecorder(cluster.telemetry if options.telemetry else None, self.name,
                                       cluster.clock_offsets() if options.telemetry else None)
-        self._started = time.time()
-        self._thread = threading.Thread(target=self._drive, name="workbench-job", daemon=True)
+        self._submitted = self._started = time.time()
+        self._thread = threading.Thread(target=self._drive, name=f"workbench-job-{self.name}", daemon=True)
 
     def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions) -> None:
         """Parameter-server strategies: variables on the ps tasks, steps driven from this kernel."""
@@ -176,15 +205,47 @@ class Job:
 
     # -- public ------------------------------------------------------------------------------
 
-    def start(self) -> Job:
-        self.state = "running"
-        self._report_progress()
-        self._thread.start()
+    def start(self, queue: bool = True) -> Job:
+        """Submit the job to its cluster: it begins now if the cluster is free, else waits its turn in ``queued``
+        (with ``queue=False`` a busy cluster raises ``ClusterStateError`` instead)."""
+        self.cluster.job_queue.submit(self, queue=queue)
         return self
 
-    def _report_progress(self) -> None:
+    def _begin(self) -> None:
+        """The job's turn (``JobQueue``): set up and train in the job's own thread."""
+        if self.state != QUEUED:  # cancelled while it waited
+            self.cluster.job_queue.ended(self)
+            return
+        self.state = RUNNING
+        self._started = time.time()
+        self._report_progress()
+        self._thread.start()
+
+    def wait_set_up(self) -> None:
+        """Block until the job's set-up is done (its variables exist); raise the set-up's error if it failed.
+
+        Bounded by the set-up's own timeouts (connecting, building on the tasks); an interrupt ends the wait.
+        """
+        try:
+            while not self._set_up.wait(0.2):
+                pass
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(self._interrupted()) from None
+        if self._setup_error is not None:
+            raise self._setup_error
+
+    def describe(self) -> str:
+        """One line: name, state, steps (``job async-ps-3 (running, 120/3000 steps)``)."""
+        total = self.options.steps - self.start_step
+        ahead = ""
+        if self.state == QUEUED:
+            current = self.cluster.job_queue.current
+            ahead = f", after {current.name}" if current is not None and current is not self else ""
+        return f"job {self.name} ({self.state}, {self.steps_done}/{total} steps{ahead})"
+
+    def _report_progress(self, state: str | None = None) -> None:
         moved = self._bytes_per_step()
-        self._recorder.progress(self.steps_done, self.options.steps - self.start_step, self.state, self._started,
+        self._recorder.progress(self.steps_done, self.options.steps - self.start_step, state or self.state, self._started,
                                 self.options.strategy, [r.name for r in self._workers], self.options.transfer,
                                 moved["total"] if moved else 0)
 
@@ -253,18 +314,47 @@ class Job:
                 "seconds": seconds, "steps": len(records)}
 
     def wait(self, timeout: float | None = None) -> Job:
-        """Block until the job ends; raise its error if it failed."""
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise TimeoutError(f"the job is still running after {timeout} s ({self.steps_done} steps done); wait longer or job.stop().")
+        """Block until the job ends (a queued job: until it ran); raise its error if it failed.
+
+        An interrupt (Jupyter's stop button, Ctrl-C) ends the wait within a fraction of a second and
+        leaves the job going on in the background: the ``KeyboardInterrupt`` says so and how to stop it.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._ended.is_set():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"{self.describe()} has not ended after {timeout} s; wait longer or job.stop().")
+                self._ended.wait(0.2 if left is None else min(0.2, left))  # short waits: an interrupt gets through
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(self._interrupted()) from None
         if self.error is not None:
             raise self.error
         return self
 
+    def _interrupted(self) -> str:
+        how = f"cluster.jobs[{self.name!r}].stop()"
+        return f"{self.describe()} goes on in the background; {how} stops it"
+
     def stop(self, timeout: float = 60.0) -> None:
-        """Ask the job to stop after the steps in flight; wait for that."""
+        """Stop the job: a queued one is dropped (``cancelled``); a running one stops after its calls in flight
+        (``stopping``, then ``cancelled``), waited for up to ``timeout`` s."""
+        if self.cluster.job_queue.cancel(self) or self.state == QUEUED:
+            self._end(CANCELLED)
+            return
+        if self.state in ENDED:
+            return
+        self.state = STOPPING
         self._stop.set()
-        self._thread.join(timeout)
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+
+    cancel = stop
+
+    def _end(self, state: str) -> None:
+        self.state = state
+        self._set_up.set()
+        self._ended.set()
 
     def evaluate(self, data: Callable | None = None, batch_size: int = 256) -> dict[str, float]:
         """Loss and metrics of the trained variables over one pass of ``data``.
@@ -272,6 +362,7 @@ class Job:
         ``data(ctx)`` (default: the training data function) runs on ``worker:0``. A ``tf.data.Dataset``
         of ``(features, labels)``, batched or one example each, runs in this kernel on ``job.model``.
         """
+        self.cluster.job_queue.require_idle(f"evaluate job {self.name}")
         if is_dataset(data):
             return self._evaluate_here(data, batch_size)
         check_evaluation_data(data)
@@ -335,7 +426,7 @@ class Job:
                 setattr(self, name, None)
 
     def __repr__(self) -> str:
-        return f"<workbench.Job {self.options.strategy} {self.state}: {self.steps_done}/{self.options.steps - self.start_step} steps>"
+        return f"<workbench.Job {self.name} {self.state}: {self.steps_done}/{self.options.steps - self.start_step} steps>"
 
     # -- the driver --------------------------------------------------------------------------
 
@@ -349,31 +440,63 @@ class Job:
         (AsyncRun if self.options.strategy == "async-ps" else SyncRun)(self).run()
 
     def _drive(self) -> None:
+        """The job's thread: set up (now that the cluster is this job's), train, end, hand the cluster on."""
         self._supervisor = Supervisor(self)
+        state = FAILED
         try:
-            while True:
-                try:
-                    self._run()
-                    if self.options.checkpoint_dir:
-                        self._save_or_lost()
-                    break
-                except TaskLost as lost:
-                    if not self.options.recover:
-                        raise lost.error from None
-                    self._recover_state(lost)
-            self.state = "cancelled" if self._stop.is_set() else "done"
+            try:
+                self._prepare()
+            except BaseException as exc:
+                self._setup_error = exc if isinstance(exc, Exception) else self._as_error(exc)
+                raise
+            self._set_up.set()
+            self._train_with_recovery()
+            state = CANCELLED if self._stop.is_set() else FINISHED
         except BaseException as exc:  # noqa: BLE001 - kept for wait() to raise in the caller's thread
-            if isinstance(exc, WorkbenchError):
-                self.error = exc
-            elif isinstance(exc, Exception):
-                self.error = self._classify(exc, "the job's driver")
+            if self._stop.is_set():
+                state = CANCELLED  # what a stop interrupted is not the job's error
             else:
-                self.error = TrainingError(f"training failed: {type(exc).__name__}: {exc}")
-            self.state = "failed"
+                self.error = self._setup_error or self._as_error(exc)
         finally:
             self._supervisor.close()
-        self._report_progress()
-        self._trim_engines()
+            try:
+                self._report_progress(state)
+                self._trim_engines()
+            finally:
+                self.state = state
+                self.cluster.job_queue.ended(self)  # before waiters wake: the cluster is free, or the next job's
+                self._end(state)
+
+    def _prepare(self) -> None:
+        """The set-up of ``wb.train``, done when the job's turn comes: the cluster's workers are those of now."""
+        cluster, options = self.cluster, self.options
+        if cluster.state != "running":
+            raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}.")
+        if options.strategy != "model-parallel":
+            self._workers = [r for r in cluster.tasks if r.job == "worker"]
+            if len(self._workers) != options.num_workers:  # scaled while the job waited in the queue
+                self.options = options = validate(replace(options, num_workers=len(self._workers)))
+        _use_dtype_policy(self._dtype_policy)
+        self._setup(cluster, self._model_source, self._data, self._loss_source, self._optimizer_source, options)
+
+    def _train_with_recovery(self) -> None:
+        while True:
+            try:
+                self._run()
+                if self.options.checkpoint_dir and not self._stop.is_set():
+                    self._save_or_lost()
+                return
+            except TaskLost as lost:
+                if not self.options.recover or self._stop.is_set():
+                    raise lost.error from None
+                self._recover_state(lost)
+
+    def _as_error(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, WorkbenchError):
+            return exc
+        if isinstance(exc, Exception):
+            return self._classify(exc, "the job's driver")
+        return TrainingError(f"training failed: {type(exc).__name__}: {exc}")
 
     def _trim_engines(self) -> None:
         """Return what the job's engines freed to the system (a memory-capped container counts it); no waiting."""

@@ -252,6 +252,7 @@ def place(model: Any, layout: dict[str, str], *, cluster=None) -> PlacedModel:
     cluster = cluster or connection.current_cluster()
     if cluster is None:
         raise ConfigurationError("wb.place needs a cluster: call cluster.connect() first, or pass cluster=.")
+    cluster.job_queue.require_idle("place a model")
     connection.connect(cluster)
     if isinstance(model, keras.Model):
         local = model

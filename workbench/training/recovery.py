@@ -164,8 +164,8 @@ class Supervisor:
         return fault
 
     def say(self, task: str, kind: str, message: str) -> None:
-        if (task, message) in self._warned:
-            return
+        if (task, message) in self._warned or self.job._stop.is_set() or self.cluster.health.closing:
+            return  # a job being stopped, or a cluster stopping, loses its tasks on purpose
         self._warned.add((task, message))
         warnings.warn(f"job {self.job.name}: {message}", TaskFaultWarning, stacklevel=2)
 
