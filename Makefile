@@ -8,7 +8,7 @@ EXTRAS ?= cpu,notebook,test
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install chromium lab test bench bench-training bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network demo clean
+.PHONY: install chromium lab test bench bench-training bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 
@@ -49,6 +49,9 @@ bench-transfers: install
 
 bench-network: install
 	$(PY) bench/network.py
+
+bench-soak: install
+	$(PY) bench/soak.py
 
 bench-dashboard: install chromium
 	$(PY) bench/dashboard.py

@@ -1,6 +1,7 @@
 """Model, loss and data shared by the training tests (small, real: scikit-learn's digits)."""
 
 import os
+import threading
 import time
 
 import keras
@@ -45,3 +46,44 @@ def wait_for(condition, seconds: float, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
         time.sleep(0.05)
+
+
+class Watchdog:
+    """How long this process went without running Python: a thread that ticks every 50 ms records its longest gap.
+
+    A thread holding the GIL (TensorFlow registering a function while it waits on the network) or a
+    frozen process shows as a long gap; ``with Watchdog() as dog: ...`` then ``dog.longest``.
+    """
+
+    TICK = 0.05
+
+    def __init__(self):
+        self.longest = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, name="test-watchdog", daemon=True)
+
+    def _tick(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(self.TICK):
+            now = time.monotonic()
+            self.longest = max(self.longest, now - last - self.TICK)
+            last = now
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def poll_responsive(condition, seconds: float, what: str) -> float:
+    """``wait_for`` in the main thread, also returning its longest stall: how late a 50 ms sleep came back."""
+    deadline, longest = time.monotonic() + seconds, 0.0
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
+        before = time.monotonic()
+        time.sleep(0.05)
+        longest = max(longest, time.monotonic() - before - 0.05)
+    return longest

@@ -68,6 +68,10 @@ class SyncRun(WorkerRun):
     def _end(self, finished: bool) -> None:
         """Count what came late, then close the queues: calls still blocked on them (a hung worker's) end."""
         try:
+            if finished and self.job._stop.is_set():
+                self.barrier.close()  # stopped: the workers' calls wait for tokens that will not come; end them now
+                self._join()
+                return
             if finished:
                 self._join()
                 self.late += self.barrier.leftover()
