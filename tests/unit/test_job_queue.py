@@ -1,5 +1,6 @@
 """The job queue of a cluster: one job runs, the others wait their turn, oldest first (no cluster needed)."""
 
+import gc
 import threading
 
 import pytest
@@ -89,8 +90,10 @@ def test_require_idle_refuses_while_a_job_runs_but_not_from_the_jobs_own_thread(
 
 def test_jobs_are_found_by_name_and_old_ended_ones_are_forgotten():
     queue = JobQueue("c")
+    kept = []  # what a notebook holds (its variables, Out[n])
     for i in range(KEEP_ENDED + 5):
         job = Job(queue, f"a-{i}")
+        kept.append(job)
         queue.submit(job)
         job.finish()
     listed = queue.all()
@@ -98,3 +101,18 @@ def test_jobs_are_found_by_name_and_old_ended_ones_are_forgotten():
     assert listed[f"a-{KEEP_ENDED + 4}"].state == FINISHED
     with pytest.raises(KeyError, match="no job named 'a-0'"):
         listed["a-0"]
+
+
+def test_an_ended_job_lives_only_as_long_as_someone_holds_it():
+    queue = JobQueue("c")
+    running, waiting = Job(queue, "a-1"), Job(queue, "a-2")
+    queue.submit(running)
+    queue.submit(waiting)
+    del waiting  # the queue holds a queued job: it still runs
+    running.finish()
+    following = queue.current
+    assert following.name == "a-2" and following.state == RUNNING
+    following.finish()
+    del following
+    gc.collect()
+    assert [j.name for j in queue.all()] == ["a-1"]  # a-2 ended and nothing holds it: its TF state can go

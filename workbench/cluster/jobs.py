@@ -19,6 +19,7 @@ place every surface (``cluster.jobs``, ``cluster.status()``, ``%wb status``, the
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import deque
 
 from ..errors import ClusterStateError
@@ -26,7 +27,7 @@ from ..errors import ClusterStateError
 QUEUED, RUNNING, STOPPING, FINISHED, FAILED, CANCELLED = "queued", "running", "stopping", "finished", "failed", "cancelled"
 ENDED = (FINISHED, FAILED, CANCELLED)
 STATES = (QUEUED, RUNNING, STOPPING, *ENDED)
-KEEP_ENDED = 50  # ended jobs listed in cluster.jobs (the newest), so a long-lived kernel does not keep them all
+KEEP_ENDED = 50  # ended jobs listed in cluster.jobs at most (the newest)
 
 
 class JobList(list):
@@ -50,6 +51,8 @@ class JobQueue:
     def __init__(self, cluster_name: str):
         self.cluster_name = cluster_name
         self._lock = threading.Lock()
+        # queued and running jobs, then ended ones held weakly: an ended job keeps its TensorFlow state (its
+        # functions, its model) for job.model and job.evaluate, so it lives only as long as the user keeps it
         self._jobs: list = []
         self._current = None
         self._waiting: deque = deque()
@@ -66,7 +69,8 @@ class JobQueue:
 
     def all(self) -> JobList:
         with self._lock:
-            return JobList(self._jobs)
+            self._jobs = [entry for entry in self._jobs if _job(entry) is not None]
+            return JobList(_job(entry) for entry in self._jobs)
 
     def submit(self, job, queue: bool = True) -> bool:
         """Run ``job`` now if the cluster is free (True), else queue it (False) or, with ``queue=False``, refuse."""
@@ -89,6 +93,7 @@ class JobQueue:
     def ended(self, job) -> None:
         """``job`` (the current one) ended: the next queued job begins."""
         with self._lock:
+            self._hold_weakly(job)
             if self._current is not job:
                 return
             self._current = self._waiting.popleft() if self._waiting else None
@@ -101,6 +106,7 @@ class JobQueue:
         with self._lock:
             if job in self._waiting:
                 self._waiting.remove(job)
+                self._hold_weakly(job)
                 return True
             return False
 
@@ -108,6 +114,8 @@ class JobQueue:
         """Cancel the queued jobs, then stop the running one (within ``timeout`` s); say what was done."""
         with self._lock:
             waiting, self._waiting = list(self._waiting), deque()
+            for job in waiting:
+                self._hold_weakly(job)
             current = self._current
         done = []
         for job in waiting:
@@ -128,7 +136,16 @@ class JobQueue:
                 "functions while a job's calls are in flight can freeze this kernel. Wait for the job (job.wait()) or stop "
                 "it (job.stop()), then try again.")
 
+    def _hold_weakly(self, job) -> None:
+        self._jobs = [weakref.ref(entry) if entry is job else entry for entry in self._jobs]
+
     def _forget_old(self) -> None:
-        ended = [j for j in self._jobs if j.state in ENDED]
-        for job in ended[:max(0, len(ended) - KEEP_ENDED)]:
-            self._jobs.remove(job)
+        self._jobs = [entry for entry in self._jobs if _job(entry) is not None]
+        ended = [entry for entry in self._jobs if isinstance(entry, weakref.ref)]
+        for entry in ended[:max(0, len(ended) - KEEP_ENDED)]:
+            self._jobs.remove(entry)
+
+
+def _job(entry):
+    """A job held strongly (queued, running), or weakly once it ended (None when nothing else holds it)."""
+    return entry() if isinstance(entry, weakref.ref) else entry

@@ -112,10 +112,21 @@ class WorkerGroup:
         raise ClusterStateError(f"the workers were handed the same port {attempts} times in a row ({', '.join(addresses)}): "
                                 "the host is short of free ports. Free some (stop other clusters), then train again.")
 
+    @property
+    def key(self) -> list[str]:
+        """The group is these TF tasks in these processes, whatever ports it uses."""
+        return [f"{r.address} pid {r.pid}" for r in self.workers]
+
+    def stale(self) -> list[str]:
+        """Workers whose engine joined a group with other members (one was re-hosted, or the workers were scaled)
+        since: TensorFlow cannot change a process's group, and a new member waits forever for them."""
+        keys = self.call_all({e: (allreduce_engine.group_key,) for e in self.engines}, "reading the all-reduce groups", 30)
+        return [self.name(e) for e, key in keys.items() if key is not None and key != self.key]
+
     def form(self) -> None:
         """Join every worker engine to one MultiWorkerMirroredStrategy (reused if already formed)."""
         addresses = self._reserve_addresses()
-        key = [r.address for r in self.workers]  # the group is these TF tasks, whatever ports it uses
+        key = self.key
         joined = self.call_all({e: (allreduce_engine.join_group, addresses, i, key) for i, e in enumerate(self.engines)},
                                "forming the all-reduce group", GROUP_TIMEOUT)
         refused = [(self.name(e), r["error"]) for e, r in joined.items() if not r["ok"]]
@@ -144,6 +155,11 @@ class AllReduceJob(Job):
         """Form the group on the current worker engines and build the job there; return the step it starts at."""
         options = self.options
         self._group = WorkerGroup(self.cluster)
+        stale = self._group.stale()
+        if stale:  # re-hosted on new engines, which join the group afresh (about a second each)
+            for name in stale:
+                self.cluster.replace_task(name)
+            self._group = WorkerGroup(self.cluster)
         self._workers, self._engines = self._group.workers, self._group.engines
         self._group.form()
         seed = 0 if options.seed is None else options.seed

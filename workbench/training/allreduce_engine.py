@@ -30,7 +30,8 @@ def unpack(payload: bytes) -> tuple:
 def join_group(workers: list[str], index: int, key: list[str]) -> dict:
     """Create (or reuse) this engine's strategy for the all-reduce group ``workers``; collective.
 
-    ``key`` names the group by its members' TF tasks: a later job over the same tasks reuses it.
+    ``key`` names the group by its members' TF tasks and their processes: a later job over the same
+    engines reuses it (a member re-hosted since is a new process: ``WorkerGroup.stale`` then re-hosts the rest).
     """
     import tensorflow as tf
 
@@ -47,6 +48,11 @@ def join_group(workers: list[str], index: int, key: list[str]) -> dict:
     # for code run on the workers directly (``%%wb spmd``): what TF's own multi-worker code reads
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}})
     return {"ok": True, "reused": False, "replicas": strategy.num_replicas_in_sync}
+
+
+def group_key() -> list[str] | None:
+    """The key of the group this engine joined (``join_group``), or None: it has none yet."""
+    return _GROUP["key"] if _GROUP["strategy"] is not None else None
 
 
 def spmd_names() -> dict:

@@ -18,6 +18,8 @@ from typing import Any
 
 from ..cluster import connection
 from ..cluster.health import LOST, RECOVERING, SILENT
+from ..cluster.health import RUNNING as RUNNING_TASK
+from ..cluster.health import STARTING as STARTING_TASK
 from ..cluster.jobs import CANCELLED, ENDED, FAILED, FINISHED, QUEUED, RUNNING, STOPPING
 from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
 from ..telemetry.recorder import StepRecorder
@@ -33,6 +35,7 @@ from .steps import StepFunctions, resolve_loss, resolve_metrics
 # Errors that mean "a task went away", as opposed to a bug in the model or data functions.
 _INFRASTRUCTURE_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError", "InternalError")
 PS_CONFIRM_SECONDS = 1.0  # how long a lost connection is re-checked for a ps that is going away
+TASKS_READY_SECONDS = 120.0  # how long a job's start waits for a task being re-hosted
 MAX_RESTORES = 10  # restores from a checkpoint one job may do before it gives up (a task that keeps dying)
 _JOB_NUMBERS = itertools.count(1)
 
@@ -459,6 +462,7 @@ class Job:
                 self.error = self._setup_error or self._as_error(exc)
         finally:
             self._supervisor.close()
+            self._supervisor = None  # no cycle left: an ended job nobody holds is freed at once, TF state and all
             try:
                 self._report_progress(state)
                 self._trim_engines()
@@ -472,12 +476,35 @@ class Job:
         cluster, options = self.cluster, self.options
         if cluster.state != "running":
             raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}.")
+        self._tasks_ready()
         if options.strategy != "model-parallel":
             self._workers = [r for r in cluster.tasks if r.job == "worker"]
             if len(self._workers) != options.num_workers:  # scaled while the job waited in the queue
                 self.options = options = validate(replace(options, num_workers=len(self._workers)))
         _use_dtype_policy(self._dtype_policy)
         self._setup(cluster, self._model_source, self._data, self._loss_source, self._optimizer_source, options)
+
+    def _tasks_ready(self) -> None:
+        """Begin on tasks that serve: wait for a re-hosting still under way (the previous job's worker came back
+        after that job ended), and re-host a task found lost (``recover``) or say which one is."""
+        deadline = time.monotonic() + TASKS_READY_SECONDS
+        while True:
+            records = self.cluster.tasks
+            recovering = [r.name for r in records if r.state in (RECOVERING, STARTING_TASK) or not r.address]
+            down = [r for r in records if r.state == LOST
+                    or (r.state == RUNNING_TASK and r.address and connection.connect_problem(r.address, 2.0))]
+            for record in down:
+                if not self.options.recover:
+                    raise ClusterStateError(
+                        f"{record.name} of cluster {self.cluster.name!r} is lost ({record.note or 'its server refuses connections'})"
+                        f": re-host it with cluster.replace_task({record.name!r}), or train with recover=True.")
+                self.cluster.replace_task(record.name)
+            if not recovering and not down:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterStateError(f"{', '.join(recovering)} of cluster {self.cluster.name!r} still being re-hosted "
+                                        f"after {TASKS_READY_SECONDS:.0f} s: check cluster.status().")
+            time.sleep(0.1)
 
     def _train_with_recovery(self) -> None:
         while True:
