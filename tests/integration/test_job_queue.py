@@ -12,7 +12,7 @@ import time
 import warnings
 
 import pytest
-from training_helpers import Watchdog, poll_responsive, train, wait_for
+from training_helpers import Watchdog, poll_responsive, signal_process, train, wait_for
 
 import workbench as wb
 
@@ -142,3 +142,24 @@ def test_stopping_the_cluster_stops_its_jobs_first_and_reports_no_lost_task(caps
     lost = [str(w.message) for w in seen if issubclass(w.category, wb.TaskFaultWarning)]
     assert lost == [], f"a stop reported tasks lost: {lost}"
     assert [f for f in running.faults if f["kind"] == "lost"] == []
+
+
+def test_jobs_after_a_killed_worker_begin_on_a_whole_cluster():
+    """Every kind of job follows one that lost a worker: the next waits for the re-hosting, an allreduce job
+    re-forms its group on engines that hold the old one, and an allreduce job's own loss recovers in a kernel
+    connected to the cluster (its live workers are re-hosted after the dead one)."""
+    local = wb.Cluster(ps=1, workers=2, name="wb-test-jobs-kill").start()
+    try:
+        with Watchdog() as dog:
+            for strategy, following in [("async-ps", "allreduce"), ("allreduce", "sync-ps"), ("sync-ps", "async-ps")]:
+                job = train(local, strategy=strategy, steps=200)
+                wait_for(lambda job=job: job.steps_done >= 10 or job.state != "running", 120, "10 steps")
+                signal_process(local.task("worker:1").pid, signal.SIGKILL)
+                job.wait(300)
+                assert job.state == "finished" and job.steps_done == 200, (strategy, job.error)
+                assert any(f["task"].startswith("worker:1") and f["kind"] == "lost" for f in job.faults), job.faults
+                after = train(local, strategy=following, steps=60).wait(300)
+                assert after.state == "finished" and after.steps_done == 60, (following, after.error)
+        _assert_responsive(dog)
+    finally:
+        local.stop()

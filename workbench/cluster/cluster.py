@@ -391,6 +391,9 @@ class Cluster(TaskHosting, LinkShaping):
                 return
             for line in self.job_queue.stop_all(min(timeout, 60.0)):
                 print(f"cluster {self.name!r}: {line}")
+            from . import connection
+
+            connection.release(self)
             self._teardown(timeout)
             self._state = "stopped"
 

@@ -111,6 +111,20 @@ def _let_go(name: str) -> None:
     gc.collect()
 
 
+def release(cluster) -> None:
+    """``cluster`` is stopping: free what this process made on its tasks (variables, functions, datasets) now,
+    while the tasks still answer, rather than later in the garbage collector against tasks that are gone (each
+    then printed an ignored ``UnavailableError``). The holders keep what they need locally (``job.model``)."""
+    with _LOCK:
+        if _STATE.get("cluster_object") is not cluster:
+            return
+        holders = list(_HOLDERS)
+        _HOLDERS.clear()
+    for holder in holders:
+        holder.release_remote()
+    gc.collect()
+
+
 def _warn_if_exposed(opened: list[tuple[str, int]]) -> None:
     """Say, loudly and once per connection, that this kernel's new TensorFlow port is open to every network."""
     wide = containment.exposed(opened)

@@ -595,7 +595,7 @@ class Job:
             return TrainingError(f"a step on {where} failed: {type(exc).__name__}: {getattr(exc, 'message', exc)}")
         lost = self.lost_ps()
         deadline = time.monotonic() + PS_CONFIRM_SECONDS
-        while not lost and time.monotonic() < deadline:
+        while not lost and time.monotonic() < deadline and not self._engine_exited(where):
             # A ps being killed drops its connections a moment before its listening port closes (and
             # before its engine counts as exited): look again before calling it something else.
             time.sleep(0.1)
@@ -603,6 +603,11 @@ class Job:
         if lost:
             return self._ps_lost(lost)
         return ClusterStateError(f"{where} was lost: {type(exc).__name__}")
+
+    def _engine_exited(self, task: str) -> bool:
+        """The health monitor saw ``task``'s engine exit: its own loss explains the failed call (no ps to confirm)."""
+        records = {r.name: r for r in self.cluster.tasks}
+        return task in records and records[task].state == LOST
 
     def _ps_lost(self, lost: list[str]) -> TaskLost:
         step = self.start_step + self.steps_done
@@ -627,7 +632,8 @@ class Job:
         source = self.last_checkpoint or "the initial weights (no checkpoint yet: pass checkpoint_every= to redo less)"
         fault = self._supervisor.fault(label, "lost", lost.why, "restored")
         fault.detail += f"; restoring {source}"
-        for task in lost.tasks:
+        # the dead first: re-hosting a live task updates this kernel's connection, which needs every other task up
+        for task in sorted(lost.tasks, key=lambda name: not self._engine_exited(name)):
             self.cluster.replace_task(task)
         kept = self._restore_state()
         with self._lock:
