@@ -60,10 +60,7 @@ class ControlServer:
     def summary(self) -> dict | None:
         if self._summary is None:
             self._summary = JobSummary(self.cluster.telemetry)
-        info = self._summary.update()
-        if info is not None:
-            info["queued"] = [job.describe() for job in self.cluster.job_queue.queued]
-        return info
+        return self._summary.update()
 
     def scale(self, body: dict) -> dict:
         workers = body.get("workers")

@@ -207,3 +207,18 @@ def test_progress_shows_the_bytes_a_step_moves_and_their_precision():
     log.append(JobProgress("async-ps-1", 100.0, 0, 50, RUNNING, 100.0, "async-ps", ("worker:0",), "bf16", 19_240))
     progress.update(now=101.0)
     assert "19.2 kB/step (bf16)" in progress.root.text
+
+
+def test_a_queued_job_shows_under_the_running_one_until_it_begins():
+    log = EventLog()
+    progress = ProgressComponent(log)
+    log.append(JobProgress("async-ps-1", 100.0, 0, 50, RUNNING, 100.0, "async-ps", ("worker:0",)))
+    log.append(JobProgress("sync-ps-2", 101.0, 0, 80, "queued", 101.0, "sync-ps", ("worker:0",)))
+    info = progress.summary.update(now=102.0)
+    assert info["job"] == "async-ps-1" and info["queued"] == ["job sync-ps-2 (sync-ps, 80 steps)"]
+    progress.update(now=102.0)
+    assert "queued: job sync-ps-2 (sync-ps, 80 steps)" in progress.root.text
+    log.append(JobProgress("async-ps-1", 103.0, 50, 50, "finished", 100.0, "async-ps", ("worker:0",)))
+    log.append(JobProgress("sync-ps-2", 103.5, 0, 80, RUNNING, 103.5, "sync-ps", ("worker:0",)))
+    info = progress.summary.update(now=104.0)
+    assert info["job"] == "sync-ps-2" and info["state"] == RUNNING and info["queued"] == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from ..cluster.jobs import QUEUED
 from ..telemetry.events import JobProgress, StepDone
 from ..telemetry.log import EventLog
 from .data import TOTAL, JobState, RecentRates, progress_info
@@ -37,7 +38,8 @@ class JobSummary:
             name = getattr(event, "job", "")
             if isinstance(event, JobProgress) and name not in self.jobs:
                 self.jobs[name] = JobState(name)
-                self.latest = name
+            if isinstance(event, JobProgress) and event.state != QUEUED and name != self.latest:
+                self.latest = name  # a job that began (a queued one shows under the running one)
                 self.done_ends.clear()
             if name in self.jobs:
                 self.jobs[name].add(event)
@@ -47,11 +49,12 @@ class JobSummary:
         while self.done_ends and self.done_ends[0] < now - ETA_WINDOW:
             self.done_ends.popleft()
         rates = self.rates.rates(now)
+        queued = [f"job {j.job} ({j.strategy}, {j.steps_total} steps)" for j in self.jobs.values() if j.state == QUEUED]
         if self.latest is None:
             return None
         info = progress_info(self.jobs[self.latest], self.log.in_progress(), now, len(self.done_ends) / ETA_WINDOW)
         examples, steps = rates.get(TOTAL, (0.0, 0.0))
-        info.update(examples_per_s=examples, steps_per_s=steps,
+        info.update(examples_per_s=examples, steps_per_s=steps, queued=queued,
                     workers={w: {"examples_per_s": r[0], "steps_per_s": r[1]} for w, r in rates.items() if w != TOTAL})
         self.info = info
         return info

@@ -211,7 +211,8 @@ class Job:
     def start(self, queue: bool = True) -> Job:
         """Submit the job to its cluster: it begins now if the cluster is free, else waits its turn in ``queued``
         (with ``queue=False`` a busy cluster raises ``ClusterStateError`` instead)."""
-        self.cluster.job_queue.submit(self, queue=queue)
+        if not self.cluster.job_queue.submit(self, queue=queue):
+            self._report_progress()  # queued: the dashboards and the panel list it under the running job
         return self
 
     def _begin(self) -> None:
@@ -344,6 +345,7 @@ class Job:
         (``stopping``, then ``cancelled``), waited for up to ``timeout`` s."""
         if self.cluster.job_queue.cancel(self) or self.state == QUEUED:
             self._end(CANCELLED)
+            self._report_progress()
             return
         if self.state in ENDED:
             return
