@@ -178,6 +178,14 @@ class TaskHosting:
 
     # -- re-hosting --------------------------------------------------------------------------
 
+    def settle(self, timeout: float) -> bool:
+        """Wait until no start, scale or re-hosting is under way (each holds the cluster's lifecycle lock until its
+        tasks serve and this kernel's connection knows them); False if one still runs after ``timeout`` s."""
+        if not self._lifecycle.acquire(timeout=timeout):
+            return False
+        self._lifecycle.release()
+        return True
+
     def replace_task(self, task: str | TaskId, timeout: float | None = None) -> TaskRecord:
         """Host ``task`` (``"worker:1"``, ``"ps:0"``) on a new engine, after its own was lost or hung.
 

@@ -19,7 +19,6 @@ from typing import Any
 from ..cluster import connection
 from ..cluster.health import LOST, RECOVERING, SILENT
 from ..cluster.health import RUNNING as RUNNING_TASK
-from ..cluster.health import STARTING as STARTING_TASK
 from ..cluster.jobs import CANCELLED, ENDED, FAILED, FINISHED, QUEUED, RUNNING, STOPPING
 from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
 from ..telemetry.recorder import StepRecorder
@@ -487,26 +486,19 @@ class Job:
         self._setup(cluster, self._model_source, self._data, self._loss_source, self._optimizer_source, options)
 
     def _tasks_ready(self) -> None:
-        """Begin on tasks that serve: wait for a re-hosting still under way (the previous job's worker came back
-        after that job ended), and re-host a task found lost (``recover``) or say which one is."""
-        deadline = time.monotonic() + TASKS_READY_SECONDS
-        while True:
-            records = self.cluster.tasks
-            recovering = [r.name for r in records if r.state in (RECOVERING, STARTING_TASK) or not r.address]
-            down = [r for r in records if r.state == LOST
-                    or (r.state == RUNNING_TASK and r.address and connection.connect_problem(r.address, 2.0))]
-            for record in down:
-                if not self.options.recover:
-                    raise ClusterStateError(
-                        f"{record.name} of cluster {self.cluster.name!r} is lost ({record.note or 'its server refuses connections'})"
-                        f": re-host it with cluster.replace_task({record.name!r}), or train with recover=True.")
-                self.cluster.replace_task(record.name)
-            if not recovering and not down:
-                return
-            if time.monotonic() > deadline:
-                raise ClusterStateError(f"{', '.join(recovering)} of cluster {self.cluster.name!r} still being re-hosted "
-                                        f"after {TASKS_READY_SECONDS:.0f} s: check cluster.status().")
-            time.sleep(0.1)
+        """Begin on tasks that serve: wait for a re-hosting still under way (the previous job lost a worker and
+        ended before it was back), and re-host a task found lost (``recover``) or say which one is."""
+        if not self.cluster.settle(TASKS_READY_SECONDS):
+            raise ClusterStateError(f"cluster {self.cluster.name!r} was still starting, scaling or re-hosting a task after "
+                                    f"{TASKS_READY_SECONDS:.0f} s: check cluster.status().")
+        down = [r for r in self.cluster.tasks if r.state in (LOST, RECOVERING)
+                or (r.state == RUNNING_TASK and connection.connect_problem(r.address, 2.0))]
+        for record in down:
+            if not self.options.recover:
+                raise ClusterStateError(
+                    f"{record.name} of cluster {self.cluster.name!r} is lost ({record.note or 'its server refuses connections'})"
+                    f": re-host it with cluster.replace_task({record.name!r}), or train with recover=True.")
+            self.cluster.replace_task(record.name)
 
     def _train_with_recovery(self) -> None:
         while True:

@@ -102,8 +102,10 @@ class Supervisor:
         self._warned: set[tuple[str, str]] = set()
         self._open: dict[str, Fault] = {}  # task -> its fault not yet over
         self._unsubscribe = self.cluster.health.subscribe(self._events.put)
+        self.closed = False  # the job ended: a re-hosting still under way rebuilds nothing for it
 
     def close(self) -> None:
+        self.closed = True
         self._unsubscribe()
 
     # -- what changed ------------------------------------------------------------------------
@@ -180,6 +182,8 @@ class Supervisor:
         def run() -> None:
             try:
                 self.cluster.replace_task(task)  # kills the old engine first if it still runs (hung)
+                if self.closed:
+                    return  # the job ended meanwhile: the task is back for the next job, with nothing to rebuild
                 rebuild()
             except Exception as exc:  # noqa: BLE001 - the job goes on without it, and says why
                 self.settle(task, "failed", f"re-hosting failed: {exc}")
