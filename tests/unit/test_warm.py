@@ -6,7 +6,7 @@ import textwrap
 import threading
 
 from workbench.cluster.pool import controller_args
-from workbench.cluster.warm import fork_problem, gpu_driver_loaded, import_time_mismatch
+from workbench.cluster.warm import adopt_import_time, fork_problem, gpu_driver_loaded, import_time_mismatch
 
 
 def test_variables_read_when_tensorflow_loads_must_match_for_a_fork():
@@ -17,6 +17,17 @@ def test_variables_read_when_tensorflow_loads_must_match_for_a_fork():
     assert import_time_mismatch(warm, client) == []  # a connected kernel's client settings, read at run time
     other = {**warm, "PYTHONPATH": "/b", "LD_PRELOAD": "libx.so", "OMP_NUM_THREADS": "1"}
     assert import_time_mismatch(warm, other) == ["LD_PRELOAD", "OMP_NUM_THREADS", "PYTHONPATH"]
+
+
+def test_a_fork_takes_the_warm_processs_import_time_variables_unless_they_were_set_for_the_engines():
+    warm = {"PYTHONPATH": "/a", "TF_CPP_MIN_LOG_LEVEL": "1", "HOME": "/root"}
+    # the kernel imported scikit-learn after the cluster started: it set two KMP_ variables in its environment
+    kernel = {**warm, "KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE", "HOME": "/elsewhere"}
+    forked = adopt_import_time(kernel, warm)
+    assert forked == {"PYTHONPATH": "/a", "TF_CPP_MIN_LOG_LEVEL": "1", "HOME": "/elsewhere"}
+    assert import_time_mismatch(warm, forked) == []  # so the fork goes ahead (it was refused: a 3 s new process)
+    explicit = {"OMP_NUM_THREADS": "1"}  # set for the engines (engine_env=): a real difference, still refused
+    assert import_time_mismatch(warm, adopt_import_time({**kernel, **explicit}, warm, keep=explicit)) == ["OMP_NUM_THREADS"]
 
 
 def test_a_gpu_driver_is_recognised_in_the_memory_map(tmp_path):

@@ -28,7 +28,7 @@ from traitlets import Bool, Float, Instance, List, Unicode
 
 from .containment import engine_environment
 from .engine_main import ENGINE_MAIN, WARM_SOCKET_ENV
-from .warm import WarmError, request
+from .warm import WarmError, adopt_import_time, request
 
 STATUS_POLL = 0.05
 
@@ -43,10 +43,11 @@ def fork_unsupported_reason() -> str:
 class WarmProcess:
     """The client's handle on one warm process: start it, ask it to fork, stop it."""
 
-    def __init__(self, proc: subprocess.Popen, socket_path: str, log_path: str):
+    def __init__(self, proc: subprocess.Popen, socket_path: str, log_path: str, env: dict[str, str] | None = None):
         self._proc = proc
         self.socket_path = socket_path
         self.log_path = log_path
+        self.env = dict(env or {})  # what it was started with: its import-time variables are its forks' too
         self._status: dict | None = None
 
     @classmethod
@@ -67,7 +68,7 @@ class WarmProcess:
                 command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                 start_new_session=True,  # a Ctrl-C in the client's terminal is not for it
             )
-        return cls(proc, socket_path, log_path)
+        return cls(proc, socket_path, log_path, env)
 
     @property
     def pid(self) -> int:
@@ -105,9 +106,15 @@ class WarmProcess:
                     pass  # not listening yet, or it just died: the checks above tell which
             time.sleep(STATUS_POLL)
 
-    def fork_engine(self, args: list[str], env: dict[str, str], cwd: str, log: str) -> int:
-        """Fork one engine running ``engine_main`` with ipengine ``args``; its pid."""
-        env = {**env, WARM_SOCKET_ENV: self.socket_path}
+    def fork_engine(self, args: list[str], env: dict[str, str], cwd: str, log: str, explicit: dict[str, str] = ()) -> int:
+        """Fork one engine running ``engine_main`` with ipengine ``args``; its pid.
+
+        A fork has the libraries the warm process loaded, so the import-time variables (``TF_*``, ``KMP_*``...)
+        it runs with are the warm process's: those that this process changed since it started the warm one
+        (scikit-learn sets ``KMP_DUPLICATE_LIB_OK`` and ``KMP_INIT_AT_FORK`` when it is imported) are taken
+        from the warm process. Only those set for the engines (``explicit``) must agree, or the fork is refused.
+        """
+        env = {**adopt_import_time(env, self.env, keep=explicit), WARM_SOCKET_ENV: self.socket_path}
         return int(request(self.socket_path, {"op": "engine", "args": args, "env": env, "cwd": cwd, "log": log})["pid"])
 
     def close(self, timeout: float = 5.0) -> None:
@@ -134,7 +141,8 @@ class ForkEngineLauncher(LocalEngineLauncher):
         env = os.environ.copy()
         env.update(self.get_env())
         try:
-            pid = warm.fork_engine(self.args[len(ENGINE_MAIN):], env, self.work_dir, self.output_file)
+            pid = warm.fork_engine(self.args[len(ENGINE_MAIN):], env, self.work_dir, self.output_file,
+                                   explicit=self.get_env())
         except WarmError as exc:
             self.parent.note_fallback(str(exc))
             return super().start()

@@ -127,10 +127,20 @@ def start_forked_nanny(path: str, kwargs: dict, timeout: float = 30.0) -> tuple[
     return line.decode().strip(), reader
 
 
+def _import_time(name: str) -> bool:
+    return name.startswith(_IMPORT_TIME_PREFIXES) and name not in _NOT_IMPORT_TIME
+
+
 def import_time_mismatch(ours: dict[str, str], theirs: dict[str, str]) -> list[str]:
     """Names of import-time variables that differ between two environments."""
-    names = {k for k in (*ours, *theirs) if k.startswith(_IMPORT_TIME_PREFIXES) and k not in _NOT_IMPORT_TIME}
-    return sorted(k for k in names if ours.get(k) != theirs.get(k))
+    return sorted(k for k in {*ours, *theirs} if _import_time(k) and ours.get(k) != theirs.get(k))
+
+
+def adopt_import_time(env: dict[str, str], warm: dict[str, str], keep=()) -> dict[str, str]:
+    """``env`` with the import-time variables of ``warm`` (the warm process's), except those named in ``keep``."""
+    adopted = {k: v for k, v in env.items() if not _import_time(k) or k in keep}
+    adopted.update({k: v for k, v in warm.items() if _import_time(k) and k not in keep})
+    return adopted
 
 
 def gpu_driver_loaded(maps: str = "/proc/self/maps") -> str:
