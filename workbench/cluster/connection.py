@@ -66,10 +66,13 @@ def connect(cluster, timeout: float = 60.0, holder=None) -> int:
             f"cannot connect to cluster {cluster.name!r}: it is {cluster.state}. Start it first (cluster.start())."
         )
     spec = cluster.spec_dict
+    for name in _take_deferred(cluster, spec):
+        refresh(cluster, name, timeout)
     with _LOCK:
         if _STATE["spec"] == spec:
             _hold(holder)
             return _STATE["epoch"]
+        _STATE.pop("deferred", None)
         if _STATE.get("broken"):
             raise ClusterStateError(_STATE["broken"])
         _refuse_other_strategies()
@@ -175,6 +178,21 @@ def _bounded(work, timeout: float, what: str) -> None:
         raise ClusterStateError(_STATE["broken"])
     if "error" in outcome:
         raise ClusterStateError(f"{what} failed: {outcome['error']}")
+
+
+def defer_refresh(cluster, rehosted: str) -> None:
+    """Task ``rehosted`` runs on a new server, and what re-hosted it does not use this process's connection (an
+    all-reduce group runs on the engines): the next ``connect()`` updates the connection (``refresh``)."""
+    with _LOCK:
+        if _STATE.get("cluster_object") is cluster:
+            _STATE.setdefault("deferred", set()).add(rehosted)
+
+
+def _take_deferred(cluster, spec: dict) -> list[str]:
+    with _LOCK:
+        if _STATE.get("cluster_object") is not cluster or _STATE["spec"] != spec:
+            return []
+        return sorted(_STATE.pop("deferred", ()))
 
 
 def refresh(cluster, rehosted: str, timeout: float = 60.0) -> bool:

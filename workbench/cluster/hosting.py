@@ -186,7 +186,7 @@ class TaskHosting:
         self._lifecycle.release()
         return True
 
-    def replace_task(self, task: str | TaskId, timeout: float | None = None) -> TaskRecord:
+    def replace_task(self, task: str | TaskId, timeout: float | None = None, refresh_connection: bool = True) -> TaskRecord:
         """Host ``task`` (``"worker:1"``, ``"ps:0"``) on a new engine, after its own was lost or hung.
 
         A hung engine (``silent`` in ``status()``) is killed first. The new engine keeps the task's
@@ -195,7 +195,8 @@ class TaskHosting:
         other tasks stays usable. What lived on the replaced task is gone: a ps's variables, a
         worker's datasets. ``wb.train`` does this by itself when a task of a running job is lost
         (and restores a ps's variables from the newest checkpoint). The task's state goes
-        ``recovering`` then ``running``; returns its new record.
+        ``recovering`` then ``running``; returns its new record. ``refresh_connection=False`` leaves the
+        update of this kernel's connection to its next use (for callers that do not use it: all-reduce).
         """
         with self._lifecycle:
             self._require_running("re-host a task")
@@ -214,7 +215,10 @@ class TaskHosting:
                 self._assign_tasks({old.task: added[0]}, deadline, make_progress(False), previous={old.task: old})
                 new = self._tasks[old.task]
                 self.check_exposure([new], deadline, stacklevel=3)
-                connection.refresh(self, new.name, deadline.remaining(5))
+                if refresh_connection:
+                    connection.refresh(self, new.name, deadline.remaining(5))
+                else:  # the caller does not use it: the next connect() updates it
+                    connection.defer_refresh(self, new.name)
             except BaseException as exc:
                 self._undo_replacement(old, added)
                 why = str(exc) if isinstance(exc, WorkbenchError) else f"{type(exc).__name__}: {exc}"

@@ -140,6 +140,8 @@ class WorkerGroup:
 class AllReduceJob(Job):
     """A ``wb.train(..., strategy="allreduce")`` job; same interface as the ps jobs."""
 
+    _uses_connection = False
+
     def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options) -> None:
         self._epoch = None
         self._ps_names: list[str] = []
@@ -158,7 +160,7 @@ class AllReduceJob(Job):
         stale = self._group.stale()
         if stale:  # re-hosted on new engines, which join the group afresh (about a second each)
             for name in stale:
-                self.cluster.replace_task(name)
+                self.cluster.replace_task(name, refresh_connection=False)
             self._group = WorkerGroup(self.cluster)
         self._workers, self._engines = self._group.workers, self._group.engines
         self._group.form()

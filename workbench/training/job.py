@@ -79,6 +79,7 @@ class Job:
     """
 
     _holders = "parameter server"  # what the tasks whose loss needs a restore are, in messages
+    _uses_connection = True  # runs ops through this kernel's TF connection (allreduce runs on the engines only)
 
     def __init__(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions):
         self.cluster = cluster
@@ -498,7 +499,7 @@ class Job:
                 raise ClusterStateError(
                     f"{record.name} of cluster {self.cluster.name!r} is lost ({record.note or 'its server refuses connections'})"
                     f": re-host it with cluster.replace_task({record.name!r}), or train with recover=True.")
-            self.cluster.replace_task(record.name)
+            self.cluster.replace_task(record.name, refresh_connection=self._uses_connection)
 
     def _train_with_recovery(self) -> None:
         while True:
@@ -628,7 +629,7 @@ class Job:
         fault.detail += f"; restoring {source}"
         # the dead first: re-hosting a live task updates this kernel's connection, which needs every other task up
         for task in sorted(lost.tasks, key=lambda name: not self._engine_exited(name)):
-            self.cluster.replace_task(task)
+            self.cluster.replace_task(task, refresh_connection=self._uses_connection)
         kept = self._restore_state()
         with self._lock:
             fault.redone = len(self._history) - kept
