@@ -234,8 +234,11 @@ KERNEL_CONNECTS = """
         with wb.Cluster(ps=0, workers=1, progress=False) as cluster:
             cluster.connect()
             mine = containment.listeners()
+    from workbench.cluster import bind_hook
     result = {"warnings": [str(w.message) for w in caught if w.category is wb.ExposedPortsWarning],
-              "exposed": containment.exposed(mine), "shim": containment.shim_loaded()}
+              "exposed": containment.exposed(mine), "shim": containment.shim_loaded(),
+              "preloaded": "workbench-bind-shim-" in __import__("os").environ.get("LD_PRELOAD", ""),
+              "hooked": bind_hook.patched_libraries()}
 """
 
 
@@ -252,12 +255,19 @@ def test_a_kernel_started_the_workbench_way_keeps_its_tensorflow_port_on_loopbac
     assert contained["shim"] and contained["exposed"] == [] and contained["warnings"] == []
 
 
-def test_a_kernel_started_without_the_shim_is_told_which_port_is_open(no_leftover_processes):
+def test_a_process_started_without_the_shim_keeps_its_port_on_loopback_too(no_leftover_processes):
+    """`python script.py`, a kernel of plain `jupyter lab`, VS Code or papermill: no LD_PRELOAD, no instructions."""
     plain = _kernel_like(_without_shim())
-    assert not plain["shim"] and len(plain["exposed"]) == 1
+    assert not plain["preloaded"] and plain["exposed"] == [] and plain["warnings"] == []
+    assert any("libtensorflow" in path for path in plain["hooked"]), plain["hooked"]  # TensorFlow's bind was re-pointed
+
+
+def test_a_process_that_cannot_be_protected_is_told_which_port_is_open_and_why(tmp_path, no_leftover_processes):
+    plain = _kernel_like({**_without_shim(), "CC": str(tmp_path / "no-such-cc"), "WORKBENCH_CACHE_DIR": str(tmp_path)})
+    assert len(plain["exposed"]) == 1 and plain["hooked"] == []
     port = plain["exposed"][0][1]
-    (message,) = plain["warnings"]
-    assert f"[::]:{port}" in message and "make lab" in message and "bind-shim" in message
+    (message,) = [w for w in plain["warnings"] if "this process's TensorFlow port" in w]
+    assert f"[::]:{port}" in message and "no-such-cc" in message and "firewall" in message
 
 
 def test_an_engine_started_by_another_launcher_loads_the_shim_itself(monkeypatch, no_leftover_processes):

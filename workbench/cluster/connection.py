@@ -24,7 +24,7 @@ import warnings
 import weakref
 
 from ..errors import ClusterStateError, ExposedPortsWarning
-from . import containment
+from . import bind_hook, containment
 
 _LOCK = threading.Lock()
 _STATE = {"spec": None, "cluster": None, "epoch": 0}
@@ -82,8 +82,9 @@ def connect(cluster, timeout: float = 60.0, holder=None) -> int:
         # TensorFlow adds this process to the cluster as "localhost:<port>": no other host ever connects to
         # it, so with the bind shim loaded (Jupyter started by `make lab` or on Binder) it listens on loopback.
         before = set(containment.listeners())
+        unprotected = bind_hook.protect_or_reason()  # however this process was started (no LD_PRELOAD needed)
         _connect_with_timeout(tf, spec, cluster.name, timeout)
-        _warn_if_exposed(sorted(set(containment.listeners()) - before))
+        _warn_if_exposed(sorted(set(containment.listeners()) - before), unprotected)
         _STATE.update(spec=spec, cluster=cluster.name, cluster_object=cluster, epoch=_STATE["epoch"] + 1)
         _hold(holder)
         return _STATE["epoch"]
@@ -128,16 +129,17 @@ def release(cluster) -> None:
     gc.collect()
 
 
-def _warn_if_exposed(opened: list[tuple[str, int]]) -> None:
+def _warn_if_exposed(opened: list[tuple[str, int]], why: str = "") -> None:
     """Say, loudly and once per connection, that this kernel's new TensorFlow port is open to every network."""
     wide = containment.exposed(opened)
     if not wide or os.environ.get(containment.BIND_ENV) == containment.EVERY_INTERFACE:
         return
     ports = ", ".join(containment.describe(a) for a in wide)
     warnings.warn(
-        f"this kernel's TensorFlow port ({ports}) listens on every network interface with no authentication: anyone "
-        "who can reach this machine can run code in this kernel. Start Jupyter the workbench's way (`make lab`, or "
-        "`LD_PRELOAD=$(workbench bind-shim) jupyter lab`) and restart the kernel, or keep the port behind a firewall.",
+        f"this process's TensorFlow port ({ports}) listens on every network interface with no authentication: anyone "
+        f"who can reach this machine can run code in it{f' (the workbench could not keep it on loopback: {why})' if why else ''}. "
+        "Keep this machine's ports behind a firewall, or run where the workbench's bind shim works (Linux x86_64 or "
+        "aarch64 with a C compiler).",
         ExposedPortsWarning, stacklevel=4)
 
 

@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import Any
 
-from . import containment
+from . import bind_hook, containment
 from .gpus import discover_gpus
 
 _SERVER: dict[str, Any] = {}
@@ -199,6 +199,10 @@ def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | N
         }
     spec = {name: list(addresses) for name, addresses in spec.items()}
     host = spec[job][index].rsplit(":", 1)[0]
+    if not containment.shim_loaded():  # an engine the workbench did not start (the user's own ipcluster)
+        unprotected = bind_hook.protect_or_reason()
+        if unprotected:
+            _SERVER.setdefault("exposed_because", unprotected)
     errors = []
     for _attempt in range(_PORT_ATTEMPTS):
         definition = tensorflow_server_pb2.ServerDef(
