@@ -184,6 +184,6 @@ def binder_env(tmp_path_factory) -> BinderEnv:
     spec = built.kernels / "binder"
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(json.dumps({
-        "argv": [str(built.python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "argv": [str(built.python), "-m", "workbench.kernel", "-f", "{connection_file}"],  # as the tutorials name it
         "display_name": "Python 3 (Binder environment)", "language": "python"}))
     return built

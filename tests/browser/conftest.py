@@ -97,7 +97,7 @@ def _lab_dirs(base: Path) -> dict[str, Path]:
 
 
 def _start_lab(dirs: dict[str, Path], log_path: Path, token: str, python: str | Path = sys.executable,
-               wrapper: tuple[str, ...] = ()) -> tuple[subprocess.Popen, Lab]:
+               wrapper: tuple[str, ...] = (), base_env: dict | None = None) -> tuple[subprocess.Popen, Lab]:
     port = _free_port()
     command = [*wrapper,
         str(python), "-m", "jupyter", "lab", "--no-browser",
@@ -109,7 +109,8 @@ def _start_lab(dirs: dict[str, Path], log_path: Path, token: str, python: str | 
     if os.getuid() == 0:
         command.append("--allow-root")
     # Private Jupyter/IPython dirs: no user config, kernels or startup files leak into the test.
-    env = {**os.environ, "PATH": f"{Path(python).parent}{os.pathsep}{os.environ['PATH']}",  # its own scripts first
+    env = {**(os.environ if base_env is None else base_env),
+           "PATH": f"{Path(python).parent}{os.pathsep}{os.environ['PATH']}",  # its own scripts first
            "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
            "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"]), "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
            "JUPYTER_CONFIG_DIR": str(dirs["config"]), "JUPYTER_DATA_DIR": str(dirs["data"]),
@@ -177,16 +178,18 @@ def _stop_lab(lab: Lab, process: subprocess.Popen) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_lab(base: Path, python: str | Path = sys.executable, prepare=None, wrapper: tuple[str, ...] = ()):
+def running_lab(base: Path, python: str | Path = sys.executable, prepare=None, wrapper: tuple[str, ...] = (),
+                base_env: dict | None = None):
     """``jupyter lab`` of ``python`` with private dirs under ``base``; ``prepare(dirs)`` runs before it starts.
 
-    ``wrapper`` runs first and must end with ``exec "$@"`` (as Binder's ``binder/start``).
+    ``wrapper`` runs first and must end with ``exec "$@"`` (as Binder's ``binder/start``); ``base_env`` replaces
+    this process's environment as the one the server starts from.
     """
     dirs, log_path, token = _lab_dirs(base), base / "lab.log", secrets.token_hex(16)
     if prepare is not None:
         prepare(dirs)
     for attempt in range(3):
-        process, lab = _start_lab(dirs, log_path, token, python, wrapper)
+        process, lab = _start_lab(dirs, log_path, token, python, wrapper, base_env)
         if _wait_until_serving(lab, process, LAB_START_TIMEOUT):
             break
         _stop_lab(lab, process)

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.request
 import warnings
 from pathlib import Path
@@ -112,11 +113,25 @@ def peer():
     made.close()
 
 
-@pytest.fixture
-def contained_kernel():
-    """A kernel started as `make lab` starts them, that ran a cluster through every kind of port."""
-    manager = KernelManager(kernel_name="python3")
-    manager.start_kernel(env={**_shim_env(), "TF_CPP_MIN_LOG_LEVEL": "2"})
+# How users start the process that becomes a TensorFlow client: (kernelspec or "script", environment)
+START_MODES = {
+    "make lab": ("python3", _shim_env),  # Jupyter started with the shim preloaded: kernels inherit it
+    "plain jupyter lab": ("python3", _without_shim),  # the stock kernel of a server started any other way
+    "workbench kernel": ("workbench", _without_shim),  # the tutorials' kernel, from any front end
+    "python script.py": ("script", _without_shim),
+}
+
+
+@pytest.fixture(params=sorted(START_MODES))
+def contained_kernel(request):
+    """A kernel (or script) started one of the ways users start them, that ran a cluster through every kind of port."""
+    kernel_name, environment = START_MODES[request.param]
+    env = {**environment(), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    if kernel_name == "script":
+        yield from _script(env)
+        return
+    manager = KernelManager(kernel_name=kernel_name)
+    manager.start_kernel(env=env)
     client = manager.client()
     client.start_channels()
     try:
@@ -124,11 +139,33 @@ def contained_kernel():
         outputs = []
         reply = client.execute_interactive(KERNEL_CODE, timeout=400, output_hook=lambda m: outputs.append(m["content"]))
         assert reply["content"]["status"] == "ok", (reply["content"], outputs)
-        yield manager
+        yield manager.provisioner.pid
         client.execute_interactive("cluster.stop()", timeout=120)
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=False)
+
+
+def _script(env: dict):
+    """``python -c KERNEL_CODE``: runs it, says READY, stops its cluster when its stdin closes."""
+    code = KERNEL_CODE + "\nimport sys\nsys.stdin.read()\ncluster.stop()\n"
+    script = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=env, start_new_session=True)
+    try:
+        lines = []
+        for line in script.stdout:
+            lines.append(line)
+            if line.startswith("READY"):
+                break
+        assert lines and lines[-1].startswith("READY"), f"the script ended: {lines[-20:]}"
+        yield script.pid
+    finally:
+        script.stdin.close()
+        try:
+            script.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(script.pid, 9)
+            script.wait(10)
 
 
 @pytest.fixture
@@ -156,17 +193,30 @@ def contained_server(tmp_path):
         stop_server(server)
 
 
-def test_no_port_of_a_kernel_its_cluster_or_the_jupyter_server_is_reachable_from_another_host(
-        peer, contained_kernel, contained_server, no_leftover_processes):
-    ports = _listening([contained_kernel.provisioner.pid, contained_server.pid])
-    tensorflow = [p for p, (_, command) in ports.items() if "engine_main" in command]
-    assert len(ports) >= 15 and len(tensorflow) >= 6, ports  # TF servers, all-reduce, profiler: it all ran
+def _attack(peer, roots, name: str) -> tuple[dict, list[str]]:
+    """Every TCP port of the process trees ``roots``, tried from ``peer``; what it found goes to test-artifacts."""
+    ports = _listening(roots)
     reached = _reachable(peer, ports)
     ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / "exposure.json").write_text(json.dumps(
+    (ARTIFACTS / f"exposure-{name}.json").write_text(json.dumps(
         {"probed_from": [peer.peer4, peer.peer6], "targets": [peer.host4, peer.host6], "reached": reached,
          "ports": {str(port): {"address": ip, "process": command} for port, (ip, command) in sorted(ports.items())}},
         indent=2))
+    return ports, reached
+
+
+def test_no_port_of_a_kernel_or_its_cluster_is_reachable_from_another_host(peer, contained_kernel, request,
+                                                                           no_leftover_processes):
+    ports, reached = _attack(peer, [contained_kernel], request.node.callspec.id.replace(" ", "-").replace(".", "-"))
+    tensorflow = [p for p, (_, command) in ports.items() if "engine_main" in command]
+    assert len(ports) >= 10 and len(tensorflow) >= 6, ports  # TF servers, all-reduce, profiler: it all ran
+    assert reached == [], ports
+
+
+def test_no_port_of_the_jupyter_server_or_its_panel_cluster_is_reachable_from_another_host(
+        peer, contained_server, no_leftover_processes):
+    ports, reached = _attack(peer, [contained_server.pid], "server")
+    assert len(ports) >= 5 and any("engine_main" in command for _, command in ports.values()), ports
     assert reached == [], ports
 
 
@@ -296,3 +346,73 @@ def test_an_engine_started_by_another_launcher_loads_the_shim_itself(monkeypatch
     finally:
         client.close()
         ipp_cluster.stop_cluster_sync()
+
+
+REACH_SERVER = textwrap.dedent("""
+    import sys, urllib.request
+    with urllib.request.urlopen(f"http://{sys.argv[1]}:{sys.argv[2]}/api/status?token=binder", timeout=20) as answer:
+        print(answer.status)
+""")
+
+
+def test_binder_serves_the_hub_and_keeps_its_kernels_ports_closed(peer, binder_env, tmp_path, no_leftover_processes):
+    """``binder/start`` exactly as repo2docker runs it: the server listens on every interface (the hub's proxy
+    reaches it from outside the container); the tutorials' kernel and its cluster listen on loopback only."""
+    from jupyter_client import BlockingKernelClient
+
+    runtime = tmp_path / "runtime"
+    holder = __import__("socket").socket()
+    holder.bind(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    holder.close()
+    env = {**_without_shim(), "PATH": f"{binder_env.bin}{os.pathsep}{os.environ['PATH']}", "JUPYTER_RUNTIME_DIR": str(runtime),
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = ["bash", str(Path(__file__).resolve().parents[2] / "binder" / "start"), "jupyter", "lab", "--ip=0.0.0.0",
+               f"--port={port}", "--no-browser", "--IdentityProvider.token=binder", f"--ServerApp.root_dir={tmp_path}",
+               "--allow-root"]
+    server = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    kernel = None
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # on 127.0.0.1, whatever address the server writes in its runtime file
+            try:
+                __import__("socket").create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "binder/start jupyter lab did not listen"
+                time.sleep(0.2)
+
+        def call(method: str, path: str, body=None):
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/{path}", method=method,
+                                             headers={"Authorization": "token binder"},
+                                             data=json.dumps(body).encode() if body is not None else None)
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return json.loads(response.read() or b"null")
+
+        reached = peer.run([sys.executable, "-c", REACH_SERVER, peer.host4, str(port)], timeout=120)
+        assert reached.stdout.strip() == "200", f"the hub could not reach the server: {reached.stderr[-2000:]}"
+        kernel = call("POST", "api/kernels", {"name": "workbench"})["id"]  # the kernel the tutorials name
+        client = BlockingKernelClient(connection_file=str(runtime / f"kernel-{kernel}.json"))
+        client.load_connection_file()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=120)
+            outputs = []
+            reply = client.execute_interactive(KERNEL_CODE, timeout=400, output_hook=lambda m: outputs.append(m["content"]))
+            assert reply["content"]["status"] == "ok", (reply["content"], outputs)
+            kernels = [p for p in psutil.Process(server.pid).children() if "workbench.kernel" not in " ".join(p.cmdline())]
+            assert any("workbench-bind-shim-" in Path(f"/proc/{p.pid}/maps").read_text() for p in kernels), (
+                "the workbench kernel runs without the bind shim")
+            ports, reached = _attack(peer, [server.pid], "binder")
+            assert reached == [f"{peer.host4} {port}"], ports  # the server, and nothing else
+            client.execute_interactive("cluster.stop()", timeout=120)
+        finally:
+            client.stop_channels()
+    finally:
+        if kernel is not None:
+            try:
+                call("DELETE", f"api/kernels/{kernel}")
+            except OSError:
+                pass
+        stop_server(server)

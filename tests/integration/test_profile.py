@@ -8,6 +8,7 @@ import pytest
 from training_helpers import train
 
 import workbench as wb
+from workbench.telemetry.profiler import ProfileError
 
 pytestmark = pytest.mark.cluster
 
@@ -63,3 +64,11 @@ def test_profile_traces_every_task_and_links_sends_between_them(cluster, tmp_pat
 def test_bad_durations_are_refused_before_anything_starts(cluster, seconds):
     with pytest.raises(wb.ConfigurationError, match="seconds="):
         cluster.profile(seconds=seconds)
+
+
+def test_profiling_an_idle_cluster_says_what_happened_and_what_to_do(cluster):
+    wait_for_idle = time.monotonic() + 60
+    while cluster.job_queue.current is not None and time.monotonic() < wait_for_idle:  # a job of another test ending
+        time.sleep(0.1)
+    with pytest.raises(ProfileError, match=r"nothing ran on the tasks .* during the 1 s capture.*while a job trains"):
+        cluster.profile(seconds=1)

@@ -58,7 +58,7 @@ def capped(binder_env, tmp_path_factory):
     spec = base / "kernels" / "binder-capped"
     spec.mkdir(parents=True)
     spec.joinpath("kernel.json").write_text(json.dumps({
-        "argv": cap.command(str(binder_env.python), "-m", "ipykernel_launcher", "-f", "{connection_file}"),
+        "argv": cap.command(str(binder_env.python), "-m", "workbench.kernel", "-f", "{connection_file}"),
         "display_name": "Binder environment, 2 GiB cap", "language": "python"}))
     try:
         wait_for_server(runtime, server, what="JupyterLab inside the cgroup")

@@ -181,6 +181,10 @@ def capture(cluster, seconds: float = 2.0, logdir: str | None = None, timeout: f
     if thread.is_alive():
         raise ProfileTimeout(f"the profile of {', '.join(addresses)} did not finish within {timeout:.0f} s: a task is "
                              "stalled or unreachable. Check cluster.status(), or pass a longer timeout.")
+    if failure and "no trace event" in str(failure[0]).lower():
+        raise ProfileError(f"nothing ran on the tasks of cluster {cluster.name!r} during the {seconds:g} s capture, so "
+                           "there is no op to show: profile while a job trains (job = wb.train(...); "
+                           "cluster.profile(seconds=2)), or while a %%wb on cell runs.") from None
     if failure:
         raise ProfileError(f"the profiler could not trace {', '.join(addresses)}: {failure[0]}") from None
     traces = _find_traces(logdir, records, ports, since=started - 1.0)  # 1 s: coarse file-system clocks

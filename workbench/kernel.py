@@ -1,0 +1,37 @@
+"""The "Python 3 (workbench)" Jupyter kernel: ipykernel with the bind shim preloaded.
+
+Its kernelspec (``share/jupyter/kernels/workbench/kernel.json``, installed with the package) runs
+``python -m workbench.kernel -f {connection_file}``. This puts the bind shim in ``LD_PRELOAD`` and
+replaces itself (``exec``) with ipykernel, so whatever starts the kernel (plain ``jupyter lab``,
+JupyterHub, VS Code, nbclient, papermill, Binder) gets one whose TensorFlow ports listen on loopback,
+with no flag and nothing to remember. The tutorials name this kernel. A kernel started any other way
+is protected too, from its first connection to a cluster (``workbench.cluster.bind_hook``); the
+preloaded shim also covers TensorFlow servers the user starts by hand.
+
+Where the shim cannot be built (no C compiler, not Linux) the kernel starts anyway, without it, and
+the reason is kept in ``WORKBENCH_BIND_SHIM_PROBLEM`` for the exposure warning.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .cluster.containment import PROBLEM_ENV, preload_env
+
+
+def kernel_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The ipykernel command line and environment this launcher execs."""
+    env, problem = preload_env(dict(os.environ))
+    if problem:
+        env[PROBLEM_ENV] = problem
+    return [sys.executable, "-m", "ipykernel_launcher", *argv], env
+
+
+def main(argv: list[str] | None = None) -> None:
+    command, env = kernel_command(sys.argv[1:] if argv is None else argv)
+    os.execve(command[0], command, env)
+
+
+if __name__ == "__main__":
+    main()
