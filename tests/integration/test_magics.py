@@ -115,6 +115,35 @@ def test_train_and_placement_wrap_the_api(shell, cluster):
     assert set(table.by_layer().values()) == {"ps:0"}
 
 
+def test_an_interrupt_during_wb_train_wait_says_in_one_line_that_the_job_goes_on(shell, cluster, capsys):
+    import _thread
+    import threading
+    import time
+
+    shell.run_cell("import keras, workbench as wb\n"
+                   "def make_model():\n"
+                   "    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(16), keras.layers.Dense(10)])\n",
+                   store_history=False)
+    shell.user_ns["digits"] = wb.datasets.digits
+    timer = threading.Timer(3.0, _thread.interrupt_main)
+    timer.start()
+    began = time.monotonic()
+    try:
+        returned = shell.run_line_magic("wb", f"train make_model digits --loss sparse_categorical_crossentropy "
+                                              f"--steps 3000 --wait --name {cluster.name}")
+    finally:
+        timer.cancel()
+    assert returned is None and time.monotonic() - began < 3.0 + 2.0
+    job = shell.user_ns["_wb_job"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Interrupted")]
+    assert len(lines) == 1 and re.fullmatch(
+        rf"Interrupted: job {job.name} \(running, \d+/3000 steps\) goes on in the background; "
+        rf"cluster\.jobs\['{job.name}'\]\.stop\(\) stops it", lines[0]), lines
+    assert job.state == "running"
+    job.stop(60)
+    assert job.state == "cancelled"
+
+
 def test_dashboard_magic_opens_the_live_dashboard_or_serves_it(shell, cluster):
     board = shell.run_line_magic("wb", f"dashboard --name {cluster.name}")
     assert isinstance(board, wb.Dashboard) and board.cluster is cluster
