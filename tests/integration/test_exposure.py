@@ -135,15 +135,20 @@ def contained_kernel(request):
     client = manager.client()
     client.start_channels()
     try:
-        client.wait_for_ready(timeout=120)
-        outputs = []
-        reply = client.execute_interactive(KERNEL_CODE, timeout=400, output_hook=lambda m: outputs.append(m["content"]))
-        assert reply["content"]["status"] == "ok", (reply["content"], outputs)
+        _run_kernel_code(client)
         yield manager.provisioner.pid
         client.execute_interactive("cluster.stop()", timeout=120)
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=False)
+
+
+def _run_kernel_code(client) -> None:
+    """KERNEL_CODE in the kernel behind ``client``: a cluster that used every kind of port."""
+    client.wait_for_ready(timeout=120)
+    outputs = []
+    reply = client.execute_interactive(KERNEL_CODE, timeout=400, output_hook=lambda m: outputs.append(m["content"]))
+    assert reply["content"]["status"] == "ok", (reply["content"], outputs)
 
 
 def _script(env: dict):
@@ -397,10 +402,7 @@ def test_binder_serves_the_hub_and_keeps_its_kernels_ports_closed(peer, binder_e
         client.load_connection_file()
         client.start_channels()
         try:
-            client.wait_for_ready(timeout=120)
-            outputs = []
-            reply = client.execute_interactive(KERNEL_CODE, timeout=400, output_hook=lambda m: outputs.append(m["content"]))
-            assert reply["content"]["status"] == "ok", (reply["content"], outputs)
+            _run_kernel_code(client)
             kernels = [p for p in psutil.Process(server.pid).children() if "workbench.kernel" not in " ".join(p.cmdline())]
             assert any("workbench-bind-shim-" in Path(f"/proc/{p.pid}/maps").read_text() for p in kernels), (
                 "the workbench kernel runs without the bind shim")
