@@ -15,6 +15,7 @@ def test_allreduce_learns_digits_with_every_worker_in_every_step(cluster):
     history = job.history
     assert [r["step"] for r in history] == list(range(300))
     assert all(r["worker"] == "worker:0,worker:1" and r["aggregated"] == 2 and r["examples"] == 64 for r in history)
+    assert {type(v) for r in history for v in r.values()} <= {int, float, str}  # plain numbers, as in the ps strategies
     assert history[-1]["loss"] < history[0]["loss"] / 5
     assert job.info["replicas"] == 2 and job.info["per_worker_batch_size"] == 32
     result = job.evaluate(wb.datasets.digits_test)

@@ -19,6 +19,7 @@ def test_each_strategy_reaches_90_percent_on_held_out_digits(cluster, strategy, 
     workers = {w for r in history for w in r["worker"].split(",")}
     assert workers == {"worker:0", "worker:1"}  # both workers trained
     assert all(r["examples_per_s"] > 0 and r["end"] >= r["start"] for r in history)
+    assert {type(v) for r in history for v in r.values()} <= {int, float, str}  # no numpy scalars: they print as np.float64(...)
     result = job.evaluate(wb.datasets.digits_test)
     assert result["examples"] == 450
     assert result["accuracy"] >= 0.90, result

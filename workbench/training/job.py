@@ -660,10 +660,10 @@ class Job:
             "worker": worker,
             "start": float(start),
             "end": float(end),
-            "examples": examples,
-            "examples_per_s": examples / max(end - start, 1e-9),
+            "examples": int(examples),
+            "examples_per_s": float(examples / max(float(end) - float(start), 1e-9)),
             "recovery": self.recoveries,
-            **extra,
+            **{key: value.item() if hasattr(value, "item") else value for key, value in extra.items()},  # plain numbers
         }
         with self._lock:
             self._history.append(record)
