@@ -72,6 +72,7 @@ CLIENT = textwrap.dedent("""
     pids = set()
     for proc in psutil.Process().children(recursive=True):
         pids.add(proc.pid)
+    print("SCRATCH " + cluster._pool.scratch, flush=True)
     print("PIDS " + json.dumps(sorted(pids)), flush=True)
     time.sleep(600)
 """)
@@ -81,11 +82,13 @@ def test_killed_client_leaves_no_engine_controller_or_registry_file(registry_dir
     client = subprocess.Popen([sys.executable, "-c", CLIENT], stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
-        line = ""
+        line, scratch = "", ""
         while not line.startswith("PIDS ") and time.monotonic() < deadline:
             line = client.stdout.readline()
             assert line or client.poll() is None, "client exited before its cluster started"
+            scratch = line[len("SCRATCH "):].strip() if line.startswith("SCRATCH ") else scratch
         pids = json.loads(line[5:])
+        assert scratch and os.path.isdir(scratch)  # the engines' temporary directory
         names = [" ".join(psutil.Process(p).cmdline()) for p in pids]
         assert any("ipyparallel.controller" in n for n in names)
         assert sum("workbench.cluster.engine_main" in n for n in names) == 2
@@ -101,6 +104,7 @@ def test_killed_client_leaves_no_engine_controller_or_registry_file(registry_dir
     alive = wait_gone(pids, timeout=60)
     assert not alive, f"still running 60 s after the client was killed: {alive}"
     assert not (registry_dir / "wb-test-sigkill.json").exists()
+    assert not os.path.exists(scratch), "the reaper left the cluster's temporary directory"
 
 
 def test_engines_exit_on_their_own_when_the_lifeline_closes(no_leftover_processes):

@@ -1,5 +1,6 @@
 """Start, scale and stop own their processes: nothing is left behind."""
 
+import os
 from pathlib import Path
 
 import psutil
@@ -79,3 +80,20 @@ def test_a_controller_of_the_same_id_started_elsewhere_is_refused_and_left_alone
             assert client.ids == []
     finally:
         foreign.stop_cluster_sync()
+
+
+def test_engines_write_temporary_files_in_the_clusters_own_directory_removed_at_stop(no_leftover_processes):
+    """Forked engines end without exit handlers, so what TensorFlow's autograph wrote there was never removed:
+    it goes to the cluster's directory instead, and that goes at stop."""
+    import tempfile
+
+    cluster = wb.Cluster(ps=0, workers=1, name="wb-test-scratch", progress=False).start()
+    try:
+        scratch = cluster._pool.scratch
+        engine = cluster.client[cluster.task("worker:0").engine_id]
+        assert engine.apply_sync(tempfile.gettempdir) == scratch
+        assert os.path.dirname(scratch) == tempfile.gettempdir()
+        assert any(p.name.startswith("wb-warm-") for p in Path(scratch).iterdir())  # the warm process's socket too
+    finally:
+        cluster.stop()
+    assert not os.path.exists(scratch)

@@ -57,7 +57,7 @@ class WarmProcess:
         Its socket and log live in a new private directory (mode 0700: only this user reaches the socket),
         removed by ``close()``.
         """
-        directory = tempfile.mkdtemp(prefix="wb-warm-")
+        directory = tempfile.mkdtemp(prefix="wb-warm-", dir=env.get("TMPDIR") or None)  # the cluster's own, if set
         socket_path = os.path.join(directory, "socket")
         log_path = os.path.join(directory, "warm.log")
         command = [sys.executable, "-m", "workbench.cluster.warm", "--socket", socket_path]

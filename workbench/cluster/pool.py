@@ -12,8 +12,10 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Coroutine, Iterable, Iterator, Mapping
@@ -267,8 +269,14 @@ class OwnedPool:
         self._watched: set[int] = set()
         self._warm: Any = None  # the warm process engines are forked from (fork launcher only)
         self._files_ours = False  # ipyparallel's files for this cluster id: removed at close only if so
+        self.scratch = ""  # local engines' temporary directory (autograph's generated files...), removed at close
         if launcher in LOCAL_LAUNCHERS:  # loaded at exec: the warm process, and every engine it forks or that starts anew
             self._engine_env = engine_environment(self._engine_env)
+            self.scratch = tempfile.mkdtemp(prefix=f"workbench-{name}-")
+            # Engines that end without exit handlers (forks, os._exit) never removed what TensorFlow's autograph
+            # wrote to the temporary directory: each cluster's files go to one directory, removed at stop (or
+            # by the reaper when this process dies).
+            self._engine_env.setdefault("TMPDIR", self.scratch)
         self.fork_notice = ""  # why engines were started as new processes instead of forks ("" if they were not)
         self.launcher_notices: list[str] = []  # what the workbench added to the launcher's options, and why
 
@@ -307,6 +315,8 @@ class OwnedPool:
         self._start_warm()  # first: it imports TensorFlow while everything else starts
         lifeline_host = self.controller_ip if self.controller_ip not in ("", "*", "0.0.0.0") else "0.0.0.0"
         self._reaper = Reaper(lifeline_host)
+        if self.scratch:
+            self.remove_on_death(self.scratch)
         if self._warm is not None:
             self.watch([self._warm.pid])
         self._loop = LoopThread()
@@ -496,6 +506,8 @@ class OwnedPool:
         if self._loop is not None:
             self._loop.close()
             self._loop = None
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
         self._ipp = None
 
     def _controller_files(self) -> list[str]:

@@ -28,6 +28,7 @@ import json
 import os
 import select
 import selectors
+import shutil
 import socket
 import subprocess
 import sys
@@ -215,7 +216,10 @@ def serve(host: str) -> None:
     if not released:
         kill_process_trees(watched)
         for path in registry:
-            Path(path).unlink(missing_ok=True)
+            if Path(path).is_dir():  # a cluster's scratch directory
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                Path(path).unlink(missing_ok=True)
     # Exiting closes every lifeline: remote engines stop themselves.
 
 
