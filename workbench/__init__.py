@@ -26,6 +26,10 @@ from .training import (
 
 attach = Cluster.attach
 
+from . import native_logs  # noqa: E402
+
+native_logs.route()  # in a notebook kernel, TensorFlow's and gRPC's C++ log lines go to a log file, not into cells
+
 from .errors import (  # noqa: E402
     ClusterStartError,
     ClusterStateError,

@@ -4,7 +4,9 @@ Its kernelspec (``share/jupyter/kernels/workbench/kernel.json``, installed with 
 ``python -m workbench.kernel -f {connection_file}``. This puts the bind shim in ``LD_PRELOAD`` and
 replaces itself (``exec``) with ipykernel, so whatever starts the kernel (plain ``jupyter lab``,
 JupyterHub, VS Code, nbclient, papermill, Binder) gets one whose TensorFlow ports listen on loopback,
-with no flag and nothing to remember. The tutorials name this kernel. A kernel started any other way
+with no flag and nothing to remember. Before the first cell it also sends TensorFlow's, absl's and gRPC's
+C++ log lines to a log file (``workbench.native_logs``), so that even ``import tensorflow`` in the
+first cell prints nothing there. The tutorials name this kernel. A kernel started any other way
 is protected too, from its first connection to a cluster (``workbench.cluster.bind_hook``); the
 preloaded shim also covers TensorFlow servers the user starts by hand.
 
@@ -25,7 +27,9 @@ def kernel_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     env, problem = preload_env(dict(os.environ))
     if problem:
         env[PROBLEM_ENV] = problem
-    return [sys.executable, "-m", "ipykernel_launcher", *argv], env
+    # before the first cell: TensorFlow's C++ log lines of the kernel go to a log file from its very first import
+    quiet = "--IPKernelApp.exec_lines=__import__('workbench.native_logs').native_logs.route();"
+    return [sys.executable, "-m", "ipykernel_launcher", quiet, *argv], env
 
 
 def main(argv: list[str] | None = None) -> None:

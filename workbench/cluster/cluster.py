@@ -26,6 +26,7 @@ from ..errors import (
     UnknownTaskError,
     WorkbenchError,
 )
+from ..native_logs import notice
 from ..progress import ProgressSink, make_progress
 from ..telemetry.clocks import measure_offsets
 from ..telemetry.log import EventLog
@@ -225,8 +226,8 @@ class Cluster(TaskHosting, LinkShaping):
 
     def _warn_launcher_notices(self, known: int, stacklevel: int = 3) -> None:
         """One warning per option the workbench added to the launcher's command since ``known`` notices."""
-        for notice in getattr(self._pool, "launcher_notices", [])[known:]:
-            warnings.warn(f"cluster {self.name!r}: {notice}", LauncherOptionsWarning, stacklevel=stacklevel)
+        for added in getattr(self._pool, "launcher_notices", [])[known:]:
+            warnings.warn(f"cluster {self.name!r}: {added}", LauncherOptionsWarning, stacklevel=stacklevel)
 
     def _check_local_gpus(self, workers: int) -> None:
         if not self._gpus_per_worker:
@@ -675,7 +676,7 @@ class Cluster(TaskHosting, LinkShaping):
         self.failure = (f"{reason}, so cluster {self.name!r} cannot be controlled any more: it was stopped, with its "
                         "engines. Start a new wb.Cluster(...); jobs resume from their last checkpoint with resume=True.")
         self.health.controller_lost(self.failure)
-        warnings.warn(self.failure, TaskFaultWarning, stacklevel=1)
+        notice(self.failure, TaskFaultWarning, f"cluster {self.name}")
         threading.Thread(target=self._fail, name=f"workbench-stop-{self.name}", daemon=True).start()
 
     def _fail(self) -> None:

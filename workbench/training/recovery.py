@@ -18,13 +18,13 @@ import queue
 import statistics
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from ..cluster.health import LOST, SILENT
 from ..errors import TaskFaultWarning
+from ..native_logs import notice
 from ..telemetry.events import TaskEvent
 
 MIN_STRAGGLER_SECONDS = 1.0  # a call shorter than this is never a straggler, whatever its peers do
@@ -169,7 +169,7 @@ class Supervisor:
         if (task, message) in self._warned or self.job._stop.is_set() or self.cluster.health.closing:
             return  # a job being stopped, or a cluster stopping, loses its tasks on purpose
         self._warned.add((task, message))
-        warnings.warn(f"job {self.job.name}: {message}", TaskFaultWarning, stacklevel=2)
+        notice(f"job {self.job.name}: {message}", TaskFaultWarning, f"job {self.job.name}")
 
     # -- re-hosting --------------------------------------------------------------------------
 

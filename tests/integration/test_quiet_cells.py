@@ -1,0 +1,70 @@
+"""Cells show what the user asked for: no TensorFlow, absl or gRPC log line; the workbench's own notices stay.
+
+A real Jupyter kernel runs a cluster, trains, loses a worker (gRPC's "Failed to connect" blocks) and stops
+(variables freed as the tasks go): every stderr line its cells received is checked.
+"""
+
+import os
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+from jupyter_client import KernelManager
+
+pytestmark = pytest.mark.cluster
+
+NATIVE = re.compile(r"^[IWEF]\d{4} |absl::|GRPC|grpc_|oneDNN|cpu_feature_guard|rebuild TensorFlow|EagerResourceDeleter")
+
+CELLS = [
+    "import os, signal, keras, workbench as wb\nimport tensorflow as tf",
+    "cluster = wb.Cluster(ps=1, workers=2, name='wb-test-quiet', progress=False).start()",
+    "with cluster.device('worker:0'):\n    total = int(tf.reduce_sum(tf.range(10)))\ntotal",
+    textwrap.dedent("""\
+        def make_model():
+            return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation='relu'), keras.layers.Dense(10)])
+        job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                       steps=400)
+        import time
+        while job.steps_done < 20 and job.state == 'running':
+            time.sleep(0.05)
+        os.kill(cluster.task('worker:1').pid, signal.SIGKILL)
+        job.wait(300)
+        job.state, job.steps_done"""),
+    "cluster.stop()",
+    "wb.native_logs.log_path()",
+]
+
+
+@pytest.mark.parametrize("kernel, first_cell", [
+    ("workbench", CELLS[0]),  # the tutorials' kernel: quiet from its start, whatever is imported first
+    ("python3", "import workbench as wb\nimport os, signal, keras\nimport tensorflow as tf"),  # any kernel, workbench first
+])
+def test_a_kernels_cells_get_no_native_log_line_and_the_log_file_gets_them(kernel, first_cell, tmp_path,
+                                                                           no_leftover_processes):
+    manager = KernelManager(kernel_name=kernel)
+    # as users have it: the suite quiets TensorFlow itself, and ipykernel does not capture descriptor 2 under pytest
+    as_users_have_it = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "PYTEST_CURRENT_TEST")}
+    manager.start_kernel(env={**as_users_have_it, "WORKBENCH_CACHE_DIR": str(tmp_path)})
+    client = manager.client()
+    client.start_channels()
+    stderr, results = [], []
+    try:
+        client.wait_for_ready(timeout=120)
+        for cell in [first_cell, *CELLS[1:]]:
+            outputs = []
+            reply = client.execute_interactive(cell, timeout=400, output_hook=outputs.append)
+            assert reply["content"]["status"] == "ok", (cell, reply["content"], outputs)
+            stderr += [line for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"
+                       for line in m["content"]["text"].splitlines() if line.strip()]
+            results += [m["content"]["data"]["text/plain"] for m in outputs if m["msg_type"] == "execute_result"]
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+    noise = [line for line in stderr if NATIVE.search(line)]
+    assert noise == [], f"{len(noise)} native log lines reached the cells, e.g. {noise[:5]}"
+    assert results[:2] == ["45", "('finished', 400)"]
+    assert any("TaskFaultWarning" in line and "worker:1" in line and "job async-ps" in line for line in stderr), stderr
+    assert not any("recovery.py" in line or "self.say(" in line for line in stderr), stderr  # no library source lines
+    log = Path(results[2].strip("'"))
+    assert log.parent == tmp_path / "logs" and NATIVE.search(log.read_text()), "the native lines went nowhere"

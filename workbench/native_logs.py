@@ -1,0 +1,65 @@
+"""Quiet cells: TensorFlow's, absl's and gRPC's own log lines from a notebook kernel go to a log file.
+
+Those libraries write from C++ straight to file descriptor 2, and a Jupyter kernel shows whatever
+reaches it as red stderr in the running cell: TensorFlow's start-up lines (oneDNN, cpu_feature_guard,
+"Started server"), absl's "All log messages before absl::InitializeLog()", and every gRPC
+"Failed to connect" block while a killed task is re-hosted (tutorial 03's kill cell printed 234
+lines). In a kernel, ``route()`` points descriptor 2 at ``log_path()``; Python's own ``sys.stderr``
+(warnings, tracebacks, the workbench's one-line notices) is the kernel's stream object, not the
+descriptor, so it still reaches the cell. Plain scripts and terminals keep their stderr. Set
+``WORKBENCH_NATIVE_LOGS=cell`` to see the lines in cells again.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+OPT_OUT_ENV = "WORKBENCH_NATIVE_LOGS"
+_LOCK = threading.Lock()
+_ROUTED: dict[str, str] = {}
+
+
+def in_kernel() -> bool:
+    """Whether this process is a Jupyter (ipykernel) kernel whose stderr the cells show."""
+    return type(sys.stderr).__module__.startswith("ipykernel")
+
+
+def log_path() -> str:
+    """Where this kernel's native log lines go ("" when they are not routed: outside a kernel, or opted out)."""
+    return _ROUTED.get("path", "")
+
+
+def route() -> str:
+    """In a kernel, send descriptor 2 to a log file of this process (once); return its path, or ``""``."""
+    with _LOCK:
+        if "path" in _ROUTED:
+            return _ROUTED["path"]
+        if not in_kernel() or os.environ.get(OPT_OUT_ENV, "").lower() == "cell":
+            return ""
+        from .cluster.containment import cache_dir
+
+        directory = Path(cache_dir()) / "logs"
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path = directory / f"kernel-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError:
+            return ""  # no log file: the lines stay where they were
+        os.dup2(fd, 2)
+        os.close(fd)
+        _ROUTED["path"] = str(path)
+        return str(path)
+
+
+def notice(message: str, category: type[Warning], source: str) -> None:
+    """A warning raised from one of the workbench's own threads (a job's, the health monitor's), shown as one line.
+
+    ``warnings.warn`` there can only point at library source lines, which say nothing to the user; this names
+    what it comes from (``source``, e.g. ``job async-ps-3``) instead. Filters apply as for any warning.
+    """
+    warnings.warn_explicit(message, category, filename=source, lineno=0, module="workbench")
