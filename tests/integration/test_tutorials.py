@@ -201,7 +201,7 @@ def test_03_data_parallelism_compares_strategies_and_shows_what_backup_workers_b
     share = float(re.search(r"worker:2 made it into (\d+)%", straggler).group(1))
     assert backup < waiting / 2 and share < 50, straggler
     recovered = _text(cells[4])  # a worker killed mid-job is re-hosted and rejoins; no step lost
-    assert "done: 3000 steps, each once: True" in recovered and "worker:1 lost" in recovered, recovered
+    assert "finished: 3000 steps, each once: True" in recovered and "worker:1 lost" in recovered, recovered
     assert "re-hosted" in recovered and "running, re-hosted 1x" in recovered, recovered
     assert "allreduce:" in _text(cells[5])  # on a cluster of its own, without a ps
     rows = {m.group(1): [float(v) for v in m.groups()[1:]]

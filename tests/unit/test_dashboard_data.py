@@ -222,3 +222,17 @@ def test_a_queued_job_shows_under_the_running_one_until_it_begins():
     log.append(JobProgress("sync-ps-2", 103.5, 0, 80, RUNNING, 103.5, "sync-ps", ("worker:0",)))
     info = progress.summary.update(now=104.0)
     assert info["job"] == "sync-ps-2" and info["state"] == RUNNING and info["queued"] == []
+
+
+def test_the_summary_catches_up_with_a_long_log_and_a_job_cancelled_in_the_queue_never_shows():
+    from workbench.dashboard.summary import JobSummary
+
+    log = EventLog()
+    for n in range(5):  # older jobs: more events than one read takes
+        log.append(JobProgress(f"async-ps-{n}", 100.0 + n, 0, 50, RUNNING, 100.0 + n, "async-ps", ("worker:0",)))
+        log.extend([StepDone(f"async-ps-{n}", step, 100.0 + n, 100.01 + n, 32, ("worker:0",)) for step in range(50)])
+        log.append(JobProgress(f"async-ps-{n}", 101.0 + n, 50, 50, "finished", 100.0 + n, "async-ps", ("worker:0",)))
+    log.append(JobProgress("sync-ps-9", 110.0, 0, 80, "queued", 110.0, "sync-ps", ("worker:0",)))
+    log.append(JobProgress("sync-ps-9", 111.0, 0, 80, "cancelled", 110.0, "sync-ps", ("worker:0",)))
+    info = JobSummary(log, events_per_update=10).update(now=112.0)
+    assert info["job"] == "async-ps-4" and info["steps_done"] == 50 and info["state"] == "finished"

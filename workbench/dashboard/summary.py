@@ -9,12 +9,13 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from ..cluster.jobs import QUEUED
+from ..cluster.jobs import QUEUED, RUNNING
 from ..telemetry.events import JobProgress, StepDone
 from ..telemetry.log import EventLog
 from .data import TOTAL, JobState, RecentRates, progress_info
 
 ETA_WINDOW = 10.0  # seconds of steps behind the ETA
+MAX_BATCHES = 100  # batches one update reads at most (the log itself is bounded)
 
 
 class JobSummary:
@@ -32,20 +33,12 @@ class JobSummary:
 
     def update(self, now: float | None = None) -> dict | None:
         now = time.time() if now is None else now
-        batch = self.log.since(self.cursor, self.events_per_update)
-        self.cursor = batch.cursor
-        for event in batch.events:
-            name = getattr(event, "job", "")
-            if isinstance(event, JobProgress) and name not in self.jobs:
-                self.jobs[name] = JobState(name)
-            if isinstance(event, JobProgress) and event.state != QUEUED and name != self.latest:
-                self.latest = name  # a job that began (a queued one shows under the running one)
-                self.done_ends.clear()
-            if name in self.jobs:
-                self.jobs[name].add(event)
-            if isinstance(event, StepDone) and name == self.latest:
-                self.done_ends.append(event.end)
-        self.rates.add(batch.events)
+        for _ in range(MAX_BATCHES):  # catch up with the log (a first read of a busy cluster's log: many batches)
+            batch = self.log.since(self.cursor, self.events_per_update)
+            self.cursor = batch.cursor
+            self._take(batch.events)
+            if len(batch.events) < self.events_per_update:
+                break
         while self.done_ends and self.done_ends[0] < now - ETA_WINDOW:
             self.done_ends.popleft()
         rates = self.rates.rates(now)
@@ -58,3 +51,17 @@ class JobSummary:
                     workers={w: {"examples_per_s": r[0], "steps_per_s": r[1]} for w, r in rates.items() if w != TOTAL})
         self.info = info
         return info
+
+    def _take(self, events: list) -> None:
+        for event in events:
+            name = getattr(event, "job", "")
+            if isinstance(event, JobProgress) and name not in self.jobs:
+                self.jobs[name] = JobState(name)
+            if isinstance(event, JobProgress) and event.state == RUNNING and name != self.latest:
+                self.latest = name  # the job that began last (queued ones show under it; one cancelled in the queue never)
+                self.done_ends.clear()
+            if name in self.jobs:
+                self.jobs[name].add(event)
+            if isinstance(event, StepDone) and name == self.latest:
+                self.done_ends.append(event.end)
+        self.rates.add(events)
