@@ -236,3 +236,13 @@ def test_the_summary_catches_up_with_a_long_log_and_a_job_cancelled_in_the_queue
     log.append(JobProgress("sync-ps-9", 111.0, 0, 80, "cancelled", 110.0, "sync-ps", ("worker:0",)))
     info = JobSummary(log, events_per_update=10).update(now=112.0)
     assert info["job"] == "async-ps-4" and info["steps_done"] == 50 and info["state"] == "finished"
+
+
+def test_time_axes_read_as_clock_time_and_short_throughput_runs_show_their_points():
+    from bokeh.models import Scatter
+
+    log = EventLog()
+    timeline, throughput = TimelineComponent(log, ["worker:0"]), ThroughputComponent(log)
+    for plot in (timeline.plot, throughput.examples_plot, throughput.steps_plot):
+        assert plot.xaxis[0].formatter.milliseconds == "%H:%M:%S.%3N"  # not Bokeh's bare "0ms ... 800ms"
+    assert any(isinstance(r.glyph, Scatter) for r in throughput.examples_plot.renderers)

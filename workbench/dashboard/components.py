@@ -61,7 +61,17 @@ def timeline_figure(rows: list[str], title: str = "Timeline", follow: bool = Tru
     plot.yaxis.major_label_text_font_size = "9pt"
     plot.ygrid.grid_line_color = None
     plot.xaxis.axis_label = "time (kernel clock)"
+    clock_axis(plot)
     return plot
+
+
+def clock_axis(plot) -> None:
+    """Time of day on the x axis at every zoom (Bokeh's default labels a short span "0ms 200ms ... 0ms")."""
+    from bokeh.models import DatetimeTickFormatter
+
+    plot.xaxis.formatter = DatetimeTickFormatter(
+        milliseconds="%H:%M:%S.%3N", seconds="%H:%M:%S", minsec="%H:%M:%S", minutes="%H:%M", hourmin="%H:%M",
+        hours="%H:%M", context=None)
 
 
 def _set_rows(plot, rows: list[str]) -> None:
@@ -248,6 +258,8 @@ class ThroughputComponent:
                                     sizing_mode="stretch_width", tools="xpan,xwheel_zoom,reset,save")
         self.steps_plot = figure(title="steps/s", x_axis_type="datetime", x_range=shared_x, height=230,
                                  sizing_mode="stretch_width", tools="xpan,xwheel_zoom,reset,save")
+        for plot in (self.examples_plot, self.steps_plot):
+            clock_axis(plot)
         self.lines: dict[str, list] = {}
         self._add_lines(TOTAL)
         self.root = column(self.figure_div, row(self.examples_plot, self.steps_plot, sizing_mode="stretch_width"),
@@ -259,11 +271,13 @@ class ThroughputComponent:
     def _add_lines(self, series: str) -> None:
         colour = "black" if series == TOTAL else SERIES_COLOURS[(len(self.lines) - 1) % len(SERIES_COLOURS)]
         width = 3 if series == TOTAL else 1.5
-        self.lines[series] = [
-            self.examples_plot.line("time", f"{series}:examples", source=self.source, color=colour, line_width=width,
-                                    legend_label=series),
-            self.steps_plot.line("time", f"{series}:steps", source=self.source, color=colour, line_width=width,
-                                 legend_label=series),
+        self.lines[series] = [  # with markers: a short job's few one-second points still show as points
+            renderer
+            for plot, kind in ((self.examples_plot, "examples"), (self.steps_plot, "steps"))
+            for renderer in (plot.line("time", f"{series}:{kind}", source=self.source, color=colour, line_width=width,
+                                       legend_label=series),
+                             plot.scatter("time", f"{series}:{kind}", source=self.source, color=colour, size=4,
+                                          legend_label=series))
         ]
         for plot in (self.examples_plot, self.steps_plot):
             plot.legend.location = "top_left"
