@@ -94,6 +94,7 @@ def test_engines_write_temporary_files_in_the_clusters_own_directory_removed_at_
         assert engine.apply_sync(tempfile.gettempdir) == scratch
         assert os.path.dirname(scratch) == tempfile.gettempdir()
         assert any(p.name.startswith("wb-warm-") for p in Path(scratch).iterdir())  # the warm process's socket too
+        assert cluster.scratch == scratch
     finally:
         cluster.stop()
     assert not os.path.exists(scratch)

@@ -399,6 +399,11 @@ class Cluster(TaskHosting, LinkShaping):
             self._state = "stopped"
 
     @property
+    def scratch(self) -> str:
+        """The temporary directory of this cluster's local engines and warm process, removed at stop ("" if none)."""
+        return getattr(self._pool, "scratch", "") or ""
+
+    @property
     def jobs(self) -> JobList:
         """This process's training jobs on the cluster, oldest first, with their states (queued, running, stopping,
         finished, failed, cancelled); ``cluster.jobs["async-ps-3"]`` finds one by name. One runs at a time."""
@@ -638,6 +643,8 @@ class Cluster(TaskHosting, LinkShaping):
         clock), ``transfers`` (Send/Recv pairs between tasks, linked), ``summary()``,
         ``save_chrome_trace(path)`` (Perfetto, chrome://tracing); displayed, it draws the timeline.
         Tracing slows the traced steps while it runs (see bench/dashboard.py); outside it, nothing.
+        The raw traces go to ``logdir`` (TensorBoard's profile plugin reads it); by default a directory
+        under the cluster's own temporary one, removed when the cluster stops.
         """
         from ..telemetry.profiler import capture
 

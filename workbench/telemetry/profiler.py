@@ -160,7 +160,8 @@ def capture(cluster, seconds: float = 2.0, logdir: str | None = None, timeout: f
     ports = _start_servers(cluster, min(SERVER_START_TIMEOUT, timeout - seconds))
     records = cluster.tasks
     addresses = {r.name: f"{r.address.rpartition(':')[0]}:{ports[r.name]}" for r in records}
-    logdir = logdir or tempfile.mkdtemp(prefix=f"workbench-profile-{cluster.name}-")
+    # by default in the cluster's own temporary directory, removed with the cluster (pass logdir= to keep the traces)
+    logdir = logdir or tempfile.mkdtemp(prefix=f"workbench-profile-{cluster.name}-", dir=cluster.scratch or None)
     offsets = cluster.clock_offsets()
     failure: list[BaseException] = []
 
