@@ -15,6 +15,8 @@ EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/
 $(VENV)/.installed: pyproject.toml $(EXTENSION_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	# the build hook rebuilds the panel only when extension/src changed: a changed style sheet counts too
+	rm -rf workbench/labextension
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
 	$(PY) -m pip check
 	touch $@

@@ -249,16 +249,17 @@ class ClusterCard {
     this.links.textContent = info.network ? `links: ${info.network}` : '';
     this.links.hidden = !info.network;
     const head = el('tr');
-    for (const title of ['task', 'engine', 'address', 'devices', 'health']) {
+    for (const title of ['task', 'address', 'health']) {
       head.append(el('th', {}, title));
     }
     const rows = info.tasks.map(task => {
       const row = el('tr', { 'data-task': task.name });
       const devices = task.devices.map(d => d.split('/device:')[1] ?? d).join(', ');
       const health = task.restarts > 0 ? `${task.state}, re-hosted ${task.restarts}x` : task.state;
-      for (const text of [task.name, String(task.engine_id), task.address, devices || '—', health]) {
-        row.append(el('td', {}, text));
-      }
+      // three columns fit the sidebar at its default width: engine and devices go under the task's name
+      const name = el('td', {}, task.name);
+      name.append(el('div', { class: 'wb-sub' }, `engine ${task.engine_id} · ${devices || '—'}`));
+      row.append(name, el('td', {}, task.address), el('td', {}, health));
       const cell = row.lastElementChild as HTMLElement | null;
       cell?.classList.add(`wb-health-${task.state}`);
       if (cell && task.note) {

@@ -85,8 +85,19 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     page.locator(".jp-SideBar [data-id='workbench-panel']").click()
     card = _card(page, KERNEL_CLUSTER)
     card.wait_for(timeout=30_000)
-    assert card.locator("tr[data-task]").all_inner_texts()[0].split("\t")[0] == "ps:0"
+    first_row = card.locator("tr[data-task]").all_inner_texts()[0]
+    assert first_row.split("\t")[0].splitlines() == ["ps:0", "engine 0 · CPU:0"], first_row
     assert "running" in card.locator("tr[data-task='worker:0']").inner_text()
+    # the task table fits the sidebar at 300 px (it was cut off at the default width)
+    page.evaluate("""() => { const split = window.jupyterapp.shell._hsplitPanel;  // left area | main area | right area
+        const left = 300 / split.node.clientWidth; split.setRelativeSizes([left, 1 - left, 0]); }""")
+    page.wait_for_timeout(500)
+    left = page.locator("#jp-left-stack").evaluate("(e) => e.getBoundingClientRect().width")
+    assert abs(left - 300) < 10, f"the sidebar is {left} px wide"
+    widths = card.locator(".wb-tasks").evaluate("(t) => [t.scrollWidth, t.clientWidth, t.parentElement.clientWidth]")
+    assert widths[0] <= widths[1] <= widths[2], f"the task table needs {widths[0]} px in a {widths[2]} px card"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "panel-300px.png"))
     backend = "user-space" if netns.problem() else "netns"  # network='1gbit': auto picks netns as root
     assert f"links: {backend} links" in card.locator(".wb-links").inner_text()
     assert card.locator(".wb-links").inner_text().endswith("all: 1 Gbit/s")
