@@ -201,7 +201,7 @@ def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | N
     host = spec[job][index].rsplit(":", 1)[0]
     if not containment.shim_loaded():  # an engine the workbench did not start (the user's own ipcluster)
         unprotected = bind_hook.protect_or_reason()
-        if unprotected:
+        if unprotected and containment.PROBLEM_ENV not in os.environ:  # else the client's reason, with what to do, says it
             _SERVER.setdefault("exposed_because", unprotected)
     errors = []
     for _attempt in range(_PORT_ATTEMPTS):
