@@ -6,12 +6,14 @@ thread that must get to run every 50 ms; before the queue, a second job froze th
 """
 
 import _thread
+import os
 import signal
 import threading
 import time
 import warnings
 
 import pytest
+from conftest import ARTIFACTS
 from training_helpers import Watchdog, poll_responsive, signal_process, train, wait_for
 
 import workbench as wb
@@ -19,10 +21,18 @@ import workbench as wb
 pytestmark = pytest.mark.cluster
 
 STRATEGIES = ["async-ps", "sync-ps", "allreduce"]
-RESPONSIVE = 1.0  # the longest the process may go without running Python, in seconds
+# The longest the process may go without running Python, in seconds. The freeze these tests guard against
+# never ended. What remains is TensorFlow registering a new job's functions on every task, one blocking RPC
+# each with the GIL held: well under 1 s alone, 1.14 s once under the whole suite's load on 2 cores.
+RESPONSIVE = 2.0
+STALLS = ARTIFACTS / "responsiveness.txt"  # each case's longest stall, for the record
 
 
 def _assert_responsive(dog: Watchdog, main_stall: float = 0.0) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    with STALLS.open("a") as record:
+        record.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?').split(' ')[0]}: longest stall {dog.longest:.3f} s, "
+                     f"main thread {main_stall:.3f} s\n")
     assert dog.longest < RESPONSIVE, f"no thread of this process ran Python for {dog.longest:.2f} s"
     assert main_stall < RESPONSIVE, f"the main thread's 50 ms sleep came back {main_stall:.2f} s late"
 
