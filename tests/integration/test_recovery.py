@@ -11,6 +11,7 @@ import signal
 import time
 from pathlib import Path
 
+import keras
 import psutil
 import pytest
 from training_helpers import signal_process, train, wait_for
@@ -73,7 +74,8 @@ def test_killed_worker_is_rehosted_and_rejoins_without_losing_a_step(strategy, s
 def test_killed_ps_is_restored_from_the_newest_checkpoint_in_the_same_kernel(strategy, tmp_path, no_leftover_processes):
     every, steps = 100, 1500 if strategy == "async-ps" else 500
     with wb.Cluster(ps=1, workers=2, name="wb-test-restoreps", progress=False) as cluster:
-        job = train(cluster, strategy=strategy, steps=steps, steps_per_call=5,
+        # Adam(0.003): at 0.01 async-ps's held-out accuracy after a restore once ended at 0.896
+        job = train(cluster, strategy=strategy, steps=steps, steps_per_call=5, optimizer=keras.optimizers.Adam(0.003),
                     checkpoint_dir=str(tmp_path), checkpoint_every=every)
         wait_for(lambda: job.last_checkpoint is not None and job.steps_done >= 250 or job.state != "running", 120,
                   "a checkpoint and 250 steps")
