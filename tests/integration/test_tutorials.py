@@ -79,8 +79,11 @@ def _execute(binder_env, capped, name: str) -> list:
     client = NotebookClient(notebook, km=manager, timeout=CELL_TIMEOUT, resources={"metadata": {"path": str(ROOT / "notebooks")}})
     kills = capped.cap.oom_kills() if capped else 0
     sampler = _Sampler(capped.cap) if capped else None
+    # the kernel's environment as a user's: the suite's own TF log level off, and ipykernel shows what C++
+    # writes to stderr in the cells (it does not under pytest)
+    as_users_have_it = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "PYTEST_CURRENT_TEST")}
     try:
-        client.execute()
+        client.execute(env=as_users_have_it)
     finally:
         if sampler:
             sampler.stop()
@@ -91,7 +94,27 @@ def _execute(binder_env, capped, name: str) -> list:
     if capped:
         assert capped.cap.oom_kills() == kills, f"{name}: the kernel's OOM killer struck under the 2 GiB cap"
         _record(capped, name, sampler)
-    return [c for c in notebook.cells if c.cell_type == "code"]
+    cells = [c for c in notebook.cells if c.cell_type == "code"]
+    _count_stderr(name, cells)
+    return cells
+
+
+# TensorFlow's, absl's and gRPC's own lines: a cell shows none of them (they go to the kernel's log file)
+NATIVE = re.compile(r"^[IWEF]\d{4} |absl::|GRPC|grpc_|oneDNN|cpu_feature_guard|rebuild TensorFlow|EagerResourceDeleter")
+
+
+def _count_stderr(name: str, cells: list) -> None:
+    """Record the tutorial's stderr outputs and lines (test-artifacts/stderr.json); none may be a native log line."""
+    lines = [line for cell in cells for output in cell.get("outputs", []) if output.get("name") == "stderr"
+             for line in "".join(output.get("text", "")).splitlines() if line.strip()]
+    outputs = sum(o.get("name") == "stderr" for cell in cells for o in cell.get("outputs", []))
+    ARTIFACTS.mkdir(exist_ok=True)
+    record = ARTIFACTS / "stderr.json"
+    counts = json.loads(record.read_text()) if record.exists() else {}
+    counts[name] = {"outputs": outputs, "lines": len(lines), "sample": lines[:3]}
+    record.write_text(json.dumps(counts, indent=2))
+    native = [line for line in lines if NATIVE.search(line)]
+    assert native == [], f"{name}: {len(native)} TensorFlow/gRPC log lines in cells, e.g. {native[:3]}"
 
 
 class _Sampler:
