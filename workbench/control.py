@@ -31,6 +31,7 @@ from .dashboard.summary import JobSummary
 from .errors import ConfigurationError, WorkbenchError
 from .optional import require
 from .serving import ServingThread, local_host
+from .telemetry.wire import decode
 
 START_TIMEOUT = 10.0
 
@@ -61,6 +62,15 @@ class ControlServer:
         if self._summary is None:
             self._summary = JobSummary(self.cluster.telemetry)
         return self._summary.update()
+
+    def telemetry(self, body: dict) -> dict:
+        """Job events of an attached process (``cluster/forwarding.py``): into this cluster's telemetry log."""
+        try:
+            events = decode(body.get("events"))
+        except ValueError as exc:
+            raise ConfigurationError(f"telemetry: {exc}") from None
+        self.cluster.telemetry.extend(events)
+        return {"accepted": len(events)}
 
     def scale(self, body: dict) -> dict:
         workers = body.get("workers")
@@ -143,7 +153,7 @@ class ControlServer:
                 body = self._body()
                 await self._run(lambda: getattr(owner, self.op)(body))
 
-        app = tornado.web.Application([(f"/{op}", Route, {"op": op}) for op in ("summary", "scale", "stop", "dashboards")])
+        app = tornado.web.Application([(f"/{op}", Route, {"op": op}) for op in ("summary", "scale", "stop", "dashboards", "telemetry")])
         sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
         server = tornado.httpserver.HTTPServer(app)
         server.add_sockets(sockets)

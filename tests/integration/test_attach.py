@@ -73,3 +73,36 @@ def test_the_attach_magic_makes_the_owners_cluster_this_kernels_default(owner):
     finally:
         shell.run_line_magic("wb", "stop --name wb-test-owner")  # detaches this kernel only
     assert registry.read_record("wb-test-owner") is not None
+
+
+def _owners_summary(name: str) -> dict | None:
+    """What the owner's control endpoint (the panel's source) says of the cluster's newest job."""
+    import json
+    import urllib.request
+
+    control = registry.read_record(name).endpoints["control"]
+    request = urllib.request.Request(f"{control.url}/summary", headers={"Authorization": f"token {control.token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_a_job_of_an_attached_kernel_shows_in_the_owners_summary_while_it_trains(owner):
+    import os
+
+    cluster = wb.attach("wb-test-owner")
+    try:
+        job = train(cluster, strategy="async-ps", steps=3000, steps_per_call=5)
+        shown = f"{job.name} (pid {os.getpid()})"  # job names are per process: the sender's pid tells them apart
+        seen, deadline = [], time.monotonic() + 120
+        while time.monotonic() < deadline and len(seen) < 3:
+            summary = _owners_summary("wb-test-owner")
+            if summary and summary["job"] == shown and summary["state"] == "running" and summary["examples_per_s"] > 0:
+                seen.append((summary["steps_done"], summary["examples_per_s"], sorted(summary["workers"])))
+            time.sleep(1.0)
+        assert len(seen) == 3, f"the owner's summary never showed {shown} training: {summary}"
+        assert seen[0][0] < seen[-1][0] and all(w == ["worker:0", "worker:1"] for _, _, w in seen), seen
+        job.stop()
+    finally:
+        cluster.stop()
+    final = _owners_summary("wb-test-owner")
+    assert final["job"] == shown and final["state"] == "cancelled", final  # the last progress reached it too

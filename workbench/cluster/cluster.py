@@ -31,6 +31,7 @@ from ..progress import ProgressSink, make_progress
 from ..telemetry.clocks import measure_offsets
 from ..telemetry.log import EventLog
 from . import registry
+from .forwarding import TelemetryForwarder
 from .gpus import discover_gpus, validate_gpus_per_worker
 from .health import LOST, RECOVERING, RUNNING, SILENT, STOPPED, TaskHealth
 from .hosting import TaskHosting
@@ -309,6 +310,9 @@ class Cluster(TaskHosting, LinkShaping):
         cluster._state = "running"
         cluster._started_at = time.monotonic()
         _LIVE_CLUSTERS.add(cluster)
+        # this process's jobs go to the owner's telemetry too: its dashboards and the panel show them
+        forwarder = TelemetryForwarder(cluster).start()
+        cluster.keep("telemetry-forwarder", forwarder, close=forwarder.stop)
         return cluster
 
     @property
