@@ -98,3 +98,18 @@ def test_engines_write_temporary_files_in_the_clusters_own_directory_removed_at_
     finally:
         cluster.stop()
     assert not os.path.exists(scratch)
+
+
+def test_ipyparallels_own_panel_does_not_list_a_workbench_cluster(no_leftover_processes):
+    """Its stop button would stop the controller behind the workbench's back: the workbench's panel lists it."""
+    from ipyparallel.cluster.cluster import ClusterManager
+
+    from workbench.cluster import registry
+
+    with wb.Cluster(ps=0, workers=1, name="wb-test-hidden", progress=False) as cluster:
+        manager = ClusterManager()
+        manager.load_clusters()  # what ipyparallel's JupyterLab panel shows
+        assert not [key for key in manager.clusters if key.endswith(":wb-test-hidden")], sorted(manager.clusters)
+        recorded = registry.read_record(cluster.name).cluster_file
+        assert Path(recorded).exists() and Path(recorded).name == "workbench-cluster-wb-test-hidden.json"
+    assert not Path(recorded).exists()

@@ -32,6 +32,7 @@ from .lifeline import LIFELINE_ENV, PREIMPORT_ENV
 from .reaper import Reaper, kill_process_trees
 
 POLL_SECONDS = 0.02
+CLUSTER_FILE_PREFIX = "workbench-cluster-"  # ipyparallel's cluster file of a workbench cluster, in the profile's security/
 # The controller's options unless the user's controller_args set them (traitlets refuses an option given twice).
 # The hub confirms a new engine on the heartbeat after the one it first answered: one or two periods.
 # Beat every 100 ms (the default 3 s alone added 3-6 s to every start), and allow as many seconds of
@@ -335,6 +336,10 @@ class OwnedPool:
             log=_quiet_logger(),
             **kwargs,
         )
+        # Not security/cluster-<id>.json, which ipyparallel's own JupyterLab panel lists (with a stop button
+        # that bypasses the workbench): the workbench's panel shows its clusters. wb.attach reads the
+        # path from the registry record.
+        self._ipp.cluster_file = str(Path(self._ipp.profile_dir, "security", f"{CLUSTER_FILE_PREFIX}{self.name}.json"))
         self._remove_stale_controller_files()
         self._files_ours = True  # from here on, the files of this cluster id are this pool's
         self._loop.run(self._ipp.start_controller(), deadline.remaining(1))
@@ -517,7 +522,7 @@ class OwnedPool:
         if not profile:
             return []
         security = Path(profile, "security")
-        return [str(security / f"cluster-{self.name}.json"),
+        return [str(security / f"{CLUSTER_FILE_PREFIX}{self.name}.json"), str(security / f"cluster-{self.name}.json"),
                 *(str(security / f"ipcontroller-{self.name}-{kind}.json") for kind in ("client", "engine")),
                 str(Path(profile, "log", f"engines{self.name}.json"))]
 
@@ -527,13 +532,13 @@ class OwnedPool:
         files = self._controller_files()
         if not files:
             return
-        pid = _live_controller(Path(files[0]))
-        if pid:
-            raise ClusterStartError(
-                f"an ipyparallel controller for cluster id {self.name!r} is already running (pid {pid}, recorded in "
-                f"{files[0]}); give this cluster another name, or stop that one first "
-                f"(`ipcluster stop --cluster-id={self.name}`)."
-            )
+        for recorded in files[:2]:  # a workbench cluster's file, or plain ipyparallel's of the same id
+            pid = _live_controller(Path(recorded))
+            if pid:
+                raise ClusterStartError(
+                    f"an ipyparallel controller for cluster id {self.name!r} is already running (pid {pid}, recorded in "
+                    f"{recorded}); give this cluster another name, or stop that one first "
+                    f"(`ipcluster stop --cluster-id={self.name}`).")
         for path in files:
             Path(path).unlink(missing_ok=True)
 
