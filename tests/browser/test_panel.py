@@ -159,3 +159,9 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     _card(page, KERNEL_CLUSTER).wait_for(state="detached", timeout=90_000)
     assert KERNEL_CLUSTER not in _listing(jupyter_lab)
     assert page.locator(".wb-empty").is_visible()
+
+    # through all of it (a training kernel, proxied dashboards, a panel cluster started, scaled, stopped,
+    # a kernel restart) the Jupyter server logged no traceback
+    log = jupyter_lab.log_path.read_text(errors="replace")
+    (ARTIFACTS / "panel-server-log.txt").write_text(log)
+    assert "Traceback" not in log and "Event loop stopped before Future completed" not in log, log[-4000:]
