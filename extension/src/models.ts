@@ -71,6 +71,7 @@ export interface IJobNow {
   transfer: string;
   bytes_per_step: number;
   queued: string[];
+  running: string[];
 }
 
 /** Every 4xx answer: what failed, and what to do. */

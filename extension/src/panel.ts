@@ -321,6 +321,7 @@ class ClusterCard {
     this.live.replaceChildren(
       el('div', { class: 'wb-rate' }, `${job.examples_per_s.toFixed(0)} examples/s`),
       el('div', { class: 'wb-job' }, `${job.steps_per_s.toFixed(1)} steps/s · ${job.job} ${job.state} ${job.steps_done}/${job.steps_total}`),
+      ...(job.running ?? []).map(line => el('div', { class: 'wb-queued' }, `also running: ${line}`)),
       ...(job.queued ?? []).map(line => el('div', { class: 'wb-queued' }, `queued: ${line}`))
     );
     const top = Math.max(...this.rates, 1e-9);

@@ -106,3 +106,45 @@ def test_a_job_of_an_attached_kernel_shows_in_the_owners_summary_while_it_trains
         cluster.stop()
     final = _owners_summary("wb-test-owner")
     assert final["job"] == shown and final["state"] == "cancelled", final  # the last progress reached it too
+
+
+ATTACHED_TRAINER = textwrap.dedent("""
+    import os, sys, keras, workbench as wb
+    cluster = wb.attach("wb-test-owner")
+    job = wb.train(cluster, lambda: keras.Sequential([keras.Input((64,)), keras.layers.Dense(16), keras.layers.Dense(10)]),
+                   wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps=100000)
+    print(f"{job.name} (pid {os.getpid()})", flush=True)
+    sys.stdin.read()
+    job.stop()
+    cluster.stop()
+""")
+
+
+def test_every_running_job_of_every_kernel_is_listed_in_the_owners_summary(owner):
+    import os
+
+    other = subprocess.Popen([sys.executable, "-c", ATTACHED_TRAINER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    cluster = wb.attach("wb-test-owner")
+    try:
+        theirs = other.stdout.readline().strip()
+        assert theirs.endswith(f"(pid {other.pid})"), theirs
+        job = train(cluster, strategy="async-ps", steps=100000, steps_per_call=5)
+        ours = f"{job.name} (pid {os.getpid()})"
+        deadline, summary = time.monotonic() + 120, None
+        while time.monotonic() < deadline:
+            summary = _owners_summary("wb-test-owner")
+            listed = [summary["job"], *summary.get("running", [])] if summary else []
+            if any(ours in line for line in listed) and any(theirs in line for line in listed):
+                break
+            time.sleep(1.0)
+        assert summary["job"] in (ours, theirs) and len(summary["running"]) == 1, summary
+        assert (theirs if summary["job"] == ours else ours) in summary["running"][0], summary
+        job.stop()
+    finally:
+        cluster.stop()
+        other.stdin.close()
+        try:
+            other.wait(120)
+        except subprocess.TimeoutExpired:
+            other.kill()
+            other.wait(10)

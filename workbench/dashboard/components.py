@@ -367,6 +367,7 @@ class ProgressComponent:
         bar = (f"<div style='background:#eee;width:100%;height:8px'><div style='background:#1f77b4;height:8px;"
                f"width:{100 * min(info['fraction'], 1):.1f}%'></div></div>")
         notes = "".join(f"<div style='color:#b35900'>⚠ {html.escape(n)}</div>" for n in info["notes"])
+        notes += "".join(f"<div class='workbench-running'>also running: {html.escape(r)}</div>" for r in info.get("running", ()))
         notes += "".join(f"<div class='workbench-queued'>queued: {html.escape(q)}</div>" for q in info.get("queued", ()))
         moved = (f" · <span class='workbench-bytes'>{info['bytes_per_step'] / 1e3:,.1f} kB/step "
                  f"({html.escape(info['transfer'])})</span>" if info.get("bytes_per_step") else "")

@@ -43,11 +43,13 @@ class JobSummary:
             self.done_ends.popleft()
         rates = self.rates.rates(now)
         queued = [f"job {j.job} ({j.strategy}, {j.steps_total} steps)" for j in self.jobs.values() if j.state == QUEUED]
+        others = [f"job {j.job} ({j.strategy}, {j.steps_done}/{j.steps_total} steps)" for j in self.jobs.values()
+                  if j.state == RUNNING and j.job != self.latest]  # another kernel's, attached to this cluster
         if self.latest is None:
             return None
         info = progress_info(self.jobs[self.latest], self.log.in_progress(), now, len(self.done_ends) / ETA_WINDOW)
         examples, steps = rates.get(TOTAL, (0.0, 0.0))
-        info.update(examples_per_s=examples, steps_per_s=steps, queued=queued,
+        info.update(examples_per_s=examples, steps_per_s=steps, queued=queued, running=others,
                     workers={w: {"examples_per_s": r[0], "steps_per_s": r[1]} for w, r in rates.items() if w != TOTAL})
         self.info = info
         return info

@@ -134,6 +134,7 @@ class JobNow:
     transfer: str = ""  # ps strategies: the precision parameters and gradients travel in ("" from older owners)
     bytes_per_step: int = 0  # what one worker's step moves to and from the ps tasks (0: not known)
     queued: list[str] = field(default_factory=list)  # the jobs waiting for the cluster, one line each, oldest first
+    running: list[str] = field(default_factory=list)  # other jobs training now (another kernel's), one line each
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> JobNow:
