@@ -7,6 +7,8 @@ the kernel's cluster once the kernel restarts.
 """
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -29,6 +31,16 @@ CELLS = [
     "               steps=100_000, steps_per_call=5)\n"
     "print('training started')",
 ]
+ATTACHED_TRAINER = f"""
+import os, sys, keras, workbench as wb
+cluster = wb.attach({KERNEL_CLUSTER!r})
+job = wb.train(cluster, lambda: keras.Sequential([keras.Input((64,)), keras.layers.Dense(16), keras.layers.Dense(10)]),
+               wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps=100000)
+print(f"{{job.name}} (pid {{os.getpid()}})", flush=True)
+sys.stdin.read()
+job.stop()
+cluster.stop()
+"""
 # every bar in the timeline's Bokeh documents, in the frame of the pane
 JS_TIMELINE_BARS = """() => [...(window.Bokeh ? Bokeh.documents : [])].flatMap((d) => [...d._all_models.values()])
     .filter((m) => m.name && m.name.startsWith("timeline_steps_")).reduce((n, s) => n + s.data.right.length, 0)"""
@@ -103,6 +115,20 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     assert card.locator(".wb-links").inner_text().endswith("all: 1 Gbit/s")
     page.wait_for_function(f"""() => {{ const r = document.querySelector(".wb-card[data-cluster='{KERNEL_CLUSTER}'] .wb-rate");
         return r && parseFloat(r.textContent) > 0; }}""", timeout=120_000, polling=500)
+
+    # a second kernel attached to the cluster trains too: the panel shows both jobs, with their numbers
+    attached = subprocess.Popen([sys.executable, "-c", ATTACHED_TRAINER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+    try:
+        theirs = attached.stdout.readline().strip()
+        assert theirs.endswith(f"(pid {attached.pid})"), theirs
+        page.wait_for_function(f"""() => {{ const c = document.querySelector(".wb-card[data-cluster='{KERNEL_CLUSTER}']");
+            const t = c ? c.textContent : ""; return t.includes({json.dumps(theirs)}) && t.includes("also running: job async-ps-1"); }}""",
+                               timeout=120_000, polling=500)
+        page.screenshot(path=str(ARTIFACTS / "panel-two-kernels.png"))
+    finally:
+        attached.kill()  # it owns nothing: the owner's cluster runs on (its graceful stop: see test_attach.py)
+        attached.wait(30)
 
     # the timeline opens as a main-area pane, served through Jupyter, and updates
     card.locator(".wb-plot[data-plot='timeline']").click()
