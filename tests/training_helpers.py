@@ -1,6 +1,8 @@
 """Model, loss and data shared by the training tests (small, real: scikit-learn's digits)."""
 
 import os
+import subprocess
+import textwrap
 import threading
 import time
 
@@ -87,3 +89,28 @@ def poll_responsive(condition, seconds: float, what: str) -> float:
         time.sleep(0.05)
         longest = max(longest, time.monotonic() - before - 0.05)
     return longest
+
+
+def attached_trainer(cluster_name: str) -> str:
+    """A script that attaches to ``cluster_name``, trains in the background, prints ``"<job> (pid N)"`` (the name
+    the owner shows it under), and stops when its stdin closes: a second kernel training on the cluster."""
+    return textwrap.dedent(f"""
+        import os, sys, keras, workbench as wb
+        cluster = wb.attach({cluster_name!r})
+        job = wb.train(cluster, lambda: keras.Sequential([keras.Input((64,)), keras.layers.Dense(16), keras.layers.Dense(10)]),
+                       wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps=100000)
+        print(f"{{job.name}} (pid {{os.getpid()}})", flush=True)
+        sys.stdin.read()
+        job.stop()
+        cluster.stop()
+    """)
+
+
+def close_and_wait(process, timeout: float) -> None:
+    """Close a child's stdin (its signal to stop) and wait for it; kill it if it is still there after ``timeout`` s."""
+    process.stdin.close()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)

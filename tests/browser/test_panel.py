@@ -13,6 +13,7 @@ import time
 
 import pytest
 from conftest import ARTIFACTS
+from training_helpers import attached_trainer
 
 from workbench.cluster import netns
 
@@ -31,16 +32,6 @@ CELLS = [
     "               steps=100_000, steps_per_call=5)\n"
     "print('training started')",
 ]
-ATTACHED_TRAINER = f"""
-import os, sys, keras, workbench as wb
-cluster = wb.attach({KERNEL_CLUSTER!r})
-job = wb.train(cluster, lambda: keras.Sequential([keras.Input((64,)), keras.layers.Dense(16), keras.layers.Dense(10)]),
-               wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps=100000)
-print(f"{{job.name}} (pid {{os.getpid()}})", flush=True)
-sys.stdin.read()
-job.stop()
-cluster.stop()
-"""
 # every bar in the timeline's Bokeh documents, in the frame of the pane
 JS_TIMELINE_BARS = """() => [...(window.Bokeh ? Bokeh.documents : [])].flatMap((d) => [...d._all_models.values()])
     .filter((m) => m.name && m.name.startsWith("timeline_steps_")).reduce((n, s) => n + s.data.right.length, 0)"""
@@ -117,8 +108,8 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
         return r && parseFloat(r.textContent) > 0; }}""", timeout=120_000, polling=500)
 
     # a second kernel attached to the cluster trains too: the panel shows both jobs, with their numbers
-    attached = subprocess.Popen([sys.executable, "-c", ATTACHED_TRAINER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True)
+    attached = subprocess.Popen([sys.executable, "-c", attached_trainer(KERNEL_CLUSTER)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
     try:
         theirs = attached.stdout.readline().strip()
         assert theirs.endswith(f"(pid {attached.pid})"), theirs

@@ -6,7 +6,7 @@ import textwrap
 import time
 
 import pytest
-from training_helpers import train
+from training_helpers import attached_trainer, close_and_wait, train
 
 import workbench as wb
 from workbench.cluster import registry
@@ -29,12 +29,7 @@ def owner():
         assert process.stdout.readline().strip() == "ready"
         yield process
     finally:
-        process.stdin.close()
-        try:
-            process.wait(90)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        close_and_wait(process, 90)
 
 
 def test_an_attached_cluster_trains_on_the_owners_tasks_and_detaches(owner):
@@ -77,13 +72,7 @@ def test_the_attach_magic_makes_the_owners_cluster_this_kernels_default(owner):
 
 def _owners_summary(name: str) -> dict | None:
     """What the owner's control endpoint (the panel's source) says of the cluster's newest job."""
-    import json
-    import urllib.request
-
-    control = registry.read_record(name).endpoints["control"]
-    request = urllib.request.Request(f"{control.url}/summary", headers={"Authorization": f"token {control.token}"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+    return registry.read_record(name).endpoints["control"].request("GET", "summary")
 
 
 def test_a_job_of_an_attached_kernel_shows_in_the_owners_summary_while_it_trains(owner):
@@ -108,22 +97,11 @@ def test_a_job_of_an_attached_kernel_shows_in_the_owners_summary_while_it_trains
     assert final["job"] == shown and final["state"] == "cancelled", final  # the last progress reached it too
 
 
-ATTACHED_TRAINER = textwrap.dedent("""
-    import os, sys, keras, workbench as wb
-    cluster = wb.attach("wb-test-owner")
-    job = wb.train(cluster, lambda: keras.Sequential([keras.Input((64,)), keras.layers.Dense(16), keras.layers.Dense(10)]),
-                   wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps=100000)
-    print(f"{job.name} (pid {os.getpid()})", flush=True)
-    sys.stdin.read()
-    job.stop()
-    cluster.stop()
-""")
-
-
 def test_every_running_job_of_every_kernel_is_listed_in_the_owners_summary(owner):
     import os
 
-    other = subprocess.Popen([sys.executable, "-c", ATTACHED_TRAINER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen([sys.executable, "-c", attached_trainer("wb-test-owner")], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
     cluster = wb.attach("wb-test-owner")
     try:
         theirs = other.stdout.readline().strip()
@@ -142,9 +120,4 @@ def test_every_running_job_of_every_kernel_is_listed_in_the_owners_summary(owner
         job.stop()
     finally:
         cluster.stop()
-        other.stdin.close()
-        try:
-            other.wait(120)
-        except subprocess.TimeoutExpired:
-            other.kill()
-            other.wait(10)
+        close_and_wait(other, 120)

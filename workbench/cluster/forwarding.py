@@ -8,11 +8,9 @@ attached object; an owner that does not answer costs a warning-free retry, never
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import urllib.error
-import urllib.request
 
 from ..telemetry.wire import MAX_EVENTS, encode
 from . import registry
@@ -25,8 +23,7 @@ class TelemetryForwarder:
     def __init__(self, cluster):
         self.cluster = cluster
         self.cursor = 0
-        self.sent = 0  # events the owner accepted
-        self.failures = 0  # requests that found no owner (it may be stopping): retried from the same cursor
+        self._control = None  # the owner's control endpoint, from its registry record (read again after a failure)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"workbench-forward-{cluster.name}")
 
@@ -48,20 +45,18 @@ class TelemetryForwarder:
         batch = self.cluster.telemetry.since(self.cursor, MAX_EVENTS)
         items = encode(batch.events, f"pid {os.getpid()}")
         if items and not self._send(items):
-            self.failures += 1
-            return  # the same events again next time
+            return  # the owner may be stopping: the same events again next time
         self.cursor = batch.cursor
-        self.sent += len(items)
 
     def _send(self, items: list) -> bool:
-        record = registry.read_record(self.cluster.name)
-        control = record.endpoints.get("control") if record is not None else None
-        if control is None:
-            return False
-        request = urllib.request.Request(f"{control.url}/telemetry", method="POST", data=json.dumps({"events": items}).encode(),
-                                         headers={"Authorization": f"token {control.token}", "Content-Type": "application/json"})
+        if self._control is None:
+            record = registry.read_record(self.cluster.name)
+            self._control = record.endpoints.get("control") if record is not None else None
+            if self._control is None:
+                return False
         try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT):
-                return True
+            self._control.request("POST", "telemetry", {"events": items}, REQUEST_TIMEOUT)
+            return True
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError):
+            self._control = None
             return False

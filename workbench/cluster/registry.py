@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,14 @@ class Endpoint:
 
     url: str
     token: str = ""
+
+    def request(self, method: str, op: str, body: dict | None = None, timeout: float = 30.0) -> Any:
+        """``method`` ``<url>/<op>`` with the token and a JSON body; the JSON answer. ``urllib`` errors propagate."""
+        request = urllib.request.Request(f"{self.url}/{op}", method=method,
+                                         data=json.dumps(body).encode() if body is not None else None,
+                                         headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read() or b"null")
 
 
 @dataclass

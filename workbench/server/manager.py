@@ -13,7 +13,6 @@ import re
 import threading
 import time
 import urllib.error
-import urllib.request
 from typing import Any
 
 import psutil
@@ -172,13 +171,8 @@ class ClusterManager:
             raise OwnerError(f"cluster {record.name!r} was started by a workbench without a control endpoint "
                              f"(version {record.workbench_version or 'unknown'}): act on it from its owner "
                              f"(pid {record.client_pid}).")
-        request = urllib.request.Request(f"{control.url}/{op}", method=method,
-                                         data=json.dumps(body).encode() if body is not None else None,
-                                         headers={"Authorization": f"token {control.token}",
-                                                  "Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return json.loads(response.read() or b"null")
+            return control.request(method, op, body, timeout)
         except urllib.error.HTTPError as exc:
             try:
                 message = json.loads(exc.read())["error"]

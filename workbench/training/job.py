@@ -117,7 +117,7 @@ class Job:
         self._dtype_policy = _caller_dtype_policy()  # Keras keeps it per thread; set up runs in the job's thread
         self._recorder = StepRecorder(cluster.telemetry if options.telemetry else None, self.name,
                                       cluster.clock_offsets() if options.telemetry else None)
-        self._submitted = self._started = time.time()
+        self._started = time.time()
         self._thread = threading.Thread(target=self._drive, name=f"workbench-job-{self.name}", daemon=True)
 
     def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions) -> None:
