@@ -173,3 +173,18 @@ def test_jobs_after_a_killed_worker_begin_on_a_whole_cluster():
         _assert_responsive(dog)
     finally:
         local.stop()
+
+
+def test_waiting_for_a_slow_set_up_times_out_and_says_it_goes_on(cluster):
+    first = train(cluster, steps=100)
+
+    def slow_digits(ctx):  # a data function that takes its time (as reading a big file would)
+        time.sleep(3)
+        return wb.datasets.digits(ctx)
+
+    second = wb.train(cluster, train.__globals__["make_model"], slow_digits, train.__globals__["LOSS"], steps=20)
+    assert second.state == "queued"
+    first.wait(300)
+    with pytest.raises(TimeoutError, match=rf"job {second.name} \(running, 0/20 steps\) is still setting up after 1 s"):
+        second.wait_set_up(timeout=1)
+    assert second.wait(300).state == "finished"

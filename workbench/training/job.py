@@ -225,14 +225,19 @@ class Job:
         self._report_progress()
         self._thread.start()
 
-    def wait_set_up(self) -> None:
+    def wait_set_up(self, timeout: float | None = None) -> None:
         """Block until the job's set-up is done (its variables exist); raise the set-up's error if it failed.
 
-        Bounded by the set-up's own timeouts (connecting, building on the tasks); an interrupt ends the wait.
+        ``timeout`` (default: the wait for re-hosted tasks plus ``step_timeout``, the longest a remote call may
+        take) ends the wait with a ``TimeoutError`` that says the set-up goes on; an interrupt ends it too.
         """
+        timeout = TASKS_READY_SECONDS + self.options.step_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         try:
             while not self._set_up.wait(0.2):
-                pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.describe()} is still setting up after {timeout:.0f} s (building the model "
+                                       "and its variables on the tasks): check cluster.status(); job.stop() drops it.")
         except KeyboardInterrupt:
             raise KeyboardInterrupt(self._interrupted()) from None
         if self._setup_error is not None:
