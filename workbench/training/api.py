@@ -101,7 +101,8 @@ def train(
         begins when the jobs before it end (``cluster.jobs`` lists them; ``job.cancel()`` drops it);
         ``queue=False`` raises ``ClusterStateError`` instead, naming the running job.
 
-    A job that begins at once is set up before ``wb.train`` returns, so a mistake in the model, data or
+    A job that begins at once is set up before ``wb.train`` returns (waited for at most 120 s plus
+    ``step_timeout``, then a ``TimeoutError`` says the set-up goes on), so a mistake in the model, data or
     options is raised here; a queued job is set up when its turn comes (its error then comes from
     ``job.wait()``, and ``job.state`` is ``failed``).
     """
