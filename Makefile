@@ -1,23 +1,28 @@
 # Two commands do everything on a fresh machine:
 #   make lab    install into .venv and open JupyterLab on notebooks/ (LAB_ARGS=--no-browser for a server)
-#   make test   install with test dependencies, lint (ruff, configured in pyproject.toml), run the whole test suite
+#   make test   install with test dependencies, lint (ruff, configured in pyproject.toml), run the whole test
+#               suite, build the documentation (make docs)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= cpu,notebook,test
+EXTRAS ?= cpu,notebook
+# pyproject.toml's dependency groups (not published extras): test tools, and the docs' (included by test)
+GROUPS ?= test
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install chromium lab test bench bench-training bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak demo clean
+.PHONY: install chromium lab test docs dist bench bench-training bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
+# the editable build compiles the bind shim into workbench/cluster/ (hatch_build.py)
+BUILD_SOURCES := hatch_build.py workbench/cluster/bind_shim.c
 
-$(VENV)/.installed: pyproject.toml $(EXTENSION_SOURCES)
+$(VENV)/.installed: pyproject.toml $(EXTENSION_SOURCES) $(BUILD_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# the build hook rebuilds the panel only when extension/src changed: a changed style sheet counts too
 	rm -rf workbench/labextension
-	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]' $(foreach group,$(GROUPS),--group $(group))
 	$(PY) -m pip check
 	touch $@
 
@@ -36,6 +41,18 @@ lab: install
 test: install chromium
 	$(PY) -m ruff check .
 	LD_PRELOAD="$$($(VENV)/bin/workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" $(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) docs
+
+# The documentation site: docs/_build/html. Warnings are errors; the tutorials are executed (cached in
+# docs/_build/.jupyter_cache: a tutorial runs again only when its code changed).
+docs: install
+	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
+
+# sdist and wheel into dist/, checked as PyPI would check them
+dist: install
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(PY) -m twine check --strict dist/*
 
 demo: install
 	$(VENV)/bin/workbench demo
@@ -69,4 +86,5 @@ bench-launchers: install
 	LD_PRELOAD="$$($(VENV)/bin/workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" $(PY) bench/launchers.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info test-artifacts bench/results workbench/labextension extension/lib extension/node_modules
+	rm -rf $(VENV) build dist *.egg-info test-artifacts bench/results workbench/labextension extension/lib extension/node_modules \
+		workbench/cluster/workbench-bind-shim.so docs/_build docs/api docs/tutorials

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,11 @@ os.environ["WORKBENCH_REGISTRY_DIR"] = _REGISTRY
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 for _proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy"):
     os.environ.pop(_proxy, None)
+
+
+def pytest_unconfigure(config) -> None:
+    """The suite's registry directory goes with the suite (its clusters stopped with their tests)."""
+    shutil.rmtree(_REGISTRY, ignore_errors=True)
 
 
 def pytest_configure(config) -> None:

@@ -1,11 +1,10 @@
 """workbench: interactive distributed training for TensorFlow on ipyparallel engine pools."""
 
-__version__ = "0.1.0"
-
 from . import (
     control,  # noqa: F401 - imported for its effect: clusters this process starts serve their control endpoint
     datasets,
 )
+from ._version import DISTRIBUTION, __version__
 from .cluster import Cluster, ClusterStatus, TaskId, TaskRecord, list_clusters, running_clusters
 from .cluster.batch import slurm_reachable
 from .dashboard import Dashboard, DashboardServer, dashboard, serve_dashboard
@@ -49,6 +48,8 @@ from .errors import (  # noqa: E402
 )
 
 __all__ = [
+    "__version__",
+    "DISTRIBUTION",
     "attach",
     "datasets",
     "Dashboard",

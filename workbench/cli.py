@@ -63,7 +63,10 @@ def bind_shim_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ._version import DISTRIBUTION, __version__
+
     parser = argparse.ArgumentParser(prog="workbench", description="Distributed TensorFlow workbench")
+    parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo_parser = commands.add_parser("demo", help="start a local cluster, run an op on each task, stop")
     demo_parser.add_argument("--ps", type=int, default=1)

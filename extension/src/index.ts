@@ -48,7 +48,7 @@ export function connectionCode(cluster: string): string {
 }
 
 const plugin: JupyterFrontEndPlugin<void> = {
-  id: 'workbench-labextension:plugin',
+  id: 'jupyter-tf-workbench:plugin',
   description: 'Manage workbench clusters and open their live dashboards.',
   autoStart: true,
   optional: [ILayoutRestorer, INotebookTracker, ICommandPalette],

@@ -24,7 +24,7 @@ def test_binder_opens_the_first_tutorial_with_the_panel_visible(binder_env, tmp_
     with running_lab(tmp_path / "lab", python=binder_env.python, prepare=prepare, wrapper=start, base_env=plain) as lab:
         maps = Path(f"/proc/{lab.pid}/maps").read_text()
         # the server binds where it is told (the hub reaches it); kernels get the shim from their kernelspec
-        assert "workbench-bind-shim-" not in maps, "binder/start gave the Jupyter server itself the bind shim"
+        assert "workbench-bind-shim" not in maps, "binder/start gave the Jupyter server itself the bind shim"
         page.goto(lab.url_for("lab"), wait_until="domcontentloaded")
         page.locator(".wb-panel").wait_for(state="visible", timeout=60_000)
         current = page.locator(".jp-MainAreaWidget .lm-TabBar-tab.lm-mod-current, #jp-main-dock-panel .lm-TabBar-tab.lm-mod-current")

@@ -265,10 +265,10 @@ def test_local_tensorflow_ports_listen_on_loopback_and_the_check_agrees(cluster)
         assert cluster.check_exposure() == []
 
 
-def test_without_a_compiler_the_open_ports_are_named_with_what_to_do(tmp_path, no_leftover_processes):
-    env = {"CC": str(tmp_path / "no-such-cc"), "WORKBENCH_CACHE_DIR": str(tmp_path / "cache"), "LD_PRELOAD": ""}
+def test_without_the_shim_the_open_ports_are_named_with_what_to_do(tmp_path, no_leftover_processes):
+    env = {"WORKBENCH_BIND_SHIM": str(tmp_path / "no-such-shim.so"), "LD_PRELOAD": ""}
     with pytest.MonkeyPatch.context() as patch:
-        for key, value in env.items():  # the client and its engines both look for a compiler, and find none
+        for key, value in env.items():  # the client and its engines both look for the shim, and find none
             patch.setenv(key, value)
         with pytest.warns(wb.ExposedPortsWarning) as caught:
             cluster = wb.Cluster(ps=1, workers=1, progress=False).start()
@@ -276,7 +276,7 @@ def test_without_a_compiler_the_open_ports_are_named_with_what_to_do(tmp_path, n
             message = str(caught[0].message)
             for record in cluster.tasks:
                 assert f"{record.name} [::]:{record.address.rsplit(':', 1)[1]}" in message
-            assert "no-such-cc" in message and "start the cluster again" in message and "firewall" in message
+            assert "no-such-shim.so" in message and "start the cluster again" in message and "firewall" in message
         finally:
             cluster.stop()
 
@@ -292,7 +292,7 @@ KERNEL_CONNECTS = """
     from workbench.cluster import bind_hook
     result = {"warnings": [str(w.message) for w in caught if w.category is wb.ExposedPortsWarning],
               "exposed": containment.exposed(mine), "shim": containment.shim_loaded(),
-              "preloaded": "workbench-bind-shim-" in __import__("os").environ.get("LD_PRELOAD", ""),
+              "preloaded": "workbench-bind-shim" in __import__("os").environ.get("LD_PRELOAD", ""),
               "hooked": bind_hook.patched_libraries()}
 """
 
@@ -318,11 +318,11 @@ def test_a_process_started_without_the_shim_keeps_its_port_on_loopback_too(no_le
 
 
 def test_a_process_that_cannot_be_protected_is_told_which_port_is_open_and_why(tmp_path, no_leftover_processes):
-    plain = _kernel_like({**_without_shim(), "CC": str(tmp_path / "no-such-cc"), "WORKBENCH_CACHE_DIR": str(tmp_path)})
+    plain = _kernel_like({**_without_shim(), "WORKBENCH_BIND_SHIM": str(tmp_path / "no-such-shim.so")})
     assert len(plain["exposed"]) == 1 and plain["hooked"] == []
     port = plain["exposed"][0][1]
     (message,) = [w for w in plain["warnings"] if "this process's TensorFlow port" in w]
-    assert f"[::]:{port}" in message and "no-such-cc" in message and "firewall" in message
+    assert f"[::]:{port}" in message and "no-such-shim.so" in message and "firewall" in message
 
 
 def test_an_engine_started_by_another_launcher_loads_the_shim_itself(monkeypatch, no_leftover_processes):
@@ -342,7 +342,7 @@ def test_an_engine_started_by_another_launcher_loads_the_shim_itself(monkeypatch
         client.wait_for_engines(1, timeout=120)
         engine = client[client.ids[0]]
         pid = engine.apply_sync(os.getpid)
-        assert "workbench-bind-shim-" in Path(f"/proc/{pid}/maps").read_text()  # it ran itself again, with the shim
+        assert "workbench-bind-shim" in Path(f"/proc/{pid}/maps").read_text()  # it ran itself again, with the shim
         info = engine.apply_sync(engine_side.probe, "127.0.0.1")
         port = engine.apply_sync(engine_side.prepare_tensorflow, [])["port"]
         started = engine.apply_sync(engine_side.start_server, {"worker": [f"{info['address']}:{port}"]}, "worker", 0)
@@ -404,7 +404,7 @@ def test_binder_serves_the_hub_and_keeps_its_kernels_ports_closed(peer, binder_e
         try:
             _run_kernel_code(client)
             kernels = [p for p in psutil.Process(server.pid).children() if "workbench.kernel" not in " ".join(p.cmdline())]
-            assert any("workbench-bind-shim-" in Path(f"/proc/{p.pid}/maps").read_text() for p in kernels), (
+            assert any("workbench-bind-shim" in Path(f"/proc/{p.pid}/maps").read_text() for p in kernels), (
                 "the workbench kernel runs without the bind shim")
             ports, reached = _attack(peer, [server.pid], "binder")
             assert reached == [f"{peer.host4} {port}"], ports  # the server, and nothing else

@@ -91,7 +91,7 @@ def test_engines_added_after_a_job_are_still_forks(monkeypatch, no_leftover_proc
 def test_plain_ipyparallel_can_fork_engines_by_launcher_name(no_leftover_processes):
     import ipyparallel as ipp
 
-    ipp_cluster = ipp.Cluster(engines="fork", n=2, controller_ip="127.0.0.1", cluster_id="wb-test-ipp-fork", log_level=40)
+    ipp_cluster = ipp.Cluster(engines="workbench-fork", n=2, controller_ip="127.0.0.1", cluster_id="wb-test-ipp-fork", log_level=40)
     client = ipp_cluster.start_and_connect_sync()
     try:
         client.wait_for_engines(2, timeout=120)
@@ -101,7 +101,7 @@ def test_plain_ipyparallel_can_fork_engines_by_launcher_name(no_leftover_process
         client[:].execute("import sys; has_tensorflow = 'tensorflow' in sys.modules", block=True)
         assert client[:].pull("has_tensorflow", block=True) == [True, True]
         for pid in pids:  # the launcher's own warm process loaded the bind shim, so its forks have it
-            assert "workbench-bind-shim-" in Path(f"/proc/{pid}/maps").read_text()
+            assert "workbench-bind-shim" in Path(f"/proc/{pid}/maps").read_text()
     finally:
         client.close()
         ipp_cluster.stop_cluster_sync()  # the launcher stops the warm process it started

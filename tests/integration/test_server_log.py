@@ -1,6 +1,9 @@
-"""The Jupyter server's log stays clean while the panel's routes start, show, scale and stop a cluster."""
+"""The Jupyter server's log stays clean while the panel's routes start, show, scale and stop a cluster,
+and while one of its tasks is killed."""
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +16,11 @@ from conftest import ARTIFACTS
 pytestmark = pytest.mark.cluster
 
 
-def test_start_plots_scale_and_stop_through_the_panels_routes_log_no_traceback(tmp_path, no_leftover_processes):
+def _task(listing: dict, name: str) -> dict:
+    return next(t for t in listing["tasks"] if t["name"] == name)
+
+
+def test_start_plots_scale_kill_and_stop_through_the_panels_routes_log_no_traceback(tmp_path, no_leftover_processes):
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     port = holder.getsockname()[1]
@@ -45,6 +52,14 @@ def test_start_plots_scale_and_stop_through_the_panels_routes_log_no_traceback(t
         assert {p["name"] for p in call("GET", "workbench/api/clusters/wb-test-server-log/plots")["plots"]} >= {"timeline"}
         call("GET", "workbench/api/clusters/wb-test-server-log/summary")
         call("PATCH", "workbench/api/clusters/wb-test-server-log", {"workers": 2})
+        # a task killed as a crash would: the owner (this server) sees it go, and says so without a traceback
+        killed = _task(call("GET", "workbench/api/clusters/wb-test-server-log"), "worker:1")
+        os.kill(killed["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while (now := _task(call("GET", "workbench/api/clusters/wb-test-server-log"), "worker:1"))["state"] == "running" \
+                and now["pid"] == killed["pid"]:
+            assert time.monotonic() < deadline, f"worker:1 still shows as running 60 s after its kill: {now}"
+            time.sleep(0.5)
         call("DELETE", "workbench/api/clusters/wb-test-server-log")
         deadline = time.monotonic() + 60
         while "wb-test-server-log" in {c["name"] for c in call("GET", "workbench/api/clusters")["clusters"]}:

@@ -8,24 +8,22 @@
  * port is reachable only there. An explicit address, and "*" as the variable's value, pass through.
  * The variable is read at every bind, so a process can set it once it knows its cluster address.
  *
- * Built on first use by workbench/cluster/containment.py (cc -shared -fPIC -O2 ... -ldl).
+ * Compiled when the wheel is built (hatch_build.py: cc -shared -fPIC -O2). The real bind is the system
+ * call itself, not libc's bind found with dlsym(RTLD_NEXT): the library then needs nothing newer than
+ * glibc 2.17 (dlsym moved into libc with a new symbol version in 2.34), so one manylinux_2_17 wheel
+ * serves every Linux TensorFlow runs on. A bind() of another preloaded library is not chained.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
-typedef int (*bind_function)(int, const struct sockaddr *, socklen_t);
-
-static bind_function real_bind(void) {
-    static bind_function next = NULL;
-    if (next == NULL) {
-        next = (bind_function)dlsym(RTLD_NEXT, "bind");
-    }
-    return next;
+static int next(int fd, const struct sockaddr *address, socklen_t length) {
+    return (int)syscall(SYS_bind, fd, address, length);
 }
 
 /* Marker the workbench looks up (dlsym) to tell that this library is loaded in a process. */
@@ -37,10 +35,9 @@ static const char *target_address(void) {
 }
 
 int bind(int fd, const struct sockaddr *address, socklen_t length) {
-    bind_function next = real_bind();
     const char *target = target_address();
-    if (address == NULL || next == NULL || strcmp(target, "*") == 0) {
-        return next != NULL ? next(fd, address, length) : -1;
+    if (address == NULL || strcmp(target, "*") == 0) {
+        return next(fd, address, length);
     }
     if (address->sa_family == AF_INET && length >= sizeof(struct sockaddr_in)) {
         const struct sockaddr_in *in4 = (const struct sockaddr_in *)address;

@@ -7,20 +7,16 @@ reaches a port runs code in that process. TensorFlow has no option to bind one a
 The workbench loads a small library into those processes (``bind_shim.c``, with ``LD_PRELOAD``):
 it rewrites a wildcard ``bind()`` to the address in ``$WORKBENCH_BIND_ADDRESS``: the address the
 ClusterSpec names for the task (127.0.0.1 on a local cluster, the host's cluster interface
-otherwise), loopback when unset, every interface only for ``"*"``. The library is compiled on first
-use from the package's own C file, into a private cache directory. Where that cannot work (no C
-compiler, not Linux), the workbench says so and names the open ports (``listeners``, ``exposed``).
+otherwise), loopback when unset, every interface only for ``"*"``. The library is compiled when the
+wheel is built (``hatch_build.py``: a Linux platform wheel) and lives next to this module;
+``$WORKBENCH_BIND_SHIM`` names another copy (a packager's). Where there is none (not Linux, an
+install built without it), the workbench says so and names the open ports (``listeners``, ``exposed``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import psutil
@@ -30,9 +26,9 @@ from ..errors import WorkbenchError
 BIND_ENV = "WORKBENCH_BIND_ADDRESS"
 PROBLEM_ENV = "WORKBENCH_BIND_SHIM_PROBLEM"  # why a process runs without the shim (for the engine's own report)
 EVERY_INTERFACE = "*"
-SHIM_SOURCE = Path(__file__).with_name("bind_shim.c")
-_SHIM_PREFIX = "workbench-bind-shim-"
-_BUILD_TIMEOUT = 120.0
+SHIM_ENV = "WORKBENCH_BIND_SHIM"  # where the shim is, when not next to this module
+SHIM_FILE = Path(__file__).with_name("workbench-bind-shim.so")  # put there by the wheel's build (hatch_build.py)
+_SHIM_PREFIX = "workbench-bind-shim"
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
@@ -41,7 +37,8 @@ class ContainmentError(WorkbenchError):
 
 
 def cache_dir() -> Path:
-    """Where the compiled shim lives: ``$WORKBENCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/workbench``, else ``~/.cache/workbench``."""
+    """The workbench's per-user files (native logs): ``$WORKBENCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/workbench``,
+    else ``~/.cache/workbench``."""
     override = os.environ.get("WORKBENCH_CACHE_DIR")
     if override:
         return Path(override)
@@ -49,39 +46,19 @@ def cache_dir() -> Path:
     return Path(base) / "workbench"
 
 
-def _shim_name() -> str:
-    digest = hashlib.sha256(SHIM_SOURCE.read_bytes()).hexdigest()[:12]
-    return f"{_SHIM_PREFIX}{digest}-{platform.machine()}.so"
-
-
 def shim_path() -> str:
-    """The shim compiled for this machine, built on first use; ``ContainmentError`` says why not."""
+    """The bind shim of this installation; ``ContainmentError`` says why there is none and what to do."""
     if not sys.platform.startswith("linux"):
-        raise ContainmentError(f"the bind shim works on Linux only (this is {sys.platform})")
-    directory = cache_dir()
-    target = directory / _shim_name()
-    if target.exists():
-        return str(target)
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise ContainmentError("there is no C compiler to build the bind shim: install one (Debian/Ubuntu: "
-                               "apt-get install build-essential; conda: conda install c-compiler)")
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=directory, prefix=".build-", suffix=".so")
-    os.close(fd)
-    command = [compiler, "-shared", "-fPIC", "-O2", "-o", partial, str(SHIM_SOURCE), "-ldl"]
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT)
-        if result.returncode != 0:
-            raise ContainmentError(f"building the bind shim failed ({' '.join(command)}): "
-                                   f"{(result.stderr or result.stdout).strip()[-500:]}")
-        os.replace(partial, target)  # atomic: processes building at once all end with a whole file
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ContainmentError(f"building the bind shim with {compiler} failed: {exc}") from None
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return str(target)
+        raise ContainmentError(f"the bind shim works on Linux only (this is {sys.platform}): TensorFlow's ports listen on "
+                               "every interface here; keep them off the network with the host's firewall")
+    named = os.environ.get(SHIM_ENV)
+    path = Path(named) if named else SHIM_FILE
+    if not path.is_file():
+        where = f"${SHIM_ENV} names {path}, which does not exist" if named else f"this installation has no {path}"
+        raise ContainmentError(f"{where}: the shim is compiled when the package's wheel is built. Install the Linux wheel "
+                               "(pip install jupyter-tf-workbench), or reinstall from source with a C compiler "
+                               "(Debian/Ubuntu: apt-get install build-essential)")
+    return str(path)
 
 
 def shim_loaded() -> bool:

@@ -1,6 +1,6 @@
 """An ipyparallel engine launcher that forks engines from one warm process (entry point ``fork``).
 
-``wb.Cluster(engines="local")`` uses it. ``ipyparallel.Cluster(engines="fork")`` works too: every
+``wb.Cluster(engines="local")`` uses it. ``ipyparallel.Cluster(engines="workbench-fork")`` works too: every
 ipyparallel feature of the local launcher (``engine_args``, ``environment``, signals, stop, the
 cluster file) is kept; only how an engine process comes to exist changes. The warm process
 (``workbench.cluster.warm``) imports TensorFlow once; each engine is a fork of it, sharing that

@@ -40,9 +40,9 @@ CLUSTER_FILE_PREFIX = "workbench-cluster-"  # ipyparallel's cluster file of a wo
 # hub, not one process each (bench/controller.py: less memory, same throughput).
 CONTROLLER_DEFAULTS = {"--HeartMonitor.period": "100", "--HeartMonitor.max_heartmonitor_misses": "300",
                        "--IPController.use_threads": "True"}
-# ipyparallel's local launcher, and the workbench's (entry point "fork") that wb.Cluster(engines="local") uses
-LOCAL_LAUNCHERS = ("local", "fork")
-FORK_LAUNCHER = "fork"
+# ipyparallel's local launcher, and the workbench's (entry point "workbench-fork") that wb.Cluster(engines="local") uses
+LOCAL_LAUNCHERS = ("local", "workbench-fork")
+FORK_LAUNCHER = "workbench-fork"
 
 
 def controller_args(given: Iterable[str]) -> list[str]:

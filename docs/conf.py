@@ -1,0 +1,99 @@
+"""Sphinx configuration of the workbench's documentation (MyST Markdown pages, MyST-NB tutorials).
+
+`make docs` builds it with warnings as errors. Two things are generated at build time, so they never
+drift from the code: the API reference (every name in ``workbench.__all__``) and the tutorial pages
+(copies of ``notebooks/``, executed during the build with the workbench kernel).
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+from pathlib import Path
+
+import workbench
+
+DOCS = Path(__file__).resolve().parent
+ROOT = DOCS.parent
+
+project = "jupyter-tf-workbench"
+author = "The workbench developers"
+copyright = "2026, The workbench developers"
+release = workbench.__version__
+version = ".".join(release.split(".")[:2])
+
+extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.napoleon", "sphinx.ext.viewcode"]
+exclude_patterns = ["_build", "**.ipynb_checkpoints", "README.md"]
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+html_theme = "pydata_sphinx_theme"
+html_title = "jupyter-tf-workbench"
+html_static_path = ["_static"]
+html_theme_options = {"navigation_with_keys": False, "show_toc_level": 2}
+
+# The tutorials run during the build, each in the workbench kernel, in a temporary directory; a cell error
+# fails the build. "cache" re-executes a notebook only when its code changed (jupyter-cache in _build).
+nb_execution_mode = "cache"
+nb_execution_cache_path = str(DOCS / "_build" / ".jupyter_cache")
+nb_execution_in_temp = True
+nb_execution_timeout = 900
+nb_execution_raise_on_error = True
+nb_execution_show_tb = True
+nb_kernel_rgx_aliases = {".*": "workbench"}
+
+autodoc_typehints = "description"
+autodoc_member_order = "bysource"
+autodoc_default_options = {"members": True, "show-inheritance": True}
+autosummary_generate = True
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+
+
+def _copy_tutorials() -> None:
+    """notebooks/*.ipynb as docs/tutorials/*.ipynb (the pages of the tutorials section)."""
+    target = DOCS / "tutorials"
+    target.mkdir(exist_ok=True)
+    for notebook in sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb")):
+        copy = target / notebook.name
+        if not copy.exists() or copy.read_bytes() != notebook.read_bytes():
+            shutil.copyfile(notebook, copy)
+
+
+def _kind(name: str) -> str:
+    value = getattr(workbench, name)
+    if inspect.ismodule(value):
+        return "Modules"
+    if inspect.isclass(value) and issubclass(value, Warning):
+        return "Warnings"
+    if inspect.isclass(value) and issubclass(value, BaseException):
+        return "Errors"
+    if inspect.isclass(value):
+        return "Classes"
+    if callable(value):
+        return "Functions"
+    return "Constants"
+
+
+def _write_api_reference() -> None:
+    """docs/api/index.rst: every public name of ``workbench``, by kind, one generated page each."""
+    groups: dict[str, list[str]] = {}
+    for name in workbench.__all__:
+        groups.setdefault(_kind(name), []).append(name)
+    lines = ["API reference", "=============", "",
+             "Every public name of ``workbench`` (``import workbench as wb``), generated from the docstrings.", "",
+             ".. currentmodule:: workbench", ""]
+    for kind in ("Classes", "Functions", "Modules", "Errors", "Warnings", "Constants"):
+        names = groups.get(kind, [])
+        if not names:
+            continue
+        lines += [kind, "-" * len(kind), "", ".. autosummary::", "   :toctree: generated", ""]
+        lines += [f"   {name}" for name in names] + [""]
+    target = DOCS / "api" / "index.rst"
+    target.parent.mkdir(exist_ok=True)
+    text = "\n".join(lines)
+    if not target.exists() or target.read_text() != text:
+        target.write_text(text)
+
+
+_copy_tutorials()
+_write_api_reference()

@@ -1,0 +1,48 @@
+"""The package's metadata says one thing everywhere: name, version, dependency bounds."""
+
+import json
+import re
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+import workbench
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _requirements(lines) -> dict[str, Requirement]:
+    found = {}
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line:
+            requirement = Requirement(line)
+            found[requirement.name.lower().replace("_", "-")] = requirement
+    return found
+
+
+def test_the_version_is_written_once_and_reported_by_the_package():
+    package_json = json.loads((ROOT / "extension" / "package.json").read_text())
+    assert workbench.__version__ == metadata.version("jupyter-tf-workbench") == package_json["version"]
+    written = [p for p in (ROOT / "workbench").rglob("*.py") if re.search(r"^__version__\s*=\s*['\"]", p.read_text(), re.M)]
+    assert written == [], f"a version written in {written}: it belongs in extension/package.json only"
+
+
+def test_binders_requirements_carry_the_packages_bounds():
+    ours = _requirements(PROJECT["dependencies"] + PROJECT["optional-dependencies"]["cpu"]
+                         + PROJECT["optional-dependencies"]["notebook"])
+    binder = _requirements((ROOT / "binder" / "requirements.txt").read_text().splitlines())
+    for name, requirement in binder.items():
+        assert name in ours, f"binder/requirements.txt names {name}, which pyproject.toml does not"
+        assert requirement.specifier == ours[name].specifier, f"{name}: binder {requirement}, pyproject {ours[name]}"
+
+
+def test_dependencies_whose_private_parts_are_used_have_an_upper_bound():
+    ours = _requirements(PROJECT["dependencies"] + PROJECT["optional-dependencies"]["notebook"]
+                         + PROJECT["optional-dependencies"]["cpu"])
+    for name in ("ipyparallel", "keras", "jupyter-bokeh", "bokeh", "jupyterlab", "tensorflow-cpu"):
+        assert any(spec.operator in ("<", "<=", "~=", "==") for spec in ours[name].specifier), f"{name} has no upper bound"
+        assert metadata.version(name) in ours[name].specifier, f"{name} {metadata.version(name)} is outside {ours[name]}"
