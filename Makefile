@@ -11,7 +11,7 @@ GROUPS ?= test
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install chromium lab test docs dist bench bench-training bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak demo clean
+.PHONY: install chromium lab test docs dist screenshots bench bench-training bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 # the editable build compiles the bind shim into workbench/cluster/ (hatch_build.py)
@@ -47,6 +47,11 @@ test: install chromium
 # docs/_build/.jupyter_cache: a tutorial runs again only when its code changed).
 docs: install
 	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
+
+# README's and the docs' screenshots, taken from a real run in headless Chromium (tests/browser/test_docs_screenshots.py)
+screenshots: install chromium
+	WORKBENCH_DOCS_SCREENSHOTS=1 LD_PRELOAD="$$($(VENV)/bin/workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" \
+		$(PY) -m pytest tests/browser/test_docs_screenshots.py
 
 # sdist and wheel into dist/, checked as PyPI would check them
 dist: install

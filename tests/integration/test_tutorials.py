@@ -101,6 +101,8 @@ def _execute(binder_env, capped, name: str) -> list:
 
 # TensorFlow's, absl's and gRPC's own lines: a cell shows none of them (they go to the kernel's log file)
 NATIVE = re.compile(r"^[IWEF]\d{4} |absl::|GRPC|grpc_|oneDNN|cpu_feature_guard|rebuild TensorFlow|EagerResourceDeleter")
+# what TensorFlow prints from C++ to standard output (the profiler client)
+NATIVE_STDOUT = re.compile(r"Starting to trace for|Remaining attempt\(s\)")
 
 
 def _count_stderr(name: str, cells: list) -> None:
@@ -115,6 +117,9 @@ def _count_stderr(name: str, cells: list) -> None:
     record.write_text(json.dumps(counts, indent=2))
     native = [line for line in lines if NATIVE.search(line)]
     assert native == [], f"{name}: {len(native)} TensorFlow/gRPC log lines in cells, e.g. {native[:3]}"
+    printed = [line for cell in cells for output in cell.get("outputs", []) if output.get("name") == "stdout"
+               for line in "".join(output.get("text", "")).splitlines() if NATIVE_STDOUT.search(line)]
+    assert printed == [], f"{name}: TensorFlow's own lines in a cell's output: {printed[:3]}"
 
 
 class _Sampler:

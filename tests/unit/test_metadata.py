@@ -2,10 +2,10 @@
 
 import json
 import re
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 
 import workbench

@@ -15,6 +15,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from .. import native_logs
 from ..errors import ConfigurationError, WorkbenchError
 from .events import OpEvent
 from .trace import explain_unlinked, link_transfers, parse_xspace, save_chrome_trace
@@ -177,8 +178,9 @@ def capture(cluster, seconds: float = 2.0, logdir: str | None = None, timeout: f
     started = time.time()
     # The gRPC call cannot be cancelled from here: it runs in a daemon thread we stop waiting for.
     thread = threading.Thread(target=trace, daemon=True, name="workbench-profile")
-    thread.start()
-    thread.join(max(timeout - (time.monotonic() - called), 0.0))
+    with native_logs.stdout_to_log():  # the profiler client prints "Starting to trace for ..." from C++
+        thread.start()
+        thread.join(max(timeout - (time.monotonic() - called), 0.0))
     if thread.is_alive():
         raise ProfileTimeout(f"the profile of {', '.join(addresses)} did not finish within {timeout:.0f} s: a task is "
                              "stalled or unreachable. Check cluster.status(), or pass a longer timeout.")

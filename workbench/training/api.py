@@ -47,57 +47,75 @@ def train(
 
     Parameters
     ----------
-    cluster: a running ``wb.Cluster``.
-    model: a function returning a ``keras.Model`` (or a functional/Sequential model to clone); its
+    cluster:
+        a running ``wb.Cluster``.
+    model:
+        a function returning a ``keras.Model`` (or a functional/Sequential model to clone); its
         variables are created on the ps tasks, spread by size.
-    data: ``data(ctx) -> tf.data.Dataset`` of unbatched ``(features, labels)`` examples; ``ctx`` is a
+    data:
+        ``data(ctx) -> tf.data.Dataset`` of unbatched ``(features, labels)`` examples; ``ctx`` is a
         ``wb.DataContext`` (worker index, number of workers, per-worker batch, seed). The pipeline is
         built and run on each worker; the workbench repeats, batches and shards it.
-    loss, optimizer, metrics: Keras loss (name, object or function), optimizer (name, object or
+    loss, optimizer, metrics:
+        Keras loss (name, object or function), optimizer (name, object or
         factory), and per-batch metrics (``"accuracy"``, ``"mae"``, ``"mse"`` or functions).
-    strategy: ``"async-ps"`` (each worker applies its own updates), ``"sync-ps"`` (each step averages
+    strategy:
+        ``"async-ps"`` (each worker applies its own updates), ``"sync-ps"`` (each step averages
         the first N - ``backup_workers`` gradients and drops the late ones), or ``"allreduce"``
         (MultiWorkerMirroredStrategy on the worker engines: every step all-reduces every worker's
         gradient; no ps needed; ``model``, ``data`` and functions are sent to the engines by value).
         A placed model (``wb.place``) trains model-parallel: pass it as ``model`` and no strategy,
         or call ``placed.train(...)``.
-    steps, batch_size: optimizer steps to run, and the global batch (split evenly over the workers).
-    steps_per_call: steps a worker runs per remote call, in every strategy (fewer round trips).
-    checkpoint_dir, checkpoint_every, resume: periodic ``tf.train.Checkpoint`` of model, optimizer and
+    steps, batch_size:
+        optimizer steps to run, and the global batch (split evenly over the workers).
+    steps_per_call:
+        steps a worker runs per remote call, in every strategy (fewer round trips).
+    checkpoint_dir, checkpoint_every, resume:
+        periodic ``tf.train.Checkpoint`` of model, optimizer and
         step (named ``ckpt-<step>``; in async-ps taken within ``steps_per_call`` x workers steps after each
         multiple, and always at the end); ``resume=True`` continues from the newest one.
-    seed: makes initial weights and data order reproducible.
-    step_timeout: seconds a sync-ps step may wait for its gradients (then the job fails), or an
+    seed:
+        makes initial weights and data order reproducible.
+    step_timeout:
+        seconds a sync-ps step may wait for its gradients (then the job fails), or an
         async-ps or allreduce remote call may run (an async-ps worker that stalls longer is given
         up on and its steps re-run elsewhere; allreduce fails, as every worker waits for it).
-    partition_bytes: ps strategies: a variable this large or larger (e.g. a big embedding) is split
+    partition_bytes:
+        ps strategies: a variable this large or larger (e.g. a big embedding) is split
         along its first axis over the ps tasks, each shard updated on its own ps; 0 never splits.
         ``job.info["partitioned"]`` lists the split variables.
-    telemetry: record step spans and completed steps into ``cluster.telemetry`` for the dashboards
+    telemetry:
+        record step spans and completed steps into ``cluster.telemetry`` for the dashboards
         (``wb.dashboard``). The timings come back with the results of calls the job makes anyway.
-    recover: when a task is lost (its engine killed, OOM, pre-empted) the workbench starts a new engine,
+    recover:
+        when a task is lost (its engine killed, OOM, pre-empted) the workbench starts a new engine,
         re-hosts the same task at the same address, and the job takes it back: a lost worker's steps run
         on the others meanwhile (none is lost); a lost ps is restored from the newest checkpoint (at most
         one checkpoint interval is redone, counted in ``job.recoveries``); allreduce re-forms its group
         and resumes from the newest checkpoint. ``job.history`` marks each recovery, and
         ``job.faults`` lists what happened. ``recover=False`` keeps failing fast
         (``wb.ParameterServerLost``; an async-ps worker's steps still move to the others).
-    hang_timeout, on_hang: a task that answers nothing (not even the reaper's ping) for ``hang_timeout``
+    hang_timeout, on_hang:
+        a task that answers nothing (not even the reaper's ping) for ``hang_timeout``
         seconds is flagged (a ``wb.TaskFaultWarning``, the status table, panel and dashboard) and handled
         by ``on_hang``: ``"replace"`` (the default with ``recover``: kill and re-host it), ``"drop"``
         (leave it out: its steps run elsewhere; in sync-ps it counts like a late backup gradient) or
         ``"wait"`` (the default without ``recover``; ``step_timeout`` still bounds every wait).
-    straggler_factor, on_straggler: a remote call running ``straggler_factor`` times longer than its
+    straggler_factor, on_straggler:
+        a remote call running ``straggler_factor`` times longer than its
         peers' median (and at least a second) is flagged and handled by ``on_straggler`` (same policies;
         default ``"wait"``).
-    transfer: ps strategies: the precision parameters (ps to worker) and gradients (worker to ps)
+    transfer:
+        ps strategies: the precision parameters (ps to worker) and gradients (worker to ps)
         travel in: ``"fp32"`` (as stored), ``"bf16"`` or ``"fp16"`` (half the bytes), ``"int8"`` (a
         quarter; each variable scaled by its largest magnitude, and what rounding loses of a gradient
         kept on its worker and added to the next one). Values are restored on arrival; variables
         and updates stay in their own precision. ``job.info["bytes_per_step"]`` says what a step moves.
-    wait: block until the job ends (else it trains in the background; see ``job.wait()``). An interrupt
+    wait:
+        block until the job ends (else it trains in the background; see ``job.wait()``). An interrupt
         (Jupyter's stop button) ends the wait, never the job: ``job.stop()`` stops it.
-    queue: a cluster runs one job at a time. On a busy cluster the job is returned in state ``queued`` and
+    queue:
+        a cluster runs one job at a time. On a busy cluster the job is returned in state ``queued`` and
         begins when the jobs before it end (``cluster.jobs`` lists them; ``job.cancel()`` drops it);
         ``queue=False`` raises ``ClusterStateError`` instead, naming the running job.
 

@@ -180,7 +180,7 @@ class PlacedModel:
 
     ``train(data, loss, ...)`` trains it (input pipeline on the first layer's task, loss on the last
     layer's task, each gradient with its forward op) and returns a ``Job``; ``model`` is the placed
-    Keras model itself, usable in ``cluster.device`` scopes and ``tf.function``s.
+    Keras model itself, usable in ``cluster.device`` scopes and in a ``tf.function``.
     """
 
     def __init__(self, cluster, source: Any, model, layer_tasks: dict[str, str], layer_devices: dict[str, str]):

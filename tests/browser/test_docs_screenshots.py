@@ -1,0 +1,91 @@
+"""The README's and the docs' screenshots, from a real run: a notebook trains, the panel shows it, its plots
+and an op-level profile open as panes.
+
+The test checks what the pictures show (live bars, a profile with Send/Recv links) and saves them to
+test-artifacts/. `make screenshots` runs it with WORKBENCH_DOCS_SCREENSHOTS=1, which also writes them to
+docs/_static/ (panel-dashboards.png, merged-timeline.png), where README.md and the docs take them from.
+"""
+
+import json
+import os
+import shutil
+
+import pytest
+from conftest import ARTIFACTS, ROOT
+
+from .conftest import cell_output_text, run_notebook_in_lab, write_notebook
+
+pytestmark = [pytest.mark.cluster, pytest.mark.browser]
+
+CLUSTER = "wb-docs"
+CELLS = [
+    "import keras\nimport workbench as wb\n"
+    f"cluster = wb.Cluster(ps=1, workers=2, name={CLUSTER!r}, progress=False).start()",
+    "def make_model():\n"
+    "    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation='relu'),\n"
+    "                             keras.layers.Dense(256, activation='relu'), keras.layers.Dense(10)])\n"
+    "job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
+    "               steps=100_000, steps_per_call=5)\n"
+    "job.wait_set_up()\n"
+    "print('training')",
+    "import time\ntime.sleep(4)\nprofile = cluster.profile(seconds=1)\nprint(len(profile.transfers), 'transfers linked')",
+]
+# bars in the Bokeh documents of a frame, by model name prefix
+JS_BARS = """(prefix) => [...(window.Bokeh ? Bokeh.documents : [])].flatMap((d) => [...d._all_models.values()])
+    .filter((m) => m.name && m.name.startsWith(prefix) && m.data && m.data.right).reduce((n, s) => n + s.data.right.length, 0)"""
+# the profile's x range narrowed to its middle 25 ms (a few steps), so that single ops and links show
+JS_ZOOM = """() => { const models = [...Bokeh.documents].flatMap((d) => [...d._all_models.values()]);
+    const ops = models.find((m) => m.name === "profile_ops"); const left = ops.data.left;
+    const middle = (Math.min(...left) + Math.max(...left)) / 2;
+    for (const r of models.filter((m) => m.type === "DataRange1d" || m.type === "Range1d"))
+        if (r.start > 1e12) { r.start = middle; r.end = middle + 25; } }"""
+JS_LINKS = """() => [...(window.Bokeh ? Bokeh.documents : [])].flatMap((d) => [...d._all_models.values()])
+    .filter((m) => m.name === "profile_transfers" && m.data && m.data.x0).reduce((n, s) => n + s.data.x0.length, 0)"""
+
+
+def _pane(page, plot: str):
+    element = page.locator(f".wb-plot-pane iframe[data-cluster='{CLUSTER}'][data-plot='{plot}']")
+    element.wait_for(state="attached", timeout=60_000)
+    frame = element.element_handle().content_frame()
+    frame.wait_for_load_state("load", timeout=60_000)
+    return frame
+
+
+def _keep(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name))
+    if os.environ.get("WORKBENCH_DOCS_SCREENSHOTS") == "1":
+        shutil.copyfile(ARTIFACTS / name, ROOT / "docs" / "_static" / name)
+
+
+def test_the_docs_screenshots_show_live_plots_and_a_merged_profile(jupyter_lab, page):
+    notebook = write_notebook(jupyter_lab, "docs.ipynb", CELLS)
+    panel = run_notebook_in_lab(page, jupyter_lab, notebook, timeout=300)
+    assert "training" in cell_output_text(panel, 1)
+    linked = cell_output_text(panel, 2)
+    assert "transfers linked" in linked and int(linked.split()[0]) > 0, linked
+
+    page.locator(".jp-SideBar [data-id='workbench-panel']").click()
+    card = page.locator(f".wb-card[data-cluster='{CLUSTER}']")
+    card.wait_for(timeout=30_000)
+    page.wait_for_function(f"""() => {{ const r = document.querySelector(".wb-card[data-cluster='{CLUSTER}'] .wb-rate");
+        return r && parseFloat(r.textContent) > 0; }}""", timeout=120_000, polling=500)
+    card.locator(".wb-plot[data-plot='dashboard']").click()
+    frame = _pane(page, "dashboard")
+    frame.wait_for_function(JS_BARS.replace("(prefix) =>", "(prefix) => 20 <"), arg="timeline_steps_", timeout=90_000,
+                            polling=250)
+    page.wait_for_timeout(1500)  # the throughput plot's next update
+    _keep(page, "panel-dashboards.png")
+
+    card.locator(".wb-plot[data-plot='profile']").click()
+    frame = _pane(page, "profile")
+    frame.wait_for_function(JS_LINKS.replace("() =>", "() => 0 <"), timeout=90_000, polling=250)
+    assert frame.evaluate(JS_BARS, "profile_ops") > 0, "the profile pane shows no op"
+    frame.evaluate(JS_ZOOM)
+    page.wait_for_timeout(1000)
+    _keep(page, "merged-timeline.png")
+
+    # the kernel goes, and its cluster with it
+    kernel_id = json.loads(jupyter_lab.api("api/sessions"))[0]["kernel"]["id"]
+    jupyter_lab.api(f"api/kernels/{kernel_id}", method="DELETE", timeout=60)
+    card.wait_for(state="detached", timeout=90_000)
