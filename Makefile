@@ -33,14 +33,14 @@ chromium:
 
 # Jupyter, and so every kernel, runs with the bind shim: a kernel's TensorFlow port listens on loopback only.
 lab: install
-	LD_PRELOAD="$$($(VENV)/bin/workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" \
+	LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" \
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
 # The suite runs as a `make lab` kernel does, with the bind shim: its own TensorFlow ports stay on loopback.
 test: install chromium
 	$(PY) -m ruff check .
-	LD_PRELOAD="$$($(VENV)/bin/workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" $(PY) -m pytest $(PYTEST_ARGS)
+	LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" $(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) docs
 
 # The documentation site: docs/_build/html. Warnings are errors; the tutorials are executed (cached in
@@ -50,7 +50,7 @@ docs: install
 
 # README's and the docs' screenshots, taken from a real run in headless Chromium (tests/browser/test_docs_screenshots.py)
 screenshots: install chromium
-	WORKBENCH_DOCS_SCREENSHOTS=1 LD_PRELOAD="$$($(VENV)/bin/workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" \
+	WORKBENCH_DOCS_SCREENSHOTS=1 LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" \
 		$(PY) -m pytest tests/browser/test_docs_screenshots.py
 
 # sdist and wheel into dist/, checked as PyPI would check them
@@ -60,7 +60,7 @@ dist: install
 	$(PY) -m twine check --strict dist/*
 
 demo: install
-	$(VENV)/bin/workbench demo
+	$(VENV)/bin/jupyter-tf-workbench demo
 
 bench: install
 	$(PY) bench/startup.py
@@ -88,7 +88,7 @@ bench-controller: install
 
 # as root: Open MPI, OpenSSH and Slurm are installed when missing; the emulated hosts need namespaces
 bench-launchers: install
-	LD_PRELOAD="$$($(VENV)/bin/workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" $(PY) bench/launchers.py
+	LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" $(PY) bench/launchers.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info test-artifacts bench/results workbench/labextension extension/lib extension/node_modules \

@@ -65,7 +65,7 @@ def bind_shim_command(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     from ._version import DISTRIBUTION, __version__
 
-    parser = argparse.ArgumentParser(prog="workbench", description="Distributed TensorFlow workbench")
+    parser = argparse.ArgumentParser(prog="jupyter-tf-workbench", description="Distributed TensorFlow workbench")
     parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo_parser = commands.add_parser("demo", help="start a local cluster, run an op on each task, stop")
@@ -78,14 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     list_parser.set_defaults(run=list_command)
     shim_parser = commands.add_parser(
         "bind-shim", help="print the path of the library that keeps TensorFlow's ports on loopback (for LD_PRELOAD)",
-        description="Start Jupyter with LD_PRELOAD=$(workbench bind-shim) so that kernels' TensorFlow ports listen on "
+        description="Start Jupyter with LD_PRELOAD=$(jupyter-tf-workbench bind-shim) so that kernels' TensorFlow ports listen on "
                     "loopback only (make lab and Binder do).")
     shim_parser.set_defaults(run=bind_shim_command)
     args = parser.parse_args(argv)
     try:
         return args.run(args)
     except WorkbenchError as exc:
-        print(f"workbench: error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -29,7 +29,8 @@ def test_cli_errors_are_one_clear_line():
         [sys.executable, "-m", "workbench.cli", "demo", "--workers", "0"], capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "workbench: error: workers=0 is not allowed: a cluster needs at least one worker: use workers=1 or more."
+    assert proc.stderr.strip() == ("jupyter-tf-workbench: error: workers=0 is not allowed: a cluster needs at least one "
+                                   "worker: use workers=1 or more.")
 
 
 def test_bind_shim_prints_the_installed_library_that_keeps_wildcard_binds_on_loopback():

@@ -80,6 +80,7 @@ def test_the_wheel_ships_panel_server_extension_kernel_license_and_the_compiled_
     assert "manylinux_2_17" in shown, shown
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "workbench-fork = workbench.cluster.fork_launcher:ForkEngineSetLauncher" in entry_points
+    assert "jupyter-tf-workbench = workbench.cli:main" in entry_points
 
 
 def test_the_sdist_carries_the_built_panel_and_leaves_out_what_users_do_not_need(dists):

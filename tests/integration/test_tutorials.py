@@ -100,7 +100,8 @@ def _execute(binder_env, capped, name: str) -> list:
 
 
 # TensorFlow's, absl's and gRPC's own lines: a cell shows none of them (they go to the kernel's log file)
-NATIVE = re.compile(r"^[IWEF]\d{4} |absl::|GRPC|grpc_|oneDNN|cpu_feature_guard|rebuild TensorFlow|EagerResourceDeleter")
+NATIVE = re.compile(r"^[IWEF]\d{4} |absl::|GRPC|grpc_|oneDNN|cpu_feature_guard|rebuild TensorFlow|EagerResourceDeleter"
+                    r"|triggered tf.function retracing")
 # what TensorFlow prints from C++ to standard output (the profiler client)
 NATIVE_STDOUT = re.compile(r"Starting to trace for|Remaining attempt\(s\)")
 

@@ -46,3 +46,22 @@ def test_dependencies_whose_private_parts_are_used_have_an_upper_bound():
     for name in ("ipyparallel", "keras", "jupyter-bokeh", "bokeh", "jupyterlab", "tensorflow-cpu"):
         assert any(spec.operator in ("<", "<=", "~=", "==") for spec in ours[name].specifier), f"{name} has no upper bound"
         assert metadata.version(name) in ours[name].specifier, f"{name} {metadata.version(name)} is outside {ours[name]}"
+
+
+def test_the_unrelated_workbench_distribution_beside_us_is_named_with_what_to_do(tmp_path):
+    """PyPI's `workbench` (a different project) ships an import package `workbench` too: importing ours says so."""
+    import os
+    import subprocess
+    import sys
+
+    info = tmp_path / "workbench-0.8.506.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: workbench\nVersion: 0.8.506\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", "import workbench"], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "'workbench' 0.8.506 is installed" in proc.stderr and "pip uninstall workbench" in proc.stderr, proc.stderr
+    plain = subprocess.run([sys.executable, "-W", "error", "-c", "import workbench"], capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path.parent)
+    assert plain.returncode == 0, plain.stderr  # without it, no warning at all

@@ -24,7 +24,7 @@ import warnings
 import weakref
 
 from ..errors import ClusterStateError, ExposedPortsWarning
-from . import bind_hook, containment
+from . import bind_hook, client_files, containment
 
 _LOCK = threading.Lock()
 _STATE = {"spec": None, "cluster": None, "epoch": 0}
@@ -83,6 +83,8 @@ def connect(cluster, timeout: float = 60.0, holder=None) -> int:
         # it, so with the bind shim loaded (Jupyter started by `make lab` or on Binder) it listens on loopback.
         before = set(containment.listeners())
         unprotected = bind_hook.protect_or_reason()  # however this process was started (no LD_PRELOAD needed)
+        client_files.adopt_autograph()  # what this client's traces write goes where a killed kernel's is found
+        client_files.sweep()
         _connect_with_timeout(tf, spec, cluster.name, timeout)
         _warn_if_exposed(sorted(set(containment.listeners()) - before), unprotected)
         _STATE.update(spec=spec, cluster=cluster.name, cluster_object=cluster, epoch=_STATE["epoch"] + 1)

@@ -254,7 +254,7 @@ def listening() -> dict[str, Any]:
     """What this engine listens on; whether that was meant (the user's own ``"*"``), and if not, why it happened."""
     chosen = _SERVER.get("bind_chosen", True) and os.environ.get(containment.BIND_ENV) == containment.EVERY_INTERFACE
     why = _SERVER.get("exposed_because") or ("" if containment.shim_loaded() else os.environ.get(containment.PROBLEM_ENV, (
-        "its engine was not started by the workbench: give that pool's engines LD_PRELOAD=$(workbench bind-shim), or "
+        "its engine was not started by the workbench: give that pool's engines LD_PRELOAD=$(jupyter-tf-workbench bind-shim), or "
         "start them with the workbench's engine command (python -m workbench.cluster.engine_main)")))
     return {"listeners": containment.listeners(), "chosen": chosen, "why": why}
 

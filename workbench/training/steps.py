@@ -13,6 +13,7 @@ spans come from them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,29 @@ def stamp_after(tensors) -> Any:
         return tf.timestamp()
 
 
+# TensorFlow's step functions the workbench makes anew on purpose (one per worker and job; each traced once).
+# TensorFlow counts traces per code object, not per function, so a few short jobs in a row read to it as
+# one function retraced ("5 out of the last 12 calls to <function steps_in_one_call.<locals>.train_steps
+# ...> triggered tf.function retracing"), a warning that would send the user hunting for a loop of theirs.
+OWN_STEP_FUNCTIONS = ("steps_in_one_call.<locals>.train_steps",)
+
+
+class _OwnRetracing(logging.Filter):
+    """Drops TensorFlow's retracing warning when it names one of ``OWN_STEP_FUNCTIONS``; any other passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return "triggered tf.function retracing" not in message or not any(
+            f"<function {name} at " in message for name in OWN_STEP_FUNCTIONS)
+
+
+def quiet_own_retracing() -> None:
+    """Install the filter on TensorFlow's logger (once)."""
+    logger = logging.getLogger("tensorflow")
+    if not any(isinstance(f, _OwnRetracing) for f in logger.filters):
+        logger.addFilter(_OwnRetracing())
+
+
 def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | None = None):
     """A ``tf.function`` ``(iterator, n) -> (losses, metrics, stamps, marks)`` running ``n`` steps in one call.
 
@@ -123,6 +147,8 @@ def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | No
     exists once every update landed.
     """
     import tensorflow as tf
+
+    quiet_own_retracing()
 
     @tf.function
     def train_steps(iterator, n):

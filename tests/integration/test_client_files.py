@@ -1,0 +1,69 @@
+"""A client's autograph files live in a directory of its own: gone at exit, and swept after a kill."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from workbench.cluster import client_files
+
+pytestmark = pytest.mark.cluster
+
+CLIENT = """
+    import sys, tensorflow as tf, workbench as wb
+    from workbench.cluster import client_files
+    cluster = wb.attach({name!r})
+    cluster.connect()
+
+    @tf.function
+    def add(x):
+        return x + 1 if x.shape.rank == 0 else x
+
+    with cluster.device("worker:0"):
+        add(tf.constant(1.0))
+    print(client_files.directory(), flush=True)
+    if "--wait" in sys.argv:
+        sys.stdin.read()
+"""
+
+
+def _client(cluster, *args):
+    script = textwrap.dedent(CLIENT.format(name=cluster.name))
+    return subprocess.Popen([sys.executable, "-c", script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+
+
+def _generated(directory: str) -> list[str]:
+    return sorted(p.name for p in Path(directory).glob("__autograph_generated_file*.py"))
+
+
+def test_a_client_that_exits_leaves_no_autograph_file(cluster):
+    process = _client(cluster)
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode == 0
+    directory = out.strip().splitlines()[-1]
+    assert directory.startswith(os.path.join(tempfile.gettempdir(), client_files.PREFIX)), directory
+    assert not os.path.exists(directory), "the exit handler did not remove the client's directory"
+
+
+def test_a_killed_clients_autograph_files_are_swept_by_the_next_client(cluster):
+    process = _client(cluster, "--wait")
+    try:
+        directory = process.stdout.readline().strip()
+        assert _generated(directory), f"autograph wrote nothing under {directory}"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(30)
+    assert os.path.isdir(directory)  # no exit handler ran
+    assert directory in client_files.sweep()
+    assert not os.path.exists(directory)
+    live = tempfile.mkdtemp(prefix=f"{client_files.PREFIX}{os.getpid()}-")  # as a running client's
+    try:
+        assert live not in client_files.sweep() and os.path.isdir(live)  # a live process's directory is never swept
+    finally:
+        os.rmdir(live)

@@ -1,0 +1,47 @@
+"""TensorFlow's retracing warning stays out of cells for the workbench's own per-worker step functions only."""
+
+import logging
+
+import tensorflow as tf
+
+from workbench.training.steps import steps_in_one_call
+
+
+class _Seen(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _one_step(x, y):
+    stamp = tf.timestamp()
+    return tf.reduce_sum(x) + tf.reduce_sum(y), tf.zeros([1]), [], stamp, stamp
+
+
+def _user_function():
+    @tf.function
+    def users(x):
+        return x * 2
+
+    return users
+
+
+def test_new_step_functions_per_job_do_not_warn_but_a_users_loop_still_does():
+    logger = logging.getLogger("tensorflow")
+    seen = _Seen()
+    logger.addHandler(seen)
+    try:
+        data = tf.data.Dataset.from_tensors((tf.ones([2]), tf.ones([2]))).repeat()
+        for _ in range(7):  # as seven short jobs: one new function per worker and job, each traced once
+            steps_in_one_call(_one_step, 1)(iter(data), tf.constant(1))
+        ours = [m for m in seen.messages if "retracing" in m]
+        for _ in range(7):  # the mistake the warning is for: a tf.function made anew in a loop
+            _user_function()(tf.constant(1.0))
+        theirs = [m for m in seen.messages if "retracing" in m and "_user_function.<locals>.users" in m]
+    finally:
+        logger.removeHandler(seen)
+    assert ours == [], ours
+    assert theirs, "TensorFlow's warning for a user's own retracing function must still show"

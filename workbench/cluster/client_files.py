@@ -1,0 +1,77 @@
+"""A TensorFlow client's own temporary files: autograph's generated sources, in a directory of the process.
+
+Every function TensorFlow converts (each ``tf.function`` a job or a ``%%wb on`` cell traces) is written
+by autograph as ``__autograph_generated_file*.py`` into the system's temporary directory, and removed
+by an exit handler. A kernel that is killed (SIGKILL, the OOM killer, a crash) runs none, and its
+files stay: tens per job. Once this process is a client of a cluster (``connection.connect``), autograph
+writes them under ``workbench-client-<pid>-*/`` instead: removed when the process exits, and, when it
+was killed, by the next workbench process that connects (``sweep``).
+
+Engines need none of this: each local cluster's engines write under the cluster's scratch directory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import shutil
+import tempfile
+import threading
+import types
+from pathlib import Path
+
+import psutil
+
+PREFIX = "workbench-client-"
+_LOCK = threading.Lock()
+_OURS: dict[str, str] = {}
+
+
+def directory() -> str:
+    """This process's directory for autograph's sources (``""`` until ``adopt_autograph``)."""
+    return _OURS.get("path", "")
+
+
+def adopt_autograph() -> str:
+    """Point autograph's generated files at this process's own directory (once); return that directory.
+
+    ``""`` when TensorFlow's loader is not what this was written for (then files go where they always did).
+    """
+    with _LOCK:
+        if "path" in _OURS:
+            return _OURS["path"]
+        from tensorflow.python.autograph.pyct import loader  # TensorFlow's own module: pinned with TensorFlow
+
+        if getattr(loader, "tempfile", None) is not tempfile:
+            return ""
+        path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+        loader.tempfile = types.SimpleNamespace(NamedTemporaryFile=functools.partial(tempfile.NamedTemporaryFile, dir=path))
+        atexit.register(shutil.rmtree, path, True)
+        _OURS["path"] = path
+        return path
+
+
+def _owner_gone(path: Path) -> bool:
+    """Whether the process that made ``path`` (pid in its name) is gone: dead, or its pid reused since."""
+    try:
+        pid = int(path.name[len(PREFIX):].split("-", 1)[0])
+        made = path.stat().st_mtime
+    except (ValueError, OSError):
+        return False
+    try:
+        return psutil.Process(pid).create_time() > made + 1.0  # a newer process took the pid
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False  # not ours to judge (another user's)
+
+
+def sweep(root: str | None = None) -> list[str]:
+    """Remove the client directories whose process is gone; return what was removed."""
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        if path.is_dir() and path.stat().st_uid == os.getuid() and _owner_gone(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
