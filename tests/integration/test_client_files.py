@@ -32,9 +32,10 @@ CLIENT = """
 """
 
 
-def _client(cluster, *args):
-    script = textwrap.dedent(CLIENT.format(name=cluster.name))
-    return subprocess.Popen([sys.executable, "-c", script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+def _client(cluster, tmp_path, *args):
+    script = tmp_path / "client.py"  # a file: autograph converts only functions whose source it can read
+    script.write_text(textwrap.dedent(CLIENT.format(name=cluster.name)))
+    return subprocess.Popen([sys.executable, str(script), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
 
 
@@ -42,8 +43,8 @@ def _generated(directory: str) -> list[str]:
     return sorted(p.name for p in Path(directory).glob("__autograph_generated_file*.py"))
 
 
-def test_a_client_that_exits_leaves_no_autograph_file(cluster):
-    process = _client(cluster)
+def test_a_client_that_exits_leaves_no_autograph_file(cluster, tmp_path):
+    process = _client(cluster, tmp_path)
     out, _ = process.communicate(timeout=300)
     assert process.returncode == 0
     directory = out.strip().splitlines()[-1]
@@ -51,8 +52,8 @@ def test_a_client_that_exits_leaves_no_autograph_file(cluster):
     assert not os.path.exists(directory), "the exit handler did not remove the client's directory"
 
 
-def test_a_killed_clients_autograph_files_are_swept_by_the_next_client(cluster):
-    process = _client(cluster, "--wait")
+def test_a_killed_clients_autograph_files_are_swept_by_the_next_client(cluster, tmp_path):
+    process = _client(cluster, tmp_path, "--wait")
     try:
         directory = process.stdout.readline().strip()
         assert _generated(directory), f"autograph wrote nothing under {directory}"

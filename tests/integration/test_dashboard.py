@@ -149,3 +149,26 @@ def test_a_live_dashboard_is_held_by_its_cluster_until_updates_stop(cluster):
     board.stop_updates()
     assert cluster.kept(key) is None and not thread.is_alive()
     assert repr(board).endswith("dashboard.serve() for URLs to open in a browser>") and "not live" in repr(board)
+
+
+def test_a_live_dashboard_that_stops_on_an_error_says_so_above_its_plots(cluster):
+    """A warning from the kernel's update thread may show in no cell: the widget itself says why it stopped."""
+    board = wb.dashboard(cluster, plots=("progress",), interval=0.05)
+    board.widget()  # the layout as displayed
+
+    class Broken(RuntimeError):
+        pass
+
+    def update(now):
+        raise Broken("the plot's document changed under the update")
+
+    board.components["progress"].update = update  # as Bokeh failed in the live thread
+    with pytest.warns(UserWarning, match="stopped updating: Broken"):
+        board.start()
+        board._thread.join(10)
+    assert not board._thread.is_alive()
+    notice = board.layout.children[0]
+    assert notice.name == "dashboard_notice" and "stopped updating: Broken: the plot&#x27;s document" in notice.text
+    assert "Display it again to resume" in notice.text
+    del board.components["progress"].update  # the component's own update again, for close()'s last one
+    board.close()
