@@ -31,8 +31,40 @@ def in_kernel() -> bool:
 
 
 def log_path() -> str:
-    """Where this kernel's native log lines go ("" when they are not routed: outside a kernel, or opted out)."""
+    """Where this kernel's native log lines go now ("" when they are not routed: outside a kernel, or opted out)."""
     return _ROUTED.get("path", "")
+
+
+def cluster_log_path(cluster_name: str) -> str:
+    """The file this kernel's native lines go to while it is a client of ``cluster_name`` ("" when not routed)."""
+    if not route():
+        return ""
+    return str(Path(_ROUTED["path"]).with_name(f"cluster-{cluster_name}-{os.getpid()}.log"))
+
+
+def hint() -> str:
+    """`` TensorFlow's own log lines: <file>.`` for an error message, when they go to a file; else ``""``."""
+    path = log_path()
+    return f" TensorFlow's own log lines: {path}." if path else ""
+
+
+def route_to(path: str, header: str = "") -> bool:
+    """From now on, descriptor 2 goes to ``path`` (appended; ``header`` written first); False when not routed."""
+    with _LOCK:
+        if "path" not in _ROUTED or not path:
+            return False
+        if _ROUTED["path"] == path:
+            return True
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError:
+            return False  # the lines stay where they were
+        if header:
+            os.write(fd, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n".encode())
+        os.dup2(fd, 2)
+        os.close(fd)
+        _ROUTED["path"] = path
+        return True
 
 
 def route() -> str:

@@ -33,6 +33,7 @@ CELLS = [
         job.state, job.steps_done"""),
     "cluster.stop()",
     "wb.native_logs.log_path()",
+    "print(cluster.log_path)\nprint(str(cluster.status()).splitlines()[-1])",
 ]
 
 
@@ -48,7 +49,7 @@ def test_a_kernels_cells_get_no_native_log_line_and_the_log_file_gets_them(kerne
     manager.start_kernel(env={**as_users_have_it, "WORKBENCH_CACHE_DIR": str(tmp_path)})
     client = manager.client()
     client.start_channels()
-    stderr, results = [], []
+    stderr, stdout, results = [], [], []
     try:
         client.wait_for_ready(timeout=120)
         for cell in [first_cell, *CELLS[1:]]:
@@ -58,6 +59,8 @@ def test_a_kernels_cells_get_no_native_log_line_and_the_log_file_gets_them(kerne
             stderr += [line for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"
                        for line in m["content"]["text"].splitlines() if line.strip()]
             results += [m["content"]["data"]["text/plain"] for m in outputs if m["msg_type"] == "execute_result"]
+            stdout += [line for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == "stdout"
+                       for line in m["content"]["text"].splitlines() if line.strip()]
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=False)
@@ -66,5 +69,9 @@ def test_a_kernels_cells_get_no_native_log_line_and_the_log_file_gets_them(kerne
     assert results[:2] == ["45", "('finished', 400)"]
     assert any("TaskFaultWarning" in line and "worker:1" in line and "job async-ps" in line for line in stderr), stderr
     assert not any("recovery.py" in line or "self.say(" in line for line in stderr), stderr  # no library source lines
+    # from the first connection on, the kernel's lines go to the cluster's own log file, which status() names
     log = Path(results[2].strip("'"))
-    assert log.parent == tmp_path / "logs" and NATIVE.search(log.read_text()), "the native lines went nowhere"
+    assert stdout[-2:] == [str(log), f"native logs: {log}"], stdout
+    assert log.parent == tmp_path / "logs" and log.name.startswith("cluster-wb-test-quiet-"), log
+    text = log.read_text()
+    assert "connects to cluster 'wb-test-quiet'" in text and NATIVE.search(text), "the native lines went nowhere"

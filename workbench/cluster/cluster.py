@@ -403,6 +403,20 @@ class Cluster(TaskHosting, LinkShaping):
             self._state = "stopped"
 
     @property
+    def log_path(self) -> str:
+        """Where this kernel's TensorFlow, absl and gRPC lines go while it is a client of this cluster.
+
+        In a Jupyter kernel those C++ lines are kept out of cells (``wb.native_logs``); from the first
+        connection to this cluster (its first job, ``connect()``, ``%%wb on``) they go to this file under
+        ``~/.cache/workbench/logs/``, one per cluster and kernel, kept after the cluster stops: start-up
+        lines, gRPC's "Failed to connect" while a task is re-hosted, destructors after a stop. ``""``
+        outside a kernel (a script keeps its stderr) or with ``WORKBENCH_NATIVE_LOGS=cell``.
+        """
+        from .. import native_logs
+
+        return native_logs.cluster_log_path(self.name)
+
+    @property
     def scratch(self) -> str:
         """The temporary directory of this cluster's local engines and warm process, removed at stop ("" if none)."""
         return getattr(self._pool, "scratch", "") or ""
@@ -675,7 +689,7 @@ class Cluster(TaskHosting, LinkShaping):
                     self.health.set_state(record, LOST, "its engine left the controller")
         active = [self.job_queue.current] + self.job_queue.queued
         return ClusterStatus(self.name, self._state, self._launcher, self.tasks, self.network,
-                             tuple(job.describe() for job in active if job is not None))
+                             tuple(job.describe() for job in active if job is not None), self.log_path)
 
     def _publish_tasks(self) -> None:
         """Task states changed: the registry (read by the panel and by attached processes) says so at once."""

@@ -23,6 +23,7 @@ import time
 import warnings
 import weakref
 
+from .. import native_logs
 from ..errors import ClusterStateError, ExposedPortsWarning
 from . import bind_hook, client_files, containment
 
@@ -83,6 +84,7 @@ def connect(cluster, timeout: float = 60.0, holder=None) -> int:
         # it, so with the bind shim loaded (Jupyter started by `make lab` or on Binder) it listens on loopback.
         before = set(containment.listeners())
         unprotected = bind_hook.protect_or_reason()  # however this process was started (no LD_PRELOAD needed)
+        native_logs.route_to(cluster.log_path, f"kernel pid {os.getpid()} connects to cluster {cluster.name!r}")
         client_files.adopt_autograph()  # what this client's traces write goes where a killed kernel's is found
         client_files.sweep()
         _connect_with_timeout(tf, spec, cluster.name, timeout)
@@ -177,11 +179,11 @@ def _bounded(work, timeout: float, what: str) -> None:
         _STATE["broken"] = (
             f"{what} did not finish within {timeout:.0f} s: a task is not answering (stopped, overloaded, or behind "
             "a firewall; see cluster.status()). TensorFlow cannot cancel the attempt, so restart the kernel before "
-            "connecting again."
+            "connecting again." + native_logs.hint()
         )
         raise ClusterStateError(_STATE["broken"])
     if "error" in outcome:
-        raise ClusterStateError(f"{what} failed: {outcome['error']}")
+        raise ClusterStateError(f"{what} failed: {outcome['error']}.{native_logs.hint()}")
 
 
 def defer_refresh(cluster, rehosted: str) -> None:

@@ -80,6 +80,7 @@ class ClusterStatus:
     tasks: list[TaskRecord]
     network: str = ""  # the emulated links and their shaping, "" without network=
     jobs: tuple[str, ...] = ()  # one line per job that runs or waits (JobQueue), the running one first
+    log_path: str = ""  # where TensorFlow's, absl's and gRPC's own lines of this kernel go (``Cluster.log_path``)
 
     def _header(self) -> str:
         counts = {job: sum(t.job == job for t in self.tasks) for job in ("ps", "worker")}
@@ -91,7 +92,7 @@ class ClusterStatus:
     def __str__(self) -> str:
         table = text_table(_COLUMNS, [_row(t) for t in self.tasks], title=self._header())
         lines = [table] + ([f"links: {self.network}"] if self.network else []) + [f"job: {j}" for j in self.jobs]
-        return "\n".join(lines)
+        return "\n".join(lines + ([f"native logs: {self.log_path}"] if self.log_path else []))
 
     __repr__ = __str__
 
@@ -111,5 +112,7 @@ class ClusterStatus:
             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
             + (f"<p class='workbench-links'>links: {html.escape(self.network)}</p>" if self.network else "")
             + "".join(f"<p class='workbench-job'>job: {html.escape(j)}</p>" for j in self.jobs)
+            + (f"<p class='workbench-logs' style='color:#777'>native logs: {html.escape(self.log_path)}</p>"
+               if self.log_path else "")
             + "</div>"
         )

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from .. import native_logs
 from ..cluster import connection
 from ..cluster.health import LOST, RECOVERING, SILENT
 from ..cluster.health import RUNNING as RUNNING_TASK
@@ -592,7 +593,8 @@ class Job:
     def _classify(self, exc: BaseException, where: str) -> BaseException:
         """A remote call's error: ``TaskLost`` if a ps is gone, a ``ClusterStateError`` for a lost worker, else a bug."""
         if not is_infrastructure_error(exc):
-            return TrainingError(f"a step on {where} failed: {type(exc).__name__}: {getattr(exc, 'message', exc)}")
+            return TrainingError(f"a step on {where} failed: {type(exc).__name__}: {getattr(exc, 'message', exc)}"
+                                 f"{native_logs.hint()}")
         lost = self.lost_ps()
         deadline = time.monotonic() + PS_CONFIRM_SECONDS
         while not lost and time.monotonic() < deadline and not self._engine_exited(where):
@@ -602,7 +604,7 @@ class Job:
             lost = self.lost_ps()
         if lost:
             return self._ps_lost(lost)
-        return ClusterStateError(f"{where} was lost: {type(exc).__name__}")
+        return ClusterStateError(f"{where} was lost: {type(exc).__name__}.{native_logs.hint()}")
 
     def _engine_exited(self, task: str) -> bool:
         """The health monitor saw ``task``'s engine exit: its own loss explains the failed call (no ps to confirm)."""
