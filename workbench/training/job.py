@@ -420,10 +420,14 @@ class Job:
     # -- the kernel's connection ---------------------------------------------------------------
 
     def settle(self, timeout: float) -> str | None:
-        """Wait up to ``timeout`` s for the job to end; say what runs if it still does (``connection``)."""
-        if self._thread.is_alive():
+        """Wait up to ``timeout`` s for the job to end; say what runs if it still does (``connection``).
+
+        A job that handed the cluster on (``job_queue.ended``) counts as ended although its thread is still
+        waking its waiters: the next job, started from that very thread, connects while it does.
+        """
+        if self._thread.is_alive() and self.state not in ENDED:
             self._thread.join(timeout)
-        return f"job {self.name} runs" if self._thread.is_alive() else None
+        return f"job {self.name} runs" if self._thread.is_alive() and self.state not in ENDED else None
 
     def release_remote(self) -> None:
         """The kernel connects elsewhere: keep the trained weights here (``job.model``), drop what lived on the tasks."""
