@@ -68,3 +68,20 @@ def test_a_killed_clients_autograph_files_are_swept_by_the_next_client(cluster, 
         assert live not in client_files.sweep() and os.path.isdir(live)  # a live process's directory is never swept
     finally:
         os.rmdir(live)
+
+
+def test_an_engine_started_by_another_launcher_writes_under_a_directory_of_its_own(tmp_path):
+    """As Slurm, MPI or SSH start it: the engine bootstrap gives the engine a temporary directory of its own."""
+    probe = ("import os, tempfile\nfrom workbench.cluster import client_files\n"
+             "print(client_files.adopt_temporary_directory()); print(tempfile.gettempdir()); print(os.environ['TMPDIR'])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={k: v for k, v in os.environ.items() if k != "TMPDIR"})
+    assert out.returncode == 0, out.stderr
+    mine, gettempdir, env = out.stdout.split()
+    assert mine == gettempdir == env and Path(mine).name.startswith(client_files.PREFIX)
+    assert not os.path.exists(mine)  # removed at exit
+    scratch = tmp_path / "workbench-wb-x-abc"  # a local engine's: its cluster's scratch directory stays in use
+    scratch.mkdir()
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "TMPDIR": str(scratch)})
+    assert out.stdout.split()[0] == str(scratch), out.stdout + out.stderr

@@ -7,7 +7,9 @@ files stay: tens per job. Once this process is a client of a cluster (``connecti
 writes them under ``workbench-client-<pid>-*/`` instead: removed when the process exits, and, when it
 was killed, by the next workbench process that connects (``sweep``).
 
-Engines need none of this: each local cluster's engines write under the cluster's scratch directory.
+Local engines write under their cluster's scratch directory. An engine that another launcher started
+(Slurm, MPI, SSH) takes a directory like a client's for all it writes (``adopt_temporary_directory``):
+swept the same way once it was killed.
 """
 
 from __future__ import annotations
@@ -50,6 +52,21 @@ def adopt_autograph() -> str:
         atexit.register(shutil.rmtree, path, True)
         _OURS["path"] = path
         return path
+
+
+def adopt_temporary_directory() -> str:
+    """Everything this process writes to the temporary directory goes under one of its own (an engine that
+    Slurm, MPI or SSH started: killed at its cluster's stop, it runs no exit handler); return it.
+
+    Nothing changes when the process already has a cluster's scratch directory as ``$TMPDIR``.
+    """
+    current = os.environ.get("TMPDIR", "")
+    if Path(current).name.startswith("workbench-"):
+        return current
+    path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+    os.environ["TMPDIR"] = tempfile.tempdir = path
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def _owner_gone(path: Path) -> bool:

@@ -25,7 +25,7 @@ import os
 import sys
 import threading
 
-from . import containment
+from . import client_files, containment
 from .gpus import ORIGINAL_VISIBLE_ENV
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV, hold_lifeline
 
@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     # with it every later call this client makes on that ps. A user's own setting wins.
     os.environ.setdefault("GRPC_FAIL_FAST", "true")
     _fork_siblings(int(os.environ.pop(FORKS_ENV, "1") or 1), args)
+    client_files.sweep()  # what engines killed on this host before left behind
+    client_files.adopt_temporary_directory()  # this engine's own: killed at stop, it cleans up nothing itself
     lifeline = os.environ.get(LIFELINE_ENV)
     if lifeline:
         hold_lifeline(lifeline)
