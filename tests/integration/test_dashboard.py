@@ -172,3 +172,23 @@ def test_a_live_dashboard_that_stops_on_an_error_says_so_above_its_plots(cluster
     assert "Display it again to resume" in notice.text
     del board.components["progress"].update  # the component's own update again, for close()'s last one
     board.close()
+
+
+def test_a_jobs_timeline_saves_as_a_perfetto_trace_with_tasks_as_processes(cluster, tmp_path):
+    job = train(cluster, strategy="async-ps", steps=60, steps_per_call=5)
+    job.wait(300)
+    spans = job.timeline.spans()
+    assert spans and {s.job for s in spans} == {job.name}
+    path = job.timeline.save(tmp_path / "trace" / "job.json")
+    trace = json.loads(path.read_text())
+    assert trace["otherData"]["title"] == f"workbench job {job.name}"
+    processes = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert {"worker:0", "worker:1"} <= set(processes.values()), processes
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(slices) == len(spans)
+    assert {e["name"] for e in slices} >= {"compute"} and all(e["dur"] >= 0 and e["ts"] >= 0 for e in slices)
+    worker_steps = sum(e["args"]["steps"] for e in slices
+                       if processes[e["pid"]].startswith("worker") and e["name"] == "compute")
+    assert worker_steps >= 60  # every step of the job has its compute slice on a worker
+    threads = {(e["pid"], e["args"]["name"]) for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert any(name.startswith("/job:worker/replica:0/task:0/device:") for _, name in threads), threads

@@ -288,6 +288,14 @@ class Job:
         return {"parameters": each, "gradients": each, "total": 2 * each}
 
     @property
+    def timeline(self):
+        """The job's step timeline (``JobTimeline``): ``job.timeline.save("job.json")`` writes a trace that
+        ui.perfetto.dev or chrome://tracing open, tasks as processes, devices as threads, faults as instants."""
+        from ..telemetry.step_trace import JobTimeline
+
+        return JobTimeline(self.cluster.telemetry, self.name)
+
+    @property
     def history(self) -> list[dict]:
         """One record per step: step, loss, metrics, worker(s), worker-side start/end time, examples/s.
 
