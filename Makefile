@@ -10,6 +10,8 @@ EXTRAS ?= cpu,notebook
 GROUPS ?= test
 LAB_ARGS ?=
 PYTEST_ARGS ?=
+# a command's environment with the bind shim preloaded (its TensorFlow ports, and its children's, on loopback)
+WITH_SHIM = LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}"
 
 .PHONY: install chromium lab test docs dist screenshots bench bench-training bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak demo clean
 
@@ -33,14 +35,14 @@ chromium:
 
 # Jupyter, and so every kernel, runs with the bind shim: a kernel's TensorFlow port listens on loopback only.
 lab: install
-	LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" \
+	$(WITH_SHIM) \
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
 # The suite runs as a `make lab` kernel does, with the bind shim: its own TensorFlow ports stay on loopback.
 test: install chromium
 	$(PY) -m ruff check .
-	LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" $(PY) -m pytest $(PYTEST_ARGS)
+	$(WITH_SHIM) $(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) docs
 
 # The documentation site: docs/_build/html. Warnings are errors; the tutorials are executed (cached in
@@ -50,7 +52,7 @@ docs: install
 
 # README's and the docs' screenshots, taken from a real run in headless Chromium (tests/browser/test_docs_screenshots.py)
 screenshots: install chromium
-	WORKBENCH_DOCS_SCREENSHOTS=1 LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" \
+	WORKBENCH_DOCS_SCREENSHOTS=1 $(WITH_SHIM) \
 		$(PY) -m pytest tests/browser/test_docs_screenshots.py
 
 # sdist and wheel into dist/, checked as PyPI would check them
@@ -88,7 +90,7 @@ bench-controller: install
 
 # as root: Open MPI, OpenSSH and Slurm are installed when missing; the emulated hosts need namespaces
 bench-launchers: install
-	LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}" $(PY) bench/launchers.py
+	$(WITH_SHIM) $(PY) bench/launchers.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info test-artifacts bench/results workbench/labextension extension/lib extension/node_modules \

@@ -48,22 +48,26 @@ def hint() -> str:
     return f" TensorFlow's own log lines: {path}." if path else ""
 
 
+def _point(descriptor: int, path: str | Path, header: str = "") -> None:
+    """``descriptor`` appends to ``path`` (created 0600; ``header`` written first). ``OSError`` if it cannot be opened."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    if header:
+        os.write(fd, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n".encode())
+    os.dup2(fd, descriptor)
+    os.close(fd)
+
+
 def route_to(path: str, header: str = "") -> bool:
     """From now on, descriptor 2 goes to ``path`` (appended; ``header`` written first); False when not routed."""
     with _LOCK:
         if "path" not in _ROUTED or not path:
             return False
-        if _ROUTED["path"] == path:
-            return True
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        except OSError:
-            return False  # the lines stay where they were
-        if header:
-            os.write(fd, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n".encode())
-        os.dup2(fd, 2)
-        os.close(fd)
-        _ROUTED["path"] = path
+        if _ROUTED["path"] != path:
+            try:
+                _point(2, path, header)
+            except OSError:
+                return False  # the lines stay where they were
+            _ROUTED["path"] = path
         return True
 
 
@@ -77,14 +81,12 @@ def route() -> str:
         from .cluster.containment import cache_dir
 
         directory = Path(cache_dir()) / "logs"
+        path = directory / f"kernel-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.log"
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            path = directory / f"kernel-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            _point(2, path)
         except OSError:
             return ""  # no log file: the lines stay where they were
-        os.dup2(fd, 2)
-        os.close(fd)
         _ROUTED["path"] = str(path)
         return str(path)
 
@@ -103,9 +105,7 @@ def stdout_to_log():
         return
     saved = os.dup(1)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        os.dup2(fd, 1)
-        os.close(fd)
+        _point(1, path)
         yield
     finally:
         os.dup2(saved, 1)

@@ -47,9 +47,8 @@ def adopt_autograph() -> str:
 
         if getattr(loader, "tempfile", None) is not tempfile:
             return ""
-        path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+        path = _own_directory()
         loader.tempfile = types.SimpleNamespace(NamedTemporaryFile=functools.partial(tempfile.NamedTemporaryFile, dir=path))
-        atexit.register(shutil.rmtree, path, True)
         _OURS["path"] = path
         return path
 
@@ -63,8 +62,14 @@ def adopt_temporary_directory() -> str:
     current = os.environ.get("TMPDIR", "")
     if Path(current).name.startswith("workbench-"):
         return current
-    path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+    path = _own_directory()
     os.environ["TMPDIR"] = tempfile.tempdir = path
+    return path
+
+
+def _own_directory() -> str:
+    """A new ``workbench-client-<pid>-*`` directory, removed when this process exits (``sweep`` if it is killed)."""
+    path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
     atexit.register(shutil.rmtree, path, True)
     return path
 

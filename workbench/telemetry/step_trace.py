@@ -13,12 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .events import StepSpan, TaskEvent
-from .trace import _JOB_ORDER
-
-
-def _task_order(task: str) -> tuple:
-    job, _, index = task.partition(":")
-    return _JOB_ORDER.get(job, len(_JOB_ORDER)), job, int(index) if index.isdigit() else 0
+from .trace import task_order
 
 
 def step_trace(spans: Iterable[StepSpan], events: Iterable[TaskEvent] = (), title: str = "") -> dict:
@@ -26,7 +21,7 @@ def step_trace(spans: Iterable[StepSpan], events: Iterable[TaskEvent] = (), titl
     spans = sorted((s for s in spans if s.end is not None), key=lambda s: s.start)
     events = list(events)
     origin = min([s.start for s in spans] + [e.time for e in events], default=0.0)
-    tasks = sorted({s.task for s in spans} | {e.task for e in events}, key=_task_order)
+    tasks = sorted({s.task for s in spans} | {e.task for e in events}, key=task_order)
     pids = {task: n for n, task in enumerate(tasks, start=1)}
     tids: dict[tuple[str, str], int] = {}
     trace: list[dict] = []
@@ -65,18 +60,23 @@ class JobTimeline:
         self.log = log
         self.job = job
 
+    def _recorded(self, kind: type | tuple[type, ...]) -> list:
+        return [e for e in self.log.since(0).events if isinstance(e, kind) and e.job == self.job]
+
     def spans(self) -> list[StepSpan]:
         """The job's finished step spans still in the log (it keeps the newest 100,000 events of the cluster)."""
-        return [e for e in self.log.since(0).events if isinstance(e, StepSpan) and e.job == self.job and e.end is not None]
+        return [span for span in self._recorded(StepSpan) if span.end is not None]
 
     def events(self) -> list[TaskEvent]:
         """The faults and health changes the job recorded."""
-        return [e for e in self.log.since(0).events if isinstance(e, TaskEvent) and e.job == self.job]
+        return self._recorded(TaskEvent)
 
     def save(self, path: str | Path) -> Path:
         """Write the timeline as a Chrome trace JSON that ui.perfetto.dev and chrome://tracing open: a process
         per task, a thread per device, a slice per step phase, an instant per fault. Returns the path."""
-        return save_step_trace(self.spans(), path, self.events(), title=f"workbench job {self.job}")
+        recorded = self._recorded((StepSpan, TaskEvent))  # one pass over the log
+        return save_step_trace([e for e in recorded if isinstance(e, StepSpan)], path,
+                               [e for e in recorded if isinstance(e, TaskEvent)], title=f"workbench job {self.job}")
 
     def __repr__(self) -> str:
         return f"<workbench JobTimeline of {self.job}: {len(self.spans())} spans; .save(path) writes a Perfetto trace>"

@@ -186,9 +186,14 @@ def explain_unlinked(events: Iterable[OpEvent], transfers: Iterable[tuple[OpEven
 _JOB_ORDER = {"chief": 0, "ps": 1, "worker": 2}  # processes listed as the cluster lists its tasks
 
 
+def task_order(task: str) -> tuple:
+    """Sort key of a task name (``"ps:0"``, ``"worker:10"``): chief, ps, workers, each by index."""
+    job, _, index = task.partition(":")
+    return _JOB_ORDER.get(job, len(_JOB_ORDER)), job, int(index) if index.isdigit() else 0
+
+
 def _process_order(event: OpEvent) -> tuple:
-    job, _, index = event.task.partition(":")
-    return _JOB_ORDER.get(job, len(_JOB_ORDER)), job, int(index) if index.isdigit() else 0, event.device
+    return (*task_order(event.task), event.device)
 
 
 def chrome_trace(events: Iterable[OpEvent], transfers: Iterable[tuple[OpEvent, OpEvent]] | None = None) -> dict:
