@@ -20,6 +20,7 @@ EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/
 BUILD_SOURCES := hatch_build.py workbench/cluster/bind_shim.c
 
 $(VENV)/.installed: pyproject.toml $(EXTENSION_SOURCES) $(BUILD_SOURCES)
+	.ci/ensure-compiler
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# the build hook rebuilds the panel only when extension/src changed: a changed style sheet counts too
