@@ -6,7 +6,7 @@ import importlib
 
 from .errors import ConfigurationError
 
-_EXTRAS = {"bokeh": "notebook", "jupyter_bokeh": "notebook", "ipywidgets": "notebook"}
+_EXTRAS = {"bokeh": "notebook", "jupyter_bokeh": "notebook", "ipywidgets": "notebook", "tensorboard": "cpu"}
 
 
 def require(module: str, feature: str):
@@ -16,6 +16,6 @@ def require(module: str, feature: str):
     except ImportError:
         extra = _EXTRAS.get(module, "notebook")
         raise ConfigurationError(
-            f"{feature} need the {module!r} package, which is not installed: pip install 'workbench[{extra}]' "
+            f"{feature} need the {module!r} package, which is not installed: pip install 'jupyter-tf-workbench[{extra}]' "
             f"(or pip install {module})."
         ) from None

@@ -22,6 +22,8 @@ from ..cluster.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_
 from ..errors import ClusterStateError, ConfigurationError, ControllerLost
 from ..telemetry.events import ALLREDUCE_APPLY
 from . import allreduce_engine
+from .building import learning_rate_of
+from .evaluation import is_dataset
 from .job import Job, TrainingError
 from .recovery import TaskLost
 from .steps import resolve_loss
@@ -137,6 +139,64 @@ class WorkerGroup:
                 "first all-reduce; restart the cluster (cluster.stop(); cluster.start()) to all-reduce over the current workers.")
 
 
+class CallbackMirror:
+    """The callbacks' model of an all-reduce job: a local copy of the model, compiled like the job.
+
+    Its weights, learning rate and iteration count are fetched from worker 0 the first time a callback
+    reads ``callback.model`` in a hook (``read``); what the hook changed there (``set_weights``, as
+    ``EarlyStopping(restore_best_weights=True)`` does, or the learning rate) is sent to every worker after it
+    (``push_changes``).
+    """
+
+    def __init__(self, job: AllReduceJob):
+        import tensorflow as tf
+
+        from .building import build_model, build_optimizer
+
+        self.job = job
+        with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+            self.model = build_model(job._model_source, job._example())
+            self.model.compile(optimizer=build_optimizer(job._optimizer_source), loss=job._loss_source,
+                               metrics=list(job.options.metrics))
+        self.model.optimizer.build(self.model.trainable_variables)
+        self._fresh = False
+        self._fetched: dict | None = None
+
+    def stale(self) -> None:
+        self._fresh = False
+        self._fetched = None
+
+    def read(self) -> None:
+        if self._fresh:
+            return
+        self._fresh = True  # first: setting the weights below reads nothing remote
+        engine = self.job._engines[0]
+        state = self.job._call_all({engine: (allreduce_engine.state, self.job._run_id)}, "fetching the weights",
+                                   GROUP_TIMEOUT)[engine]
+        self.model.set_weights(state["weights"])
+        optimizer = self.model.optimizer
+        if state["learning_rate"] is not None:
+            optimizer.learning_rate = state["learning_rate"]
+        optimizer.iterations.assign(state["iterations"])
+        self._fetched = state
+
+    def push_changes(self) -> None:
+        """Send what a hook changed in the copy (weights, learning rate) to every worker."""
+        import numpy as np
+
+        if self._fetched is None:
+            return
+        weights = self.model.get_weights()
+        changed = any(not np.array_equal(a, b) for a, b in zip(weights, self._fetched["weights"]))
+        rate = learning_rate_of(self.model.optimizer) if self._fetched["learning_rate"] is not None else None
+        new_rate = rate if rate is not None and rate != self._fetched["learning_rate"] else None
+        if changed or new_rate is not None:
+            job = self.job
+            job._call_all({e: (allreduce_engine.assign, job._run_id, weights if changed else None, new_rate)
+                           for e in job._engines}, "setting the weights a callback changed", GROUP_TIMEOUT)
+            self._fetched = {**self._fetched, "weights": weights, "learning_rate": rate}
+
+
 class AllReduceJob(Job):
     """A ``wb.train(..., strategy="allreduce")`` job; same interface as the ps jobs."""
 
@@ -248,14 +308,19 @@ class AllReduceJob(Job):
         return gpus[0] if gpus else f"{record.task.device}/device:CPU:0"
 
     def _run(self) -> None:
-        total = self.options.steps - self.start_step
         chunk = self.options.steps_per_call
         names = ",".join(r.name for r in self._workers)
         next_checkpoint = self.first_checkpoint_at()
         done = self.steps_done  # after a restore: the steps its checkpoint includes
-        while done < total and not self._stop.is_set():
-            n = min(chunk, total - done)
+        while not self._stop.is_set():
+            self._loop.tick(parked=True)  # between calls: the callbacks, and the epoch's end once its steps are done
             first = self.start_step + done
+            if self._loop.finished or not self._loop.claimable(first):
+                if self._loop.finished:
+                    return
+                raise TrainingError(f"internal: all-reduce step {first} is not released by the epoch loop "
+                                    f"(limit {self._loop.limit}); please report this.")
+            n = min(chunk, self._loop.limit - first)
             keys = {r.engine_id: self._recorder.call_started(r.name, self._device(r), first, n) for r in self._workers}
             try:
                 results = self._call_all({e: (allreduce_engine.run_steps, self._run_id, n) for e in self._engines},
@@ -272,7 +337,7 @@ class AllReduceJob(Job):
             ends = [max(r["stamps"][i + 1] for r in results.values()) for i in range(n)]
             for i in range(n):
                 self._record(self.start_step + done + i, ours["losses"][i], ours["metrics"][i], names, starts[i], ends[i],
-                             self.options.batch_size, aggregated=len(self._engines))
+                             self.options.batch_size, last_of_call=i == n - 1, aggregated=len(self._engines))
             done += n
             next_checkpoint = self.checkpoint_due(next_checkpoint)
 
@@ -289,6 +354,27 @@ class AllReduceJob(Job):
                                "writing a checkpoint", GROUP_TIMEOUT)
         self.last_checkpoint = saved[self._engines[0]]
         self._saved_records[self.last_checkpoint] = done
+
+    def _validate(self, data: Any, steps: int | None) -> dict[str, float]:
+        """Validation at an epoch's end: a data function on every worker's engine at once (each its share of the
+        batches, on its replica of the weights); a dataset here, on the callbacks' copy of the weights."""
+        from .evaluation import combine_parts
+
+        if is_dataset(data):
+            mirror = self._callback_model()[1]
+            mirror.stale()
+            mirror.read()  # the weights of now
+            return self._evaluate_on(mirror.model, data, steps)
+        payload = portable(data)
+        parts = self._call_all({e: (allreduce_engine.validate, self._run_id, payload, steps) for e in self._engines},
+                               "validating", GROUP_TIMEOUT)
+        return combine_parts([(p["values"], p["count"]) for p in parts.values()], self.metric_names)
+
+    def _callback_model(self):
+        """A local copy, compiled like the job: its weights come from worker 0 when a callback reads ``model``."""
+        if getattr(self, "_mirror", None) is None:
+            self._mirror = CallbackMirror(self)
+        return self._mirror.model, self._mirror
 
     def _evaluate_data_function(self, data: Callable, batch_size: int) -> dict[str, float]:
         """One pass of ``data(ctx)`` on ``worker:0``'s engine, on the weights it trained (see ``Job.evaluate``)."""

@@ -185,5 +185,44 @@ def evaluate(run_id: str, payload: bytes, batch_size: int) -> dict:
     return {"values": values.numpy().tolist(), "count": int(count.numpy())}
 
 
+def validate(run_id: str, payload: bytes, steps: int | None) -> dict:
+    """This worker's share of a validation pass (its shard; of ``steps`` batches in all, if given)."""
+    import tensorflow as tf
+
+    from .data import DataContext, validation_dataset
+
+    run = _RUNS[run_id]
+    settings, fns = run["settings"], run["fns"]
+    function = run.get("validation")
+    if function is None:
+        (data,) = unpack(payload)
+        ctx = DataContext(settings["index"], settings["num_workers"], settings["per_worker_batch"], settings["seed"],
+                          training=False)
+        function = run["validation"] = fns.evaluation_function(
+            tf.autograph.experimental.do_not_convert(lambda: validation_dataset(data, ctx, steps)))
+    values, count = function()
+    return {"values": values.numpy().tolist(), "count": int(count.numpy())}
+
+
+def state(run_id: str) -> dict:
+    """The weights, learning rate (None for a schedule) and iteration count of this worker's replica."""
+    from .building import learning_rate_of
+
+    run = _RUNS[run_id]
+    optimizer = run["fns"].optimizer
+    return {"weights": [w.numpy() for w in run["model"].weights], "learning_rate": learning_rate_of(optimizer),
+            "iterations": int(optimizer.iterations.numpy())}
+
+
+def assign(run_id: str, weights: list | None, learning_rate: float | None) -> bool:
+    """Set this worker's replicas to what a callback set in the kernel (every worker gets the same)."""
+    run = _RUNS[run_id]
+    if weights is not None:
+        run["model"].set_weights(weights)
+    if learning_rate is not None:
+        run["fns"].optimizer.learning_rate = learning_rate
+    return True
+
+
 def weights(run_id: str) -> list:
     return [w.numpy() for w in _RUNS[run_id]["model"].weights]

@@ -7,8 +7,10 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .allreduce import AllReduceJob
+from .evaluation import check_validation_data
+from .fit import FitArguments, check_callbacks
 from .job import Job
-from .options import TrainOptions, validate
+from .options import TrainOptions, resolve_epochs, validate
 
 
 def train(
@@ -21,7 +23,9 @@ def train(
     metrics: list | tuple = (),
     strategy: str = "async-ps",
     backup_workers: int = 0,
-    steps: int = 1000,
+    steps: int | None = None,
+    epochs: int | None = None,
+    steps_per_epoch: int | None = None,
     batch_size: int = 64,
     steps_per_call: int = 10,
     checkpoint_dir: str | None = None,
@@ -37,6 +41,11 @@ def train(
     straggler_factor: float = 10.0,
     on_straggler: str = "wait",
     transfer: str = "fp32",
+    validation_data: Any = None,
+    validation_steps: int | None = None,
+    validation_freq: int = 1,
+    callbacks: list | None = None,
+    log_dir: str | None = None,
     wait: bool = False,
     queue: bool = True,
 ) -> Job:
@@ -66,8 +75,33 @@ def train(
         gradient; no ps needed; ``model``, ``data`` and functions are sent to the engines by value).
         A placed model (``wb.place``) trains model-parallel: pass it as ``model`` and no strategy,
         or call ``placed.train(...)``.
-    steps, batch_size:
-        optimizer steps to run, and the global batch (split evenly over the workers).
+    steps, epochs, steps_per_epoch, batch_size:
+        as in Keras: ``epochs`` (default 1) of ``steps_per_epoch`` optimizer steps each (default: one pass of
+        the training data, when its dataset says how many examples it has); or ``steps`` in all (default
+        1000, one epoch). ``batch_size`` is the global batch (split evenly over the workers).
+    validation_data, validation_steps, validation_freq:
+        as in Keras: at the end of every ``validation_freq``-th epoch, the loss and metrics of
+        ``validation_data`` (a data function like ``data``, run on every worker at once, each its share of
+        the batches; or a ``tf.data.Dataset``, run in this kernel) on the trained variables where they live,
+        over one pass of it or its first ``validation_steps`` batches; passed to the callbacks as ``val_*``.
+    callbacks:
+        ``keras.callbacks.Callback`` objects, called in this kernel as ``model.fit`` calls them
+        (``on_train_begin/end``, ``on_epoch_begin/end`` with the epoch's mean loss and metrics and the
+        ``val_*`` values, ``on_train_batch_begin/end`` once per remote call with its newest step's loss and
+        metrics). ``callback.model`` is a Keras model holding the trained values at that moment: in the ps
+        strategies and for placed models the job's own model, whose variables live on the tasks (what a
+        callback reads is read there, only when it reads it; what it sets, weights or the optimizer's
+        learning rate, is set there); in all-reduce a local copy, fetched from worker 0 when a callback reads
+        it and sent back to every worker if the callback changed it. So ``ModelCheckpoint``,
+        ``EarlyStopping(restore_best_weights=True)``, ``TensorBoard``, ``CSVLogger``, ``LearningRateScheduler``,
+        ``ReduceLROnPlateau`` and ``model.stop_training = True`` work as with ``model.fit``; a job a callback
+        stopped finishes at the end of that epoch (``job.stopped_early``). ``job.keras_history`` is the
+        ``keras.callbacks.History``.
+    log_dir:
+        a TensorBoard log directory (default: the ``TensorBoard`` callback's): the job adds one run per
+        worker with what only a distributed job has (examples/s and step time per worker, staleness in
+        async-ps, dropped gradients in sync-ps, bytes moved per step, faults as text events).
+        ``pip install tensorboard`` to use it.
     steps_per_call:
         steps a worker runs per remote call, in every strategy (fewer round trips).
     checkpoint_dir, checkpoint_every, resume:
@@ -136,8 +170,15 @@ def train(
         raise ConfigurationError(
             "strategy='model-parallel' needs a placed model: placed = wb.place(make_model, {'layer': 'worker:0', ...}), "
             "then placed.train(data, loss, ...).")
+    callbacks = check_callbacks(callbacks)
+    check_validation_data(validation_data, validation_steps)
+    steps, epochs, steps_per_epoch = resolve_epochs(
+        steps, epochs, steps_per_epoch,
+        _examples_in(data, seed) if epochs is not None and steps is None and steps_per_epoch is None else None,
+        batch_size if isinstance(batch_size, int) and batch_size > 0 else 1)
     options = validate(TrainOptions(
-        strategy=strategy, steps=steps, batch_size=batch_size, backup_workers=backup_workers,
+        strategy=strategy, steps=steps, epochs=epochs, steps_per_epoch=steps_per_epoch,
+        validation_steps=validation_steps, validation_freq=validation_freq, batch_size=batch_size, backup_workers=backup_workers,
         steps_per_call=steps_per_call, metrics=tuple(metrics), checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, resume=resume, seed=seed, step_timeout=step_timeout, partition_bytes=partition_bytes,
         telemetry=bool(telemetry), recover=recover, hang_timeout=hang_timeout, on_hang=on_hang,
@@ -150,7 +191,21 @@ def train(
 
         raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}. Call cluster.start() first.")
     job_class = {"allreduce": AllReduceJob, "model-parallel": _placed_job_class()}.get(strategy, Job)
-    job = job_class(cluster, model, data, loss, optimizer, options).start(queue=queue)
+    fit = FitArguments(validation_data=validation_data, callbacks=callbacks, log_dir=log_dir)
+    job = job_class(cluster, model, data, loss, optimizer, options, fit).start(queue=queue)
     if job.state != "queued":
         job.wait_set_up()
     return job.wait() if wait else job
+
+
+def _examples_in(data: Callable, seed: int | None) -> int | None:
+    """How many examples one pass of the training data has, if its dataset says so (for ``epochs`` alone)."""
+    import tensorflow as tf
+
+    from .data import DataContext
+
+    dataset = data(DataContext(0, 1, 1, 0 if seed is None else seed))
+    if not isinstance(dataset, tf.data.Dataset):
+        return None  # the job's set-up says what is wrong with it
+    count = int(dataset.cardinality())
+    return count if count > 0 else None

@@ -24,11 +24,15 @@ class _Call:
     flagged: bool = False  # reported as straggling already, or not to be judged (a worker's first call)
 
 
-def chunks_of(steps: list[int], size: int) -> list[tuple[int, int]]:
-    """Runs of consecutive steps, cut into chunks of at most ``size``: ``[(first, n), ...]`` in order."""
+def chunks_of(steps: list[int], size: int, epoch: int = 0) -> list[tuple[int, int]]:
+    """Runs of consecutive steps, cut into chunks of at most ``size``: ``[(first, n), ...]`` in order.
+
+    With ``epoch`` (steps per epoch), no chunk spans two epochs: an epoch's last call ends with it.
+    """
     chunks: list[tuple[int, int]] = []
     for step in steps:
-        if chunks and chunks[-1][0] + chunks[-1][1] == step and chunks[-1][1] < size:
+        if (chunks and chunks[-1][0] + chunks[-1][1] == step and chunks[-1][1] < size
+                and not (epoch and step % epoch == 0)):
             chunks[-1] = (chunks[-1][0], chunks[-1][1] + 1)
         else:
             chunks.append((step, 1))
@@ -40,7 +44,7 @@ class AsyncRun(WorkerRun):
 
     def __init__(self, job):
         super().__init__(job)
-        self.pending = chunks_of(job.missing_steps(), self.options.steps_per_call)[::-1]  # pop() takes the next
+        self.pending = chunks_of(job.missing_steps(), self.options.steps_per_call, self.options.epoch_steps)[::-1]  # pop() next
         self.in_flight: dict[int, _Call] = {}
         self.warm: set[int] = set()  # workers whose function is set up on the tasks: a call of theirs came back
         self.stalled_since: float | None = None  # when the last worker able to take work went away
@@ -53,6 +57,7 @@ class AsyncRun(WorkerRun):
             for index in self.slots:
                 self._launch(index)
             while not self._finished():
+                self.job._loop.tick(self._parked())  # first: an epoch's end releases the next one's calls at once
                 self._tick()
                 tick()
         finally:  # a run that ends early (a lost ps) does not wait: its workers' calls may hang on that ps
@@ -63,8 +68,10 @@ class AsyncRun(WorkerRun):
         with self.job._lock:
             if self.in_flight or any(self.threads[i].is_alive() for i, s in self.slots.items() if s == ACTIVE):
                 return False
-            if not self.pending or self.job._stop.is_set():
-                return True
+            if self.job._stop.is_set() or self.job._loop.finished:  # stopped; or the last epoch ended (or a callback
+                return True  # stopped the training). Else the loop ends the epoch, or threads take work, next tick
+            if not self.pending:
+                return False
         if not any(s in (ACTIVE, RECOVERING) for s in self.slots.values()):
             self._fail_if_stalled()
         return False
@@ -82,29 +89,40 @@ class AsyncRun(WorkerRun):
 
     def _has_work(self) -> bool:
         with self.job._lock:
-            return bool(self.pending)
+            return self._released()
+
+    def _released(self) -> bool:
+        """A pending chunk may be claimed now (it is in the current epoch); the caller holds the job's lock."""
+        return bool(self.pending) and self.job._loop.claimable(self.pending[-1][0])
+
+    def _parked(self) -> bool:
+        """No call in flight and none that may start: where the loop may end an epoch."""
+        with self.job._lock:
+            return not self.in_flight and not self._released()
 
     # -- a worker's thread ---------------------------------------------------------------------
 
-    def _claim(self, index: int) -> tuple[int, int] | None:
-        with self.job._lock:
-            if self.halt.is_set() or self.job._stop.is_set() or self.slots[index] != ACTIVE or not self.pending:
+    def _claim(self, index: int) -> _Call | None:
+        """The next chunk of the current epoch, in flight from now (one step under the lock: see ``_parked``)."""
+        job = self.job
+        with job._lock:
+            if self.halt.is_set() or job._stop.is_set() or self.slots[index] != ACTIVE or not self._released():
                 return None
-            return self.pending.pop()
+            first, n = chunk = self.pending.pop()
+            # A worker's first call also sets its function up on the worker and the ps (about a second,
+            # against milliseconds for its peers' calls): it is not judged as straggling.
+            call = _Call(chunk, time.monotonic(), job._recorder.call_started(self.names[index], job._worker_devices[index], first, n),
+                         flagged=index not in self.warm)
+            self.in_flight[index] = call
+            return call
 
     @own_executor
     def _work(self, index: int) -> None:
         import tensorflow as tf
 
         job, name, device = self.job, self.names[index], self.job._worker_devices[index]
-        while (chunk := self._claim(index)) is not None:
-            first, n = chunk
-            # A worker's first call also sets its function up on the worker and the ps (about a second,
-            # against milliseconds for its peers' calls): it is not judged as straggling.
-            call = _Call(chunk, time.monotonic(), job._recorder.call_started(name, device, first, n),
-                         flagged=index not in self.warm)
-            with job._lock:
-                self.in_flight[index] = call
+        while (call := self._claim(index)) is not None:
+            first, n = call.chunk
             try:
                 with tf.device(device):
                     outputs = job._fns.train_steps_on(device)(job._iterators[index], tf.constant(n, tf.int32))
@@ -112,16 +130,20 @@ class AsyncRun(WorkerRun):
             except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
                 self.errors.put((index, call, exc))
                 return
+            records = [job._step_record(first + i, losses[i], metrics[i], name, stamps[i], stamps[i + 1],
+                                        self.options.per_worker_batch) for i in range(n)]
             with job._lock:
                 if self.halt.is_set() or self.in_flight.get(index) is not call:
                     return  # given up on (or the run ended): its steps run, or ran, elsewhere
-                del self.in_flight[index]
+                del self.in_flight[index]  # and its steps recorded, in the same step (see _parked)
+                for i, record in enumerate(records):
+                    job._append(record, last_of_call=i == n - 1)
             if index in self.warm:  # a first call's set-up says nothing about the pace of steps
                 self.times.add(time.monotonic() - call.started, n)
             self.warm.add(index)
             job._recorder.steps(name, device, first, stamps, marks, self.options.per_worker_batch, PUSH_APPLY, call.key)
-            for i in range(n):
-                job._record(first + i, losses[i], metrics[i], name, stamps[i], stamps[i + 1], self.options.per_worker_batch)
+            for record in records:
+                job._recorder.step_done(record)
             try:
                 with self.checkpoint_lock:  # right away, in this thread: checkpoints land close to each multiple
                     self.next_checkpoint = job.checkpoint_due(self.next_checkpoint)

@@ -98,3 +98,13 @@ def update_where_the_variable_lives(optimizer) -> None:
     optimizer.apply = applied_by_the_counter
     if hasattr(optimizer, "_all_reduce_sum_gradients"):
         optimizer._all_reduce_sum_gradients = as_they_are
+
+
+def learning_rate_of(optimizer) -> float | None:
+    """The optimizer's learning rate as a number; None where it follows a schedule (Keras cannot set one then)."""
+    import numpy as np
+
+    try:
+        return float(np.asarray(optimizer.learning_rate))
+    except (TypeError, ValueError):
+        return None

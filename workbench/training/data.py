@@ -35,6 +35,20 @@ def training_dataset(data: Callable[[DataContext], Any], ctx: DataContext):
     return dataset.prefetch(2)
 
 
+def validation_dataset(data: Callable[[DataContext], Any], ctx: DataContext, steps: int | None = None):
+    """Worker ``ctx.worker_index``'s share of a validation pass: batches ``w, w+N, ...`` of one pass of the
+    data, and of its first ``steps`` batches only if ``steps`` is given."""
+    dataset = data(ctx)
+    _check_dataset(dataset, data)
+    dataset = dataset.batch(ctx.per_worker_batch_size)
+    if ctx.num_workers > 1:
+        dataset = dataset.shard(ctx.num_workers, ctx.worker_index)
+    if steps is not None:
+        share = steps // ctx.num_workers + (1 if ctx.worker_index < steps % ctx.num_workers else 0)
+        dataset = dataset.take(share)
+    return dataset
+
+
 def evaluation_dataset(data: Callable[[DataContext], Any], batch_size: int, seed: int):
     ctx = DataContext(0, 1, batch_size, seed, training=False)
     dataset = data(ctx)

@@ -23,14 +23,51 @@ def is_dataset(data: Any) -> bool:
     return isinstance(data, tf.data.Dataset)
 
 
+def check_validation_data(data: Any, steps: int | None) -> None:
+    """``wb.train(validation_data=...)``: a data function, or a dataset that ends (or ``validation_steps``)."""
+    import tensorflow as tf
+
+    if data is None:
+        if steps is not None:
+            raise ConfigurationError(f"validation_steps={steps} needs validation_data: pass the data to validate on.")
+        return
+    if not callable(data) and not is_dataset(data):
+        raise ConfigurationError(f"validation_data={type(data).__name__}: {_WHAT_TO_PASS}.")
+    if is_dataset(data) and steps is None and int(data.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+        raise ConfigurationError("validation_data repeats forever, so one validation pass never ends: pass "
+                                 "validation_steps= (batches per validation), or drop its .repeat().")
+
+
 def check_evaluation_data(data: Any) -> None:
     """Anything but a data function or a dataset gets an error saying what to pass."""
     if data is not None and not callable(data) and not is_dataset(data):
         raise ConfigurationError(f"job.evaluate({type(data).__name__}): {_WHAT_TO_PASS}.")
 
 
+def combine_parts(parts: list[tuple[list[float], int]], metric_names: list[str]) -> dict[str, float]:
+    """Loss and metrics of a pass made in parts (``(values, examples)`` each, values weighted by examples)."""
+    count = sum(n for _, n in parts)
+    if not count:
+        raise ConfigurationError(f"the validation data gave no batch: {_WHAT_TO_PASS}, with at least one batch per worker.")
+    totals = [sum(values[i] * n for values, n in parts) / count for i in range(len(metric_names) + 1)]
+    return {"loss": totals[0], **dict(zip(metric_names, totals[1:])), "examples": int(count)}
+
+
+def batch_function(model, loss_fn: Callable, metric_fns: dict[str, Callable]) -> Callable:
+    """A ``tf.function`` ``(x, y) -> (loss and metrics, examples)`` of one batch, to reuse over passes."""
+    import tensorflow as tf
+
+    @tf.function
+    def batch_values(x, y):
+        logits = model(x, training=False)
+        values = [tf.reduce_mean(loss_fn(y, logits))] + [tf.cast(fn(y, logits), tf.float32) for fn in metric_fns.values()]
+        return tf.cast(tf.stack(values), tf.float64), tf.cast(tf.shape(x)[0], tf.float64)
+
+    return batch_values
+
+
 def evaluate_dataset(model, dataset, loss_fn: Callable, metric_fns: dict[str, Callable], example_rank: int,
-                     batch_size: int) -> dict[str, float]:
+                     batch_size: int, batch_values: Callable | None = None, steps: int | None = None) -> dict[str, float]:
     """Loss and metrics of ``model`` over one pass of ``dataset``, weighted by examples.
 
     ``example_rank`` is the rank of one batch of features the model trains on (batch dimension
@@ -41,7 +78,7 @@ def evaluate_dataset(model, dataset, loss_fn: Callable, metric_fns: dict[str, Ca
     spec = dataset.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], tf.TensorSpec)):
         raise ConfigurationError(f"job.evaluate(dataset): its elements are {spec}; {_WHAT_TO_PASS}.")
-    if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+    if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY) and steps is None:
         raise ConfigurationError("job.evaluate(dataset): the dataset repeats forever, so one pass never ends; "
                                  f"drop its .repeat() (or .take(n) what to evaluate); {_WHAT_TO_PASS}.")
     rank = spec[0].shape.rank
@@ -53,12 +90,9 @@ def evaluate_dataset(model, dataset, loss_fn: Callable, metric_fns: dict[str, Ca
             f"{example_rank - 1} (batches of rank {example_rank}); {_WHAT_TO_PASS}."
         )
 
-    @tf.function
-    def batch_values(x, y):
-        logits = model(x, training=False)
-        values = [tf.reduce_mean(loss_fn(y, logits))] + [tf.cast(fn(y, logits), tf.float32) for fn in metric_fns.values()]
-        return tf.cast(tf.stack(values), tf.float64), tf.cast(tf.shape(x)[0], tf.float64)
-
+    if steps is not None:
+        dataset = dataset.take(steps)
+    batch_values = batch_values or batch_function(model, loss_fn, metric_fns)
     totals, count = None, 0.0
     with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
         try:

@@ -24,8 +24,9 @@ from ..cluster.jobs import CANCELLED, ENDED, FAILED, FINISHED, QUEUED, RUNNING, 
 from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
 from ..telemetry.recorder import StepRecorder
 from .building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
-from .data import DataContext, evaluation_dataset, training_dataset
-from .evaluation import check_evaluation_data, evaluate_dataset, is_dataset
+from .data import DataContext, evaluation_dataset, training_dataset, validation_dataset
+from .evaluation import batch_function, check_evaluation_data, combine_parts, evaluate_dataset, is_dataset
+from .fit import EpochLoop, FitArguments
 from .options import TrainOptions, validate
 from .packing import packing_for
 from .placement import PsPlacer, optimizer_targets, shards_of, tf_variable
@@ -82,7 +83,8 @@ class Job:
     _holders = "parameter server"  # what the tasks whose loss needs a restore are, in messages
     _uses_connection = True  # runs ops through this kernel's TF connection (allreduce runs on the engines only)
 
-    def __init__(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions):
+    def __init__(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions,
+                 fit: FitArguments | None = None):
         self.cluster = cluster
         self.options = options
         self._data = data
@@ -119,6 +121,7 @@ class Job:
         self._recorder = StepRecorder(cluster.telemetry if options.telemetry else None, self.name,
                                       cluster.clock_offsets() if options.telemetry else None)
         self._started = time.time()
+        self._loop = EpochLoop(self, fit)  # epochs, validation, Keras callbacks, TensorBoard
         self._thread = threading.Thread(target=self._drive, name=f"workbench-job-{self.name}", daemon=True)
 
     def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions) -> None:
@@ -406,6 +409,88 @@ class Job:
     def _example_rank(self) -> int:
         return len(self._example_shape)
 
+    # -- what the epoch loop asks (fit.py) -----------------------------------------------------
+
+    def _callback_model(self):
+        """The callbacks' model: the job's own, whose variables live on the tasks, compiled like the job (on the
+        first ps: its loss tracker's variables too), so that what a callback reads or sets is read or set there."""
+        import tensorflow as tf
+
+        model = self._model
+        if not getattr(model, "compiled", False):
+            with tf.device(self._ps_devices[0]):
+                model.compile(optimizer=self._optimizer, loss=self._loss_source, metrics=list(self.options.metrics))
+        return model, None
+
+    def _validate(self, data: Any, steps: int | None) -> dict[str, float]:
+        """Validation at an epoch's end, on the trained variables where they live: a data function on every
+        worker at once (each its share of the batches), a dataset in this kernel."""
+        if is_dataset(data):
+            return self._evaluate_on(self._model, data, steps)
+        return self._validate_on_workers(data, steps)
+
+    def _evaluate_on(self, model, dataset, steps: int | None = None) -> dict[str, float]:
+        cached = getattr(self, "_dataset_batch", None)
+        if cached is None or cached[0] is not model:
+            cached = self._dataset_batch = (model, batch_function(model, self._loss_fn, resolve_metrics(self.options.metrics)))
+        return evaluate_dataset(model, dataset, self._loss_fn, resolve_metrics(self.options.metrics), self._example_rank(),
+                                self.options.batch_size, cached[1], steps)
+
+    def _validate_on_workers(self, data: Callable, steps: int | None) -> dict[str, float]:
+        import tensorflow as tf
+
+        from .workers import own_executor
+
+        up = [i for i, r in enumerate(self._workers) if self.cluster.task(r.name).state == RUNNING_TASK] or [0]
+        parts: dict[int, tuple] = {}
+
+        @own_executor
+        def share(position: int, index: int) -> None:
+            device = self._worker_devices[index]
+            ctx = DataContext(position, len(up), self.options.per_worker_batch, self._seed, training=False)
+            function = self._fns.validation_on((device, position, len(up)), tf.autograph.experimental.do_not_convert(
+                lambda: validation_dataset(data, ctx, steps)))
+            try:
+                with tf.device(device):
+                    values, count = function()
+                parts[index] = (values.numpy().tolist(), int(count.numpy()))
+            except Exception as exc:  # noqa: BLE001 - classified below, in the job's thread
+                parts[index] = exc
+
+        threads = [threading.Thread(target=share, args=(p, i), daemon=True, name=f"workbench-validate-{i}")
+                   for p, i in enumerate(up)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + self.options.step_timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for index in up:
+            part = parts.get(index)
+            name = self._workers[index].name
+            if part is None:
+                raise TrainingError(f"validation on {name} did not finish within step_timeout={self.options.step_timeout:.0f} s: "
+                                    "lower validation_steps, or raise step_timeout.")
+            if isinstance(part, Exception):
+                raise self._classify(part, f"{name} (validating)")
+        return combine_parts([parts[i] for i in up], self.metric_names)
+
+    @property
+    def keras_history(self):
+        """The job's ``keras.callbacks.History``, as ``model.fit`` returns it: ``keras_history.history["loss"]`` has
+        one plain float per epoch (the mean over its steps), ``val_*`` where validated; ``.epoch`` lists the epochs."""
+        return self._loop.history
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (0-based), or the last one once the job ended."""
+        return self._loop.epoch
+
+    @property
+    def stopped_early(self) -> bool:
+        """A callback set ``model.stop_training`` (``EarlyStopping``, ``TerminateOnNaN``): the job finished before
+        its last step, at the end of epoch ``job.epoch``."""
+        return self._loop.stopped_early
+
     @property
     def model(self):
         """A local Keras model (in this kernel, no cluster needed) holding the trained weights."""
@@ -469,18 +554,22 @@ class Job:
         try:
             try:
                 self._prepare()
+                self._loop.begin()  # the callbacks' on_train_begin: a mistake there is raised by wb.train too
             except BaseException as exc:
                 self._setup_error = exc if isinstance(exc, Exception) else self._as_error(exc)
                 raise
             self._set_up.set()
             self._train_with_recovery()
             state = CANCELLED if self._stop.is_set() else FINISHED
+            self._loop.end(finished=state == FINISHED)
         except BaseException as exc:  # noqa: BLE001 - kept for wait() to raise in the caller's thread
             if self._stop.is_set():
                 state = CANCELLED  # what a stop interrupted is not the job's error
             else:
                 self.error = self._setup_error or self._as_error(exc)
         finally:
+            if state != FINISHED:
+                self._end_loop_quietly()
             self._supervisor.close()
             self._supervisor = None  # no cycle left: an ended job nobody holds is freed at once, TF state and all
             try:
@@ -490,6 +579,13 @@ class Job:
                 self.state = state
                 self.cluster.job_queue.ended(self)  # before waiters wake: the cluster is free, or the next job's
                 self._end(state)
+
+    def _end_loop_quietly(self) -> None:
+        """A job that failed or was stopped: no ``on_train_end`` (as ``model.fit`` on an error), files closed."""
+        try:
+            self._loop.end(finished=False)
+        except Exception:  # noqa: BLE001 - the job's own error is the one to report
+            pass
 
     def _prepare(self) -> None:
         """The set-up of ``wb.train``, done when the job's turn comes: the cluster's workers are those of now."""
@@ -650,6 +746,7 @@ class Job:
         for task in sorted(lost.tasks, key=lambda name: not self._engine_exited(name)):
             self.cluster.replace_task(task, refresh_connection=self._uses_connection)
         kept = self._restore_state()
+        self._loop.model_replaced()
         with self._lock:
             fault.redone = len(self._history) - kept
             self._history = self._history[:kept]  # what the restored variables include; the rest runs again
@@ -671,8 +768,22 @@ class Job:
             self._restore(self.last_checkpoint)
         return self._saved_records.get(self.last_checkpoint, 0)
 
-    def _record(self, step: int, loss: float, metrics, worker: str, start: float, end: float, examples: int, **extra) -> None:
-        record = {
+    def _record(self, step: int, loss: float, metrics, worker: str, start: float, end: float, examples: int,
+                last_of_call: bool = False, **extra) -> None:
+        """Record one step (``last_of_call``: the newest of its remote call, for the callbacks' batch hooks)."""
+        record = self._step_record(step, loss, metrics, worker, start, end, examples, **extra)
+        with self._lock:
+            self._append(record, last_of_call)
+        self._recorder.step_done(record)
+
+    def _append(self, record: dict, last_of_call: bool) -> None:
+        """Add ``record`` to the history; the caller holds ``_lock`` (a run may make it one change with its own)."""
+        self._history.append(record)
+        self._loop.step_done(record, last_of_call)
+
+    def _step_record(self, step: int, loss: float, metrics, worker: str, start: float, end: float, examples: int,
+                     **extra) -> dict:
+        return {
             "step": step,
             "loss": float(loss),
             **{name: float(v) for name, v in zip(self.metric_names, metrics)},
@@ -684,6 +795,3 @@ class Job:
             "recovery": self.recoveries,
             **{key: value.item() if hasattr(value, "item") else value for key, value in extra.items()},  # plain numbers
         }
-        with self._lock:
-            self._history.append(record)
-        self._recorder.step_done(record)

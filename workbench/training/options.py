@@ -43,6 +43,14 @@ class TrainOptions:
     on_straggler: str = "wait"  # wait | drop | replace
     transfer: str = "fp32"  # ps strategies: fp32 | bf16 | fp16 | int8 on the wire
     num_workers: int = field(default=1)
+    epochs: int = 1  # steps = epochs x steps_per_epoch (``resolve_epochs``)
+    steps_per_epoch: int | None = None  # None: one epoch of ``steps``
+    validation_steps: int | None = None  # batches per validation (None: one pass of the validation data)
+    validation_freq: int = 1  # validate after every this many epochs
+
+    @property
+    def epoch_steps(self) -> int:
+        return self.steps_per_epoch or self.steps
 
     @property
     def hang_policy(self) -> str:
@@ -56,6 +64,47 @@ class TrainOptions:
     def required_gradients(self) -> int:
         """sync-ps: gradients aggregated per step (the first N - k to arrive)."""
         return self.num_workers - self.backup_workers
+
+
+def resolve_epochs(steps: int | None, epochs: int | None, steps_per_epoch: int | None,
+                   examples_per_epoch: int | None = None, batch_size: int = 1) -> tuple[int, int, int]:
+    """``(steps, epochs, steps_per_epoch)`` from what the user passed, with Keras's meaning of each.
+
+    ``steps`` is the total; ``epochs`` defaults to 1; without ``steps_per_epoch`` an epoch is one pass of
+    the training data (``examples_per_epoch`` // ``batch_size``, when the data says how long it is).
+    """
+    for name, value in (("steps", steps), ("epochs", epochs), ("steps_per_epoch", steps_per_epoch)):
+        if value is not None:
+            _whole(name, value, 1)
+    if epochs is None and steps_per_epoch is None:
+        total = 1000 if steps is None else steps
+        return total, 1, total
+    if epochs is None:
+        if steps is None:
+            return steps_per_epoch, 1, steps_per_epoch
+        if steps % steps_per_epoch:
+            raise ConfigurationError(f"steps={steps} is not a whole number of epochs of steps_per_epoch={steps_per_epoch}: "
+                                     f"pass epochs= instead of steps (e.g. epochs={max(1, steps // steps_per_epoch)}).")
+        return steps, steps // steps_per_epoch, steps_per_epoch
+    if steps_per_epoch is not None:
+        if steps is not None and steps != epochs * steps_per_epoch:
+            raise ConfigurationError(f"steps={steps} contradicts epochs={epochs} x steps_per_epoch={steps_per_epoch}: "
+                                     "pass epochs and steps_per_epoch, and leave steps out.")
+        return epochs * steps_per_epoch, epochs, steps_per_epoch
+    if steps is not None:
+        if steps % epochs:
+            raise ConfigurationError(f"steps={steps} does not split into epochs={epochs} equal epochs: pass "
+                                     "steps_per_epoch= instead of steps.")
+        return steps, epochs, steps // epochs
+    if not examples_per_epoch:
+        raise ConfigurationError(
+            f"epochs={epochs} needs the length of an epoch, and the data function's dataset does not say how many "
+            "examples it has (it repeats, or is filtered or generated): pass steps_per_epoch= (batches per epoch).")
+    per_epoch = examples_per_epoch // batch_size
+    if per_epoch < 1:
+        raise ConfigurationError(f"the training data has {examples_per_epoch} examples, fewer than one batch of "
+                                 f"batch_size={batch_size}: lower batch_size, or pass steps_per_epoch=.")
+    return epochs * per_epoch, epochs, per_epoch
 
 
 def _whole(name: str, value: object, minimum: int) -> int:
@@ -72,6 +121,7 @@ def validate(options: TrainOptions) -> TrainOptions:
     _whole("steps", options.steps, 1)
     _whole("batch_size", options.batch_size, 1)
     _whole("steps_per_call", options.steps_per_call, 1)
+    _validate_epochs(options)
     _whole("checkpoint_every", options.checkpoint_every, 0)
     _whole("partition_bytes", options.partition_bytes, 0)
     k = _whole("backup_workers", options.backup_workers, 0)
@@ -111,6 +161,16 @@ def validate(options: TrainOptions) -> TrainOptions:
             f"strategy={options.strategy!r} has no such transfers: use strategy='async-ps' or 'sync-ps', or "
             "leave transfer='fp32'.")
     return options
+
+
+def _validate_epochs(options: TrainOptions) -> None:
+    _whole("epochs", options.epochs, 1)
+    _whole("validation_freq", options.validation_freq, 1)
+    if options.validation_steps is not None:
+        _whole("validation_steps", options.validation_steps, 1)
+    if options.steps_per_epoch is not None and options.steps_per_epoch * options.epochs != options.steps:
+        raise ConfigurationError(f"steps={options.steps} must be epochs={options.epochs} x "
+                                 f"steps_per_epoch={options.steps_per_epoch}.")
 
 
 def _validate_fault_handling(options: TrainOptions) -> None:

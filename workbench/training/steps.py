@@ -114,7 +114,7 @@ def stamp_after(tensors) -> Any:
 # TensorFlow counts traces per code object, not per function, so a few short jobs in a row read to it as
 # one function retraced ("5 out of the last 12 calls to <function steps_in_one_call.<locals>.train_steps
 # ...> triggered tf.function retracing"), a warning that would send the user hunting for a loop of theirs.
-OWN_STEP_FUNCTIONS = ("steps_in_one_call.<locals>.train_steps",)
+OWN_STEP_FUNCTIONS = ("steps_in_one_call.<locals>.train_steps", "StepFunctions.evaluation_function.<locals>.evaluate")
 
 
 class _OwnRetracing(logging.Filter):
@@ -341,6 +341,18 @@ class StepFunctions:
             getattr(self, "_train_steps", {}).pop(device, None)  # its function used them: made again
 
     def build_evaluate(self, make_dataset: Callable):
+        self.evaluate = self.evaluation_function(make_dataset)
+
+    def validation_on(self, device: str, make_dataset: Callable) -> Callable:
+        """The validation function of the worker ``device`` (``evaluation_function``), made on first use."""
+        functions = self.__dict__.setdefault("_validation", {})
+        if device not in functions:
+            functions[device] = self.evaluation_function(make_dataset)
+        return functions[device]
+
+    def evaluation_function(self, make_dataset: Callable) -> Callable:
+        """A ``tf.function`` ``() -> (loss and metrics weighted by examples, examples)`` over one pass of
+        ``make_dataset()`` (built inside it, so that it runs where the function is called)."""
         import tensorflow as tf
 
         n_metrics = len(self.metric_fns)
@@ -356,4 +368,4 @@ class StepFunctions:
                 count += weight
             return totals / tf.maximum(count, 1.0), count
 
-        self.evaluate = evaluate
+        return evaluate

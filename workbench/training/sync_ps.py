@@ -30,7 +30,7 @@ class SyncRun(WorkerRun):
 
     def __init__(self, job):
         super().__init__(job)
-        self.chunks = chunks_of(job.missing_steps(), self.options.steps_per_call)
+        self.chunks = chunks_of(job.missing_steps(), self.options.steps_per_call, self.options.epoch_steps)
         self.chunk = 0  # the chunk of steps the workers' calls make now
         self.step, self.step_started = -1, time.monotonic()  # the step the ps aggregates now, since when
         self.aggregated = 0
@@ -40,6 +40,7 @@ class SyncRun(WorkerRun):
         self.barrier: SyncBarrier | None = None
         self.aggregator: threading.Thread | None = None
         self.straggling: list[tuple[int, str]] = []  # (worker, detail) found by the workers' threads
+        self.parked = False  # the aggregator waits for the loop to release the next epoch (or to end the last)
 
     def run(self) -> None:
         job = self.job
@@ -56,6 +57,7 @@ class SyncRun(WorkerRun):
             self.aggregator = threading.Thread(target=self._aggregate, daemon=True, name="workbench-sync-aggregator")
             self.aggregator.start()
             while self.aggregator.is_alive():
+                self.job._loop.tick(self.parked)
                 self._tick()
                 self._sync_required()
                 tick()
@@ -68,8 +70,10 @@ class SyncRun(WorkerRun):
     def _end(self, finished: bool) -> None:
         """Count what came late, then close the queues: calls still blocked on them (a hung worker's) end."""
         try:
-            if finished and self.job._stop.is_set():
-                self.barrier.close()  # stopped: the workers' calls wait for tokens that will not come; end them now
+            if finished and (self.job._stop.is_set() or self.job._loop.stopped_early):
+                # stopped (by the user, or by a callback mid-epoch): the workers' calls wait for tokens that will
+                # not come; end them now
+                self.barrier.close()
                 self._join()
                 return
             if finished:
@@ -112,6 +116,8 @@ class SyncRun(WorkerRun):
         job = self.job
         next_checkpoint = job.first_checkpoint_at()
         for number, (first, n) in enumerate(self.chunks):
+            if not self._released(first):
+                return
             self.chunk = number
             self.excluded.clear()
             following = self.chunks[number + 1][0] if number + 1 < len(self.chunks) else first + n
@@ -134,10 +140,25 @@ class SyncRun(WorkerRun):
                     self.errors.put((None, None, exc))
                     return
         self.chunk = len(self.chunks)
+        self._released(self.options.steps)  # parked until the loop has ended the last epoch
+
+    def _released(self, first: int) -> bool:
+        """The aggregator's wait until step ``first`` may run (parked meanwhile); False: the run ends here."""
+        loop = self.job._loop
+        if loop.claimable(first):
+            return True
+        self.parked = True
+        try:
+            released = loop.wait_for(first, lambda: self.halt.is_set() or self.job._stop.is_set(), float("inf"))
+        finally:
+            self.step_started = time.monotonic()  # the wait is not the step's: step_timeout counts from here
+            self.parked = False
+        return released
 
     def _record(self, first: int, rows: list[tuple]) -> None:
         """Steps ``first, first + 1, ...``, one ``SyncBarrier.unpack``-ed row each, into the history and the timeline."""
         job, batch = self.job, self.options.per_worker_batch
+        chunk_first, chunk_steps = self.chunks[self.chunk]
         for i, (mask, losses, metrics, stamps, applied, late) in enumerate(rows):
             contributors = [w for w in range(len(self.names)) if mask[w] > 0]
             n = len(contributors)
@@ -145,7 +166,8 @@ class SyncRun(WorkerRun):
             job._record(first + i, float(sum(losses[w] for w in contributors) / n),
                         [float(sum(metrics[w][j] for w in contributors) / n) for j in range(len(job.metric_names))],
                         ",".join(self.names[w] for w in contributors), min(stamps[w][0] for w in contributors),
-                        max(stamps[w][1] for w in contributors), n * batch, aggregated=n)
+                        max(stamps[w][1] for w in contributors), n * batch,
+                        last_of_call=first + i == chunk_first + chunk_steps - 1, aggregated=n)
             self.aggregated += n
             self.late += late
 
@@ -159,6 +181,8 @@ class SyncRun(WorkerRun):
         number = self.chunk  # a worker back from a re-hosting starts where the ps is
         while number < len(self.chunks) and not self.halt.is_set() and self.slots[index] in (ACTIVE, DROPPED):
             first, n = self.chunks[number]
+            if not job._loop.wait_for(first, lambda: self.halt.is_set() or job._stop.is_set(), float("inf")):
+                return  # the training ended (a callback stopped it) before this epoch
             key = job._recorder.call_started(name, device, first, n)
             try:
                 with tf.device(device):
@@ -207,7 +231,7 @@ class SyncRun(WorkerRun):
             if self.slots[index] == ACTIVE:
                 self._straggles(index, detail)
         elapsed = time.monotonic() - self.step_started
-        if self.chunk < len(self.chunks) and elapsed > self.options.step_timeout:
+        if self.chunk < len(self.chunks) and elapsed > self.options.step_timeout and not self.parked:
             raise TrainingError(
                 f"sync-ps step {self.step} waited {elapsed:.0f} s for its {self.required} gradient(s): check the "
                 "workers (cluster.status()), add backup_workers, or raise step_timeout.")

@@ -1,0 +1,274 @@
+"""Keras's ``model.fit`` loop around a job's distributed steps: epochs, validation, callbacks, TensorBoard.
+
+A job's run (async-ps, sync-ps, all-reduce, a placed model) runs the steps; this loop says which of them
+it may run now (``claimable``: those of the current epoch) and, from the run's own thread (the job's),
+calls the callbacks, so that the loop itself stays free of logging, checkpointing and early stopping:
+
+* ``on_train_begin`` once the job is set up; ``on_epoch_begin(epoch)`` before the epoch's first call;
+* ``on_train_batch_begin(batch)`` and ``on_train_batch_end(batch, logs)`` once per remote call that
+  came back, with that call's newest step (``batch`` is its index in the epoch, ``logs`` its loss and
+  metrics): a call runs ``steps_per_call`` steps, as ``steps_per_execution`` does in Keras;
+* at the end of an epoch (the run has parked: no call in flight and none it may start) the validation,
+  ``on_epoch_end(epoch, logs)`` with the epoch's loss and metrics averaged over its steps and the
+  ``val_*`` values, then ``model.stop_training`` is looked at, and the next epoch begins.
+
+The workers wait only at epoch ends, for the validation (spread over them) and the epoch's callbacks.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigurationError, WorkbenchError
+
+RELEASE_POLL_SECONDS = 0.002  # how often a thread waiting for the next epoch looks again
+
+
+class CallbackError(WorkbenchError):
+    """A Keras callback raised: the job stops, and the message names the callback and its hook."""
+
+
+@dataclass
+class FitArguments:
+    """What ``wb.train`` takes from ``model.fit`` beyond the options: objects, not settings."""
+
+    validation_data: Any = None  # a data function like ``data``, or a tf.data.Dataset held in the kernel
+    callbacks: list = field(default_factory=list)
+    log_dir: str | None = None  # the distributed scalars' TensorBoard runs (default: a TensorBoard callback's)
+
+
+def check_callbacks(callbacks: Any) -> list:
+    """A list of ``keras.callbacks.Callback``; anything else gets an error saying what to pass."""
+    import keras
+
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, keras.callbacks.Callback):
+        callbacks = [callbacks]
+    if not isinstance(callbacks, (list, tuple)) or not all(isinstance(c, keras.callbacks.Callback) for c in callbacks):
+        raise ConfigurationError(
+            f"callbacks={callbacks!r}: pass a list of keras.callbacks.Callback objects, e.g. "
+            "callbacks=[keras.callbacks.EarlyStopping(patience=2), keras.callbacks.CSVLogger('log.csv')].")
+    return list(callbacks)
+
+
+def tensorboard_dir(callbacks: list, log_dir: str | None) -> str | None:
+    """Where the job's distributed scalars go: ``log_dir``, else the first TensorBoard callback's."""
+    import keras
+
+    if log_dir is not None:
+        return str(log_dir)
+    boards = [c for c in callbacks if isinstance(c, keras.callbacks.TensorBoard)]
+    return str(boards[0].log_dir) if boards else None
+
+
+def epoch_averages(records: list[dict], names: list[str]) -> dict[str, float]:
+    """The loss and metrics ``names`` averaged over an epoch's step records (every step weighs the same)."""
+    if not records:
+        return {}
+    return {name: sum(float(r[name]) for r in records) / len(records) for name in ["loss", *names]}
+
+
+def validation_due(epoch: int, freq: int) -> bool:
+    """Keras's rule: validate after epochs ``freq - 1``, ``2 freq - 1``, ..."""
+    return (epoch + 1) % freq == 0
+
+
+def watch_model_reads(callback, on_read: Callable[[], None]) -> type:
+    """Make ``callback.model`` call ``on_read()`` before it answers; return the class to put back afterwards.
+
+    Keras's own hook for the same need (``jax_state_sync``) runs in ``Callback.model``; the TensorFlow
+    backend has none, so the callback gets a subclass of its own class that adds it.
+    """
+    base = type(callback)
+
+    def model(self):
+        on_read()
+        return self._model
+
+    callback.__class__ = type(base.__name__, (base,), {"model": property(model), "__module__": base.__module__,
+                                                         "__qualname__": base.__qualname__})
+    return base
+
+
+class EpochLoop:
+    """The epochs of one job, its callbacks and its TensorBoard runs (see the module's docstring)."""
+
+    def __init__(self, job, arguments: FitArguments | None = None):
+        import keras
+
+        arguments = arguments or FitArguments()
+        self.job = job
+        self.validation_data = arguments.validation_data
+        self.user_callbacks = list(arguments.callbacks)
+        users_history = [c for c in self.user_callbacks if isinstance(c, keras.callbacks.History)]
+        self.history = users_history[0] if users_history else keras.callbacks.History()
+        self.callbacks = self.user_callbacks + ([] if users_history else [self.history])
+        self.log_dir = tensorboard_dir(self.user_callbacks, arguments.log_dir)
+        self._records: queue.SimpleQueue = queue.SimpleQueue()  # (record, newest step of its call)
+        self.epoch = 0
+        self.limit = 0  # steps below it may run (the end of the current epoch)
+        self.closing = False  # a callback set model.stop_training: no new call; the epoch ends when the run parks
+        self.finished = False  # the last epoch ended (or the one a callback stopped)
+        self.stopped_early = False
+        self.last_logs: dict = {}
+        self.model = None
+        self._sync = None  # where the callbacks' model is a local copy: fetches and pushes its weights
+        self._restore_classes: list[tuple[Any, type]] = []
+        self._summaries = None
+        self._faults_written = 0
+        self._begun = False
+
+    # -- what the runs ask ----------------------------------------------------------------------
+
+    @property
+    def per_epoch(self) -> int:
+        return self.job.options.epoch_steps
+
+    def claimable(self, step: int) -> bool:
+        """Whether a call starting at ``step`` may be made now."""
+        return not self.closing and not self.finished and step < self.limit
+
+    def wait_for(self, step: int, give_up: Callable[[], bool], timeout: float) -> bool:
+        """Block until ``step`` may run (True), or the loop finished or ``give_up()`` (False), at most ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while not self.claimable(step):
+            if self.finished or give_up() or time.monotonic() > deadline:
+                return False
+            time.sleep(RELEASE_POLL_SECONDS)
+        return True
+
+    def step_done(self, record: dict, last_of_call: bool) -> None:
+        """A step's record (any thread, under the job's lock with its append): for the callbacks and TensorBoard."""
+        self._records.put((record, last_of_call))
+
+    # -- the job's thread -------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """The job is set up: its callbacks get their model and parameters, ``on_train_begin``, the first epoch."""
+        options = self.job.options
+        done = self.job.start_step + self.job.steps_done
+        self.epoch = done // self.per_epoch
+        self.limit = min((self.epoch + 1) * self.per_epoch, options.steps)
+        self._set_model()
+        params = {"verbose": 0, "epochs": options.epochs, "steps": self.per_epoch}
+        for callback in self.callbacks:
+            callback.set_params(params)
+        if self.log_dir is not None:
+            from ..telemetry.tensorboard import JobSummaries
+
+            self._summaries = JobSummaries(self.log_dir)
+        self._begun = True
+        self._dispatch("on_train_begin", {})
+        self._dispatch("on_epoch_begin", self.epoch, {})
+
+    def _set_model(self) -> None:
+        if self.user_callbacks:
+            self.model, self._sync = self.job._callback_model()
+        else:  # the History alone needs no model: it only leaves itself on it
+            self.model, self._sync = types.SimpleNamespace(stop_training=False), None
+        self.model.stop_training = False
+        self._restore_classes = [(c, b) for c, b in self._restore_classes if type(c) is not b]
+        for callback in self.callbacks:
+            callback.set_model(self.model)
+            if self._sync is not None and callback is not self.history and not self._watched(callback):
+                self._restore_classes.append((callback, watch_model_reads(callback, self._sync.read)))
+        self.model.history = self.history
+
+    def _watched(self, callback) -> bool:
+        return any(c is callback for c, _ in self._restore_classes)
+
+    def model_replaced(self) -> None:
+        """The job built its variables again (a lost task was re-hosted): the callbacks get the new model."""
+        if self._begun:
+            stop = bool(getattr(self.model, "stop_training", False))
+            self._set_model()
+            self.model.stop_training = stop
+
+    def tick(self, parked: bool) -> None:
+        """From the run's thread: the batch hooks of the calls that came back; the end of the epoch if ``parked``."""
+        if self.finished or self.job._stop.is_set():
+            return
+        self._drain()
+        self._write_faults()
+        complete = self.job.start_step + self.job.steps_done >= self.limit
+        if parked and (self.closing or complete):
+            self._end_epoch()
+
+    def _drain(self) -> None:
+        records = []
+        while True:
+            try:
+                record, last = self._records.get_nowait()
+            except queue.Empty:
+                break
+            records.append(record)
+            first = self.epoch * self.per_epoch
+            if last and record["step"] >= first:  # a step redone after a restore, of an epoch over, has no hook
+                logs = {name: record[name] for name in ["loss", *self.job.metric_names]}
+                batch = record["step"] - first
+                self._dispatch("on_train_batch_begin", batch, {})
+                self._dispatch("on_train_batch_end", batch, logs)
+        if records and self._summaries is not None:
+            self._summaries.steps(records)
+
+    def _write_faults(self) -> None:
+        if self._summaries is None:
+            return
+        faults = self.job.faults
+        for fault in faults[self._faults_written:]:
+            self._summaries.fault(fault, self.job.start_step + self.job.steps_done)
+        self._faults_written = len(faults)
+
+    def _end_epoch(self) -> None:
+        options, job = self.job.options, self.job
+        first = self.epoch * self.per_epoch
+        records = [r for r in job.history if first <= r["step"] < self.limit]
+        logs = epoch_averages(records, job.metric_names)
+        if self.validation_data is not None and validation_due(self.epoch, options.validation_freq):
+            values = job._validate(self.validation_data, options.validation_steps)
+            logs.update({f"val_{name}": value for name, value in values.items() if name != "examples"})
+        if self._summaries is not None:
+            self._summaries.epoch(records, job.options.strategy, job._bytes_per_step(), self.limit)
+        self._dispatch("on_epoch_end", self.epoch, logs)
+        self.last_logs = logs
+        if self.closing or self.limit >= options.steps:
+            self.stopped_early = job.start_step + job.steps_done < options.steps
+            self.finished = True
+            return
+        self.epoch += 1
+        self._dispatch("on_epoch_begin", self.epoch, {})
+        self.limit = min((self.epoch + 1) * self.per_epoch, options.steps)  # releases the epoch's calls
+
+    def end(self, finished: bool) -> None:
+        """The job ended: ``on_train_end`` if it finished (as ``model.fit`` on return); files closed, classes put back."""
+        try:
+            if finished and self._begun:
+                self._drain()
+                self._write_faults()
+                self._dispatch("on_train_end", self.last_logs)
+        finally:
+            if self._summaries is not None:
+                self._summaries.close()
+            for callback, base in self._restore_classes:
+                callback.__class__ = base
+            self._restore_classes = []
+
+    def _dispatch(self, hook: str, *args) -> None:
+        """Call ``hook`` on every callback, in order; one that raises stops the job with a ``CallbackError``."""
+        if self._sync is not None:
+            self._sync.stale()
+        for callback in self.callbacks:
+            try:
+                getattr(callback, hook)(*args)
+            except Exception as exc:  # noqa: BLE001 - the user's code: named, with its own traceback chained
+                raise CallbackError(f"callback {type(callback).__name__}.{hook} raised {type(exc).__name__}: {exc}") from exc
+        if self._sync is not None:
+            self._sync.push_changes()
+        if getattr(self.model, "stop_training", False) and not self.closing:
+            self.closing = True
