@@ -42,9 +42,12 @@ workbench magics (each one calls the Python API shown on the right)
   %%wb spmd [--name NAME] [--timeout S]   wb.run_spmd(cluster, <the cell>): on every worker at once, with
                                           `strategy` (MultiWorkerMirroredStrategy), `worker_index`, TF_CONFIG
   %wb train MODEL_FN DATA_FN --loss LOSS [--optimizer adam] [--learning-rate LR] [--strategy async-ps|sync-ps|allreduce]
-            [--backup-workers K] [--steps N] [--batch-size B] [--metrics accuracy ...] [--transfer fp32|bf16|fp16|int8]
-            [--wait] [--name NAME]
-                                          wb.train(cluster, MODEL_FN, DATA_FN, ...) -> a Job (also in `_wb_job`)
+            [--backup-workers K] [--steps N | --epochs E [--steps-per-epoch S]] [--batch-size B]
+            [--metrics accuracy ...] [--validation-data DATA [--validation-steps V]] [--callbacks NAME]
+            [--log-dir DIR] [--transfer fp32|bf16|fp16|int8] [--wait] [--name NAME]
+                                          wb.train(cluster, MODEL_FN, DATA_FN, ...) -> a Job (also in `_wb_job`);
+                                          DATA, NAME: a data function or dataset, a list of Keras callbacks,
+                                          defined in the notebook
   %wb placement [NAME]                    wb.placement(NAME, or the last job)
   %wb dashboard [--serve] [--name NAME]   wb.dashboard(cluster): live timeline, throughput and progress
                                           (--serve: wb.serve_dashboard(cluster), Bokeh apps with URLs)
@@ -107,7 +110,13 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--learning-rate", type=float)
     train.add_argument("--strategy", default="async-ps")
     train.add_argument("--backup-workers", type=int, default=0)
-    train.add_argument("--steps", type=int, default=1000)
+    train.add_argument("--steps", type=int)
+    train.add_argument("--epochs", type=int)
+    train.add_argument("--steps-per-epoch", type=int)
+    train.add_argument("--validation-data")
+    train.add_argument("--validation-steps", type=int)
+    train.add_argument("--callbacks")
+    train.add_argument("--log-dir")
     train.add_argument("--batch-size", type=int, default=64)
     train.add_argument("--metrics", nargs="*", default=[])
     train.add_argument("--seed", type=int)
@@ -165,9 +174,10 @@ class WorkbenchMagics(Magics):
                 return cluster
         raise UsageError(f"no running cluster named {name!r}: this kernel runs {', '.join(c.name for c in clusters)}.")
 
-    def _user_object(self, name: str, what: str) -> Any:
+    def _user_object(self, name: str, what: str, example: str | None = None) -> Any:
         if name not in self.shell.user_ns:
-            raise UsageError(f"%wb train: {what} {name!r} is not defined in this notebook: define it first (def {name}(...): ...).")
+            raise UsageError(f"%wb train: {what} {name!r} is not defined in this notebook: define it first "
+                             f"({example or f'def {name}(...): ...'}).")
         return self.shell.user_ns[name]
 
     # -- the magic -----------------------------------------------------------------------------
@@ -256,13 +266,18 @@ class WorkbenchMagics(Magics):
         cluster = self._cluster(args.name)
         model = self._user_object(args.model, "the model function")
         data = self._user_object(args.data, "the data function")
+        fit = {"validation_data": self._user_object(args.validation_data, "the validation data") if args.validation_data else None,
+               "callbacks": self._user_object(args.callbacks, "the callbacks", f"{args.callbacks} = [keras.callbacks.EarlyStopping()]")
+               if args.callbacks else None}
         optimizer = args.optimizer
         if args.learning_rate is not None:  # a Keras optimizer config, built (and checked) by wb.train
             optimizer = {"class_name": args.optimizer, "config": {"learning_rate": args.learning_rate}}
         try:
             job = training.train(cluster, model, data, args.loss, optimizer, metrics=args.metrics,
                                  strategy=args.strategy, backup_workers=args.backup_workers, steps=args.steps,
-                                 batch_size=args.batch_size, seed=args.seed, transfer=args.transfer)
+                                 epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
+                                 validation_steps=args.validation_steps, log_dir=args.log_dir,
+                                 batch_size=args.batch_size, seed=args.seed, transfer=args.transfer, **fit)
             self._last_job = job
             self.shell.user_ns["_wb_job"] = job
             if job.state == "queued":

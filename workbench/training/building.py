@@ -102,9 +102,9 @@ def update_where_the_variable_lives(optimizer) -> None:
 
 def learning_rate_of(optimizer) -> float | None:
     """The optimizer's learning rate as a number; None where it follows a schedule (Keras cannot set one then)."""
-    import numpy as np
+    import keras
+    import tensorflow as tf
 
-    try:
-        return float(np.asarray(optimizer.learning_rate))
-    except (TypeError, ValueError):
+    if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
         return None
+    return float(tf.convert_to_tensor(optimizer.learning_rate).numpy())

@@ -37,15 +37,14 @@ def training_dataset(data: Callable[[DataContext], Any], ctx: DataContext):
 
 def validation_dataset(data: Callable[[DataContext], Any], ctx: DataContext, steps: int | None = None):
     """Worker ``ctx.worker_index``'s share of a validation pass: batches ``w, w+N, ...`` of one pass of the
-    data, and of its first ``steps`` batches only if ``steps`` is given."""
+    data; with ``steps``, of its first ``steps`` global batches (N per-worker batches each) only."""
     dataset = data(ctx)
     _check_dataset(dataset, data)
     dataset = dataset.batch(ctx.per_worker_batch_size)
     if ctx.num_workers > 1:
         dataset = dataset.shard(ctx.num_workers, ctx.worker_index)
     if steps is not None:
-        share = steps // ctx.num_workers + (1 if ctx.worker_index < steps % ctx.num_workers else 0)
-        dataset = dataset.take(share)
+        dataset = dataset.take(steps)
     return dataset
 
 

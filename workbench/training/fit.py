@@ -207,13 +207,15 @@ class EpochLoop:
                 record, last = self._records.get_nowait()
             except queue.Empty:
                 break
-            records.append(record)
-            first = self.epoch * self.per_epoch
-            if last and record["step"] >= first:  # a step redone after a restore, of an epoch over, has no hook
-                logs = {name: record[name] for name in ["loss", *self.job.metric_names]}
-                batch = record["step"] - first
-                self._dispatch("on_train_batch_begin", batch, {})
-                self._dispatch("on_train_batch_end", batch, logs)
+            records.append((record, last))
+        first = self.epoch * self.per_epoch
+        # a step redone after a restore, of an epoch over, has no hook; async-ps calls end in any order
+        for record in sorted((r for r, last in records if last and r["step"] >= first), key=lambda r: r["step"]):
+            logs = {name: record[name] for name in ["loss", *self.job.metric_names]}
+            batch = record["step"] - first
+            self._dispatch("on_train_batch_begin", batch, {})
+            self._dispatch("on_train_batch_end", batch, logs)
+        records = [r for r, _ in records]
         if records and self._summaries is not None:
             self._summaries.steps(records)
 
@@ -266,7 +268,7 @@ class EpochLoop:
         for callback in self.callbacks:
             try:
                 getattr(callback, hook)(*args)
-            except Exception as exc:  # noqa: BLE001 - the user's code: named, with its own traceback chained
+            except Exception as exc:  # the user's code: named, with its own traceback chained
                 raise CallbackError(f"callback {type(callback).__name__}.{hook} raised {type(exc).__name__}: {exc}") from exc
         if self._sync is not None:
             self._sync.push_changes()
