@@ -43,6 +43,13 @@ fresh 1 ps + 2 worker clusters, alternating between the default (the bind shim b
 each, with the same estimator; medians and ratios. Goal: no cost beyond noise.
 
     python bench/training.py --containment [--repeats 5]
+
+``--callbacks`` measures what Keras callbacks cost an async-ps job (``--workers``, ``--steps``): the same job
+without callbacks, with 6 epochs (``steps_per_epoch`` = steps / 6) and no callbacks, and with 6 epochs, Keras's
+``TensorBoard`` callback (its runs and the per-worker ones) and a custom callback (batch losses, the
+learning rate at each epoch's end), alternating, medians and ratios. Goal: >= 0.95 with callbacks.
+
+    python bench/training.py --callbacks [--repeats 5]
 """
 
 from __future__ import annotations
@@ -151,17 +158,19 @@ def make_model():
 
 
 def workbench_run(cluster, *, strategy: str, steps: int, batch: int, steps_per_call: int, backup_workers: int = 0,
-                  packed: bool = True) -> Run:
-    """``packed=False``: every tensor travels alone between tasks (``WORKBENCH_PACKED_TRANSFERS=0``)."""
+                  packed: bool = True, fit: Callable[[], dict] | None = None) -> Run:
+    """``packed=False``: every tensor travels alone between tasks (``WORKBENCH_PACKED_TRANSFERS=0``); ``fit()``:
+    more ``wb.train`` arguments (epochs, callbacks), made afresh for each run."""
     import keras
 
     import workbench as wb
 
     def run() -> tuple[Points, float]:
         os.environ["WORKBENCH_PACKED_TRANSFERS"] = "1" if packed else "0"  # read when the job starts
+        extra = fit() if fit else {}
         job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                       keras.optimizers.Adam(LEARNING_RATE), steps=steps, batch_size=batch, steps_per_call=steps_per_call,
-                       seed=SEED, strategy=strategy, backup_workers=backup_workers)
+                       keras.optimizers.Adam(LEARNING_RATE), steps=None if "epochs" in extra else steps, batch_size=batch,
+                       steps_per_call=steps_per_call, seed=SEED, strategy=strategy, backup_workers=backup_workers, **extra)
         history = finished(job).history
         return completion_points(history), sum(r["examples"] for r in history) / len(history)
 
@@ -361,6 +370,73 @@ def containment_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def batch_losses_callback():
+    """The custom callback of ``--callbacks``: what a user's own typically does (keeps the batch losses, reads the
+    learning rate at each epoch's end)."""
+    import keras
+
+    class BatchLosses(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.losses, self.rates = [], []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.losses.append(logs["loss"])
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.rates.append(float(keras.ops.convert_to_tensor(self.model.optimizer.learning_rate)))
+
+    return BatchLosses()
+
+
+def callbacks_main(args: argparse.Namespace) -> int:
+    """async-ps with Keras's TensorBoard callback and a custom one, against the same job without callbacks."""
+    import shutil
+    import tempfile
+
+    import keras
+
+    import workbench as wb
+
+    epochs = 6
+    logs = Path(tempfile.mkdtemp(prefix="workbench-bench-tb-"))
+
+    def with_callbacks() -> dict:
+        shutil.rmtree(logs, ignore_errors=True)
+        return {"epochs": epochs, "steps_per_epoch": args.steps // epochs,
+                "callbacks": [keras.callbacks.TensorBoard(str(logs)), batch_losses_callback()]}
+
+    def epochs_only() -> dict:
+        return {"epochs": epochs, "steps_per_epoch": args.steps // epochs}
+
+    modes = {"no callbacks": None, "epochs, no callbacks": epochs_only, "TensorBoard + custom": with_callbacks}
+    rates: dict[str, list[float]] = {mode: [] for mode in modes}
+    batch = args.per_worker_batch * args.workers
+    try:
+        with wb.Cluster(ps=1, workers=args.workers, progress=False) as cluster:
+            workbench_run(cluster, strategy="async-ps", steps=args.steps // 3, batch=batch, steps_per_call=args.steps_per_call)
+            for i in range(args.repeats):
+                order = list(modes) if i % 2 == 0 else list(modes)[::-1]
+                for mode in order:
+                    run = workbench_run(cluster, strategy="async-ps", steps=args.steps, batch=batch,
+                                        steps_per_call=args.steps_per_call, fit=modes[mode])
+                    rates[mode].append(run.steps_per_s)
+                print(f"run {i + 1}/{args.repeats}: " + ", ".join(f"{m} {rates[m][-1]:6.1f}" for m in modes) + " steps/s",
+                      flush=True)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+    medians = {mode: statistics.median(values) for mode, values in rates.items()}
+    base = medians["no callbacks"]
+    for mode, value in medians.items():
+        print(f"async-ps {mode:22s} {value:7.1f} steps/s  ratio to no callbacks {value / base:.3f}")
+    path = args.json.with_name("callbacks.json") if args.json.name == "training.json" else args.json
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"estimator": f"steady-state rate between {WINDOW[0]:.0%} and {WINDOW[1]:.0%} of each "
+                                             "run's steps", "workers": args.workers, "steps": args.steps, "epochs": epochs,
+                                "medians": medians, "ratios": {m: v / base for m, v in medians.items()}, "raw": rates},
+                               indent=2))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
@@ -372,12 +448,15 @@ def main() -> int:
     parser.add_argument("--lines", help="comma-separated line names to run (default: all): pss-k, async-ps, "
                         "pss-1, tf1-k0, sync-ps-k0, tf1-k1, sync-ps-k1, allreduce")
     parser.add_argument("--containment", action="store_true", help="contained ports against every interface")
+    parser.add_argument("--callbacks", action="store_true", help="async-ps with Keras callbacks against without")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "training.json")
     args = parser.parse_args()
     if args.sync_steps is None:
         args.sync_steps = args.steps // 2
     if args.containment:
         return containment_main(args)
+    if args.callbacks:
+        return callbacks_main(args)
     return training_main(args)
 
 

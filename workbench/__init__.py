@@ -9,6 +9,7 @@ from .cluster import Cluster, ClusterStatus, TaskId, TaskRecord, list_clusters, 
 from .cluster.batch import slurm_reachable
 from .dashboard import Dashboard, DashboardServer, dashboard, serve_dashboard
 from .training import (
+    CallbackError,
     DataContext,
     Estimate,
     Job,
@@ -64,6 +65,7 @@ __all__ = [
     "PlacedModel",
     "Placement",
     "TrainingError",
+    "CallbackError",
     "place",
     "placement",
     "run_spmd",

@@ -4,8 +4,9 @@ from .allreduce import WorkerOutput, run_spmd
 from .api import train
 from .data import DataContext
 from .estimate import Estimate, estimate
+from .fit import CallbackError
 from .job import Job, ParameterServerLost, TrainingError
 from .model_parallel import PlacedModel, Placement, place, placement
 
-__all__ = ["WorkerOutput", "run_spmd", "DataContext", "Estimate", "estimate", "Job", "ParameterServerLost", "Placement",
+__all__ = ["CallbackError", "WorkerOutput", "run_spmd", "DataContext", "Estimate", "estimate", "Job", "ParameterServerLost", "Placement",
            "PlacedModel", "TrainingError", "place", "placement", "train"]

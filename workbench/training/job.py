@@ -254,6 +254,8 @@ class Job:
         if self.state == QUEUED:
             current = self.cluster.job_queue.current
             ahead = f", after {current.name}" if current is not None and current is not self else ""
+        if self._loop.stopped_early:
+            ahead = f", stopped early by a callback after epoch {self._loop.epoch}"
         return f"job {self.name} ({self.state}, {self.steps_done}/{total} steps{ahead})"
 
     def _report_progress(self, state: str | None = None) -> None:
