@@ -417,6 +417,9 @@ def callbacks_main(args: argparse.Namespace) -> int:
             for i in range(args.repeats):
                 order = list(modes) if i % 2 == 0 else list(modes)[::-1]
                 for mode in order:
+                    # an ended job's functions are removed from the tasks when it is freed, each an RPC with the GIL
+                    # held: free the last one now, not in the middle of the next measured run
+                    gc.collect()
                     run = workbench_run(cluster, strategy="async-ps", steps=args.steps, batch=batch,
                                         steps_per_call=args.steps_per_call, fit=modes[mode])
                     rates[mode].append(run.steps_per_s)

@@ -6,7 +6,7 @@ rate) as it does for ``model.fit``. Beside them, ``JobSummaries`` writes one run
 job's step records as the kernel receives them:
 
 * ``workbench/examples_per_second`` and ``workbench/step_time_seconds`` of each worker, over the steps
-  that came back since the last point (every call or so), at the newest step;
+  that came back since its last point (a point a second, and one at each epoch's end), at the newest step;
 * at each epoch's end: ``workbench/staleness`` (async-ps: updates other workers applied between a
   step's read of the parameters and its own update, from the workers' timestamps, mean per step),
   ``workbench/dropped_gradients`` (sync-ps: the worker's gradients left out of its epoch's steps),
@@ -19,10 +19,12 @@ The x axis is the job's global step. The pure functions compute; ``JobSummaries`
 from __future__ import annotations
 
 import bisect
+import time
 from collections import defaultdict
 from pathlib import Path
 
 LOCAL_DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"  # the kernel's own CPU, connected to a cluster or not
+POINT_SECONDS = 1.0  # a worker's rates are written at most this often (each write costs the kernel CPU the tasks want)
 
 
 def contributors(record: dict) -> list[str]:
@@ -81,6 +83,8 @@ class JobSummaries:
         self.log_dir = Path(log_dir)
         self._writers: dict = {}
         self.workers: list[str] = []
+        self._pending: list[dict] = []  # step records not written yet
+        self._written_at = time.monotonic()
 
     def _write(self, task: str, step: int, scalars: dict[str, float] | None = None, text: str | None = None) -> None:
         import tensorflow as tf
@@ -95,8 +99,13 @@ class JobSummaries:
                 if text is not None:
                     tf.summary.text("workbench/faults", text)
 
-    def steps(self, records: list[dict]) -> None:
-        """Examples/s and step time of each worker over ``records`` (steps that came back since the last call)."""
+    def steps(self, records: list[dict], now: bool = False) -> None:
+        """Steps that came back: each worker's examples/s and step time over those since the last point, written
+        once ``POINT_SECONDS`` passed since then (or ``now``)."""
+        self._pending.extend(records)
+        if not self._pending or (not now and time.monotonic() - self._written_at < POINT_SECONDS):
+            return
+        records, self._pending, self._written_at = self._pending, [], time.monotonic()
         step = max(r["step"] for r in records) + 1
         for worker, rates in sorted(worker_rates(records).items()):
             if worker not in self.workers:
@@ -105,6 +114,7 @@ class JobSummaries:
 
     def epoch(self, records: list[dict], strategy: str, bytes_per_step: dict | None, step: int) -> None:
         """What an epoch's records say per worker: staleness (async-ps), dropped gradients (sync-ps), bytes per step."""
+        self.steps([], now=True)
         workers = sorted({w for r in records for w in contributors(r)} | set(self.workers))
         values: dict[str, dict[str, float]] = {w: {} for w in workers}
         if strategy == "async-ps":
@@ -127,6 +137,7 @@ class JobSummaries:
         self._write(fault.get("task") or "job", step, text=f"{line} ({detail})" if detail else line)
 
     def close(self) -> None:
+        self.steps([], now=True)
         for writer in self._writers.values():
             writer.flush()
             writer.close()

@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass
 
 from ..telemetry.events import PUSH_APPLY
-from .runs import WorkerRun, tick
-from .workers import ACTIVE, DROPPED, RECOVERING, own_executor
+from .fit import RELEASE_POLL_SECONDS
+from .runs import WorkerRun
+from .workers import ACTIVE, DROPPED, RECOVERING, TICK_SECONDS, own_executor
 
 
 @dataclass
@@ -49,6 +50,7 @@ class AsyncRun(WorkerRun):
         self.warm: set[int] = set()  # workers whose function is set up on the tasks: a call of theirs came back
         self.stalled_since: float | None = None  # when the last worker able to take work went away
         self.checkpoint_lock = threading.Lock()
+        self.wake = threading.Event()  # a worker found the epoch's calls all out: the run's thread looks now
         self.next_checkpoint = job.first_checkpoint_at()
 
     def run(self) -> None:
@@ -59,7 +61,8 @@ class AsyncRun(WorkerRun):
             while not self._finished():
                 self.job._loop.tick(self._parked())  # first: an epoch's end releases the next one's calls at once
                 self._tick()
-                tick()
+                self.wake.wait(TICK_SECONDS)
+                self.wake.clear()
         finally:  # a run that ends early (a lost ps) does not wait: its workers' calls may hang on that ps
             self.halt.set()
         self._join()
@@ -86,6 +89,25 @@ class AsyncRun(WorkerRun):
             lost = [n for i, n in enumerate(self.names) if self.slots[i] != ACTIVE]
             raise TrainingError(f"every worker was lost or is hung ({', '.join(lost)}); {self.job.steps_done} of "
                                 f"{self.options.steps - self.job.start_step} steps ran. Check cluster.status().")
+
+    def _await_next_epoch(self, index: int) -> bool:
+        """Nothing to claim in this epoch: wake the run's thread (it ends the epoch once every call is back) and wait
+        for the next one's calls (True), instead of ending the thread; False when there is no next one for it."""
+        job = self.job
+        deadline = time.monotonic() + self.options.step_timeout
+        woken = False
+        while time.monotonic() < deadline:
+            with job._lock:
+                if self._released():
+                    return True
+                if (not self.pending or self.halt.is_set() or job._stop.is_set() or self.slots[index] != ACTIVE
+                        or job._loop.finished):
+                    return False
+            if not woken:
+                self.wake.set()
+                woken = True
+            time.sleep(RELEASE_POLL_SECONDS)
+        return False
 
     def _has_work(self) -> bool:
         with self.job._lock:
@@ -121,7 +143,9 @@ class AsyncRun(WorkerRun):
         import tensorflow as tf
 
         job, name, device = self.job, self.names[index], self.job._worker_devices[index]
-        while (call := self._claim(index)) is not None:
+        while (call := self._claim(index)) is not None or self._await_next_epoch(index):
+            if call is None:
+                continue  # the next epoch's calls are out: claim one
             first, n = call.chunk
             try:
                 with tf.device(device):
