@@ -199,7 +199,10 @@ def test_01_quickstart(binder_env, capped, no_leftover_processes):
     accuracy = float(_text(cells[6]).split("'accuracy': ")[1].split(",")[0])
     assert accuracy >= 0.9
     assert "ps:0" in _text(cells[7]) and "kernel" in _text(cells[7])
-    assert "stopped" in _text(cells[8])
+    fit = _text(cells[8])  # epochs, validation and Keras callbacks through %wb train
+    assert "epoch 0: loss" in fit and "val_accuracy" in fit and "stopped early:" in fit
+    assert "TensorBoard runs: ['train', 'validation', 'worker-0', 'worker-1']" in fit
+    assert "stopped" in _text(cells[9])
 
 
 @pytest.mark.timeout(300)
