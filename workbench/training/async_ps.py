@@ -98,11 +98,11 @@ class AsyncRun(WorkerRun):
         woken = False
         while time.monotonic() < deadline:
             with job._lock:
-                if self._released():
-                    return True
                 if (not self.pending or self.halt.is_set() or job._stop.is_set() or self.slots[index] != ACTIVE
                         or job._loop.finished):
                     return False
+                if self._released():
+                    return True
             if not woken:
                 self.wake.set()
                 woken = True

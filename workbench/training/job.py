@@ -24,8 +24,8 @@ from ..cluster.jobs import CANCELLED, ENDED, FAILED, FINISHED, QUEUED, RUNNING, 
 from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
 from ..telemetry.recorder import StepRecorder
 from .building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
-from .data import DataContext, evaluation_dataset, training_dataset, validation_dataset
-from .evaluation import batch_function, check_evaluation_data, combine_parts, evaluate_dataset, is_dataset
+from .data import DataContext, evaluation_dataset, training_dataset
+from .evaluation import batch_function, check_evaluation_data, evaluate_dataset, is_dataset, validate_on_workers
 from .fit import EpochLoop, FitArguments
 from .options import TrainOptions, validate
 from .packing import packing_for
@@ -429,7 +429,7 @@ class Job:
         worker at once (each its share of the batches), a dataset in this kernel."""
         if is_dataset(data):
             return self._evaluate_on(self._model, data, steps)
-        return self._validate_on_workers(data, steps)
+        return validate_on_workers(self, data, steps)
 
     def _evaluate_on(self, model, dataset, steps: int | None = None) -> dict[str, float]:
         cached = getattr(self, "_dataset_batch", None)
@@ -437,44 +437,6 @@ class Job:
             cached = self._dataset_batch = (model, batch_function(model, self._loss_fn, resolve_metrics(self.options.metrics)))
         return evaluate_dataset(model, dataset, self._loss_fn, resolve_metrics(self.options.metrics), self._example_rank(),
                                 self.options.batch_size, cached[1], steps)
-
-    def _validate_on_workers(self, data: Callable, steps: int | None) -> dict[str, float]:
-        import tensorflow as tf
-
-        from .workers import own_executor
-
-        up = [i for i, r in enumerate(self._workers) if self.cluster.task(r.name).state == RUNNING_TASK] or [0]
-        parts: dict[int, tuple] = {}
-
-        @own_executor
-        def share(position: int, index: int) -> None:
-            device = self._worker_devices[index]
-            ctx = DataContext(position, len(up), self.options.per_worker_batch, self._seed, training=False)
-            function = self._fns.validation_on((device, position, len(up)), tf.autograph.experimental.do_not_convert(
-                lambda: validation_dataset(data, ctx, steps)))
-            try:
-                with tf.device(device):
-                    values, count = function()
-                parts[index] = (values.numpy().tolist(), int(count.numpy()))
-            except Exception as exc:  # noqa: BLE001 - classified below, in the job's thread
-                parts[index] = exc
-
-        threads = [threading.Thread(target=share, args=(p, i), daemon=True, name=f"workbench-validate-{i}")
-                   for p, i in enumerate(up)]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + self.options.step_timeout
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        for index in up:
-            part = parts.get(index)
-            name = self._workers[index].name
-            if part is None:
-                raise TrainingError(f"validation on {name} did not finish within step_timeout={self.options.step_timeout:.0f} s: "
-                                    "lower validation_steps, or raise step_timeout.")
-            if isinstance(part, Exception):
-                raise self._classify(part, f"{name} (validating)")
-        return combine_parts([parts[i] for i in up], self.metric_names)
 
     @property
     def keras_history(self):
