@@ -9,6 +9,7 @@ in ``recovery.py``.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
 import time
@@ -556,6 +557,10 @@ class Job:
         cluster, options = self.cluster, self.options
         if cluster.state != "running":
             raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}.")
+        # Ended jobs nobody holds are freed now, while the cluster is this job's and idle: freeing one removes its
+        # functions from every task, an RPC each with the GIL held, which in the middle of a run froze the kernel
+        # for a second, and for 30 s behind a sync-ps call blocked on its barrier.
+        gc.collect()
         self._tasks_ready()
         if options.strategy != "model-parallel":
             self._workers = [r for r in cluster.tasks if r.job == "worker"]
