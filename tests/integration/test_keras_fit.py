@@ -259,3 +259,22 @@ def test_wb_train_magic_takes_epochs_validation_data_and_callbacks(cluster, tmp_
 
     with pytest.raises(UsageError, match="the callbacks 'nosuch' is not defined.*nosuch = \\[keras.callbacks"):
         shell.run_line_magic("wb", f"train make_model digits --loss mse --callbacks nosuch --name {cluster.name}")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_an_ended_job_with_callbacks_is_freed_at_once_not_by_the_garbage_collector(cluster, strategy, tmp_path):
+    # Freeing a job removes its functions from every task, one RPC each with the GIL held: a job left to the
+    # garbage collector was freed in the middle of a later job and froze the kernel (1 to 30 s).
+    import gc
+    import weakref
+
+    job = fit(cluster, strategy, epochs=2, steps_per_epoch=10, validation_data=wb.datasets.digits_test,
+              callbacks=[Recorder(), keras.callbacks.TensorBoard(str(tmp_path))]).wait(300)
+    job._thread.join(30)
+    gc.disable()
+    try:
+        freed = weakref.ref(job)
+        del job
+        assert freed() is None
+    finally:
+        gc.enable()

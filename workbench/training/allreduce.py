@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,26 +154,23 @@ class CallbackMirror:
 
         from .building import build_model, build_optimizer
 
-        self.job = job
+        self._job = weakref.ref(job)  # not a cycle (job._mirror): an ended job nobody holds is freed at once
         with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
             self.model = build_model(job._model_source, job._example())
             self.model.compile(optimizer=build_optimizer(job._optimizer_source), loss=job._loss_source,
                                metrics=list(job.options.metrics))
         self.model.optimizer.build(self.model.trainable_variables)
-        self._fresh = False
-        self._fetched: dict | None = None
+        self._fetched: dict | None = None  # what the workers had at this hook's first read; None: not read yet
 
     def stale(self) -> None:
-        self._fresh = False
         self._fetched = None
 
     def read(self) -> None:
-        if self._fresh:
+        if self._fetched is not None:
             return
-        self._fresh = True  # first: setting the weights below reads nothing remote
-        engine = self.job._engines[0]
-        state = self.job._call_all({engine: (allreduce_engine.state, self.job._run_id)}, "fetching the weights",
-                                   GROUP_TIMEOUT)[engine]
+        job = self._job()
+        engine = job._engines[0]
+        state = job._call_all({engine: (allreduce_engine.state, job._run_id)}, "fetching the weights", GROUP_TIMEOUT)[engine]
         self.model.set_weights(state["weights"])
         optimizer = self.model.optimizer
         if state["learning_rate"] is not None:
@@ -191,7 +189,7 @@ class CallbackMirror:
         rate = learning_rate_of(self.model.optimizer) if self._fetched["learning_rate"] is not None else None
         new_rate = rate if rate is not None and rate != self._fetched["learning_rate"] else None
         if changed or new_rate is not None:
-            job = self.job
+            job = self._job()
             job._call_all({e: (allreduce_engine.assign, job._run_id, weights if changed else None, new_rate)
                            for e in job._engines}, "setting the weights a callback changed", GROUP_TIMEOUT)
             self._fetched = {**self._fetched, "weights": weights, "learning_rate": rate}
@@ -315,9 +313,9 @@ class AllReduceJob(Job):
         while not self._stop.is_set():
             self._loop.tick(parked=True)  # between calls: the callbacks, and the epoch's end once its steps are done
             first = self.start_step + done
-            if self._loop.finished or not self._loop.claimable(first):
-                if self._loop.finished:
-                    return
+            if self._loop.finished:
+                return
+            if not self._loop.claimable(first):
                 raise TrainingError(f"internal: all-reduce step {first} is not released by the epoch loop "
                                     f"(limit {self._loop.limit}); please report this.")
             n = min(chunk, self._loop.limit - first)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from ..telemetry.events import PUSH_APPLY
-from .fit import RELEASE_POLL_SECONDS
+from .fit import wait_until
 from .runs import WorkerRun
 from .workers import ACTIVE, DROPPED, RECOVERING, TICK_SECONDS, own_executor
 
@@ -94,20 +94,20 @@ class AsyncRun(WorkerRun):
         """Nothing to claim in this epoch: wake the run's thread (it ends the epoch once every call is back) and wait
         for the next one's calls (True), instead of ending the thread; False when there is no next one for it."""
         job = self.job
-        deadline = time.monotonic() + self.options.step_timeout
-        woken = False
-        while time.monotonic() < deadline:
+
+        def over() -> bool:
             with job._lock:
-                if (not self.pending or self.halt.is_set() or job._stop.is_set() or self.slots[index] != ACTIVE
-                        or job._loop.finished):
-                    return False
-                if self._released():
-                    return True
-            if not woken:
-                self.wake.set()
-                woken = True
-            time.sleep(RELEASE_POLL_SECONDS)
-        return False
+                return (not self.pending or self.halt.is_set() or job._stop.is_set() or self.slots[index] != ACTIVE
+                        or job._loop.finished)
+
+        def released() -> bool:
+            with job._lock:
+                return self._released()
+
+        if over():
+            return False
+        self.wake.set()
+        return wait_until(released, over, self.options.step_timeout)
 
     def _has_work(self) -> bool:
         with self.job._lock:

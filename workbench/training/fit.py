@@ -20,6 +20,7 @@ from __future__ import annotations
 import queue
 import time
 import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,17 @@ def validation_due(epoch: int, freq: int) -> bool:
     return (epoch + 1) % freq == 0
 
 
+def wait_until(ready: Callable[[], bool], give_up: Callable[[], bool], timeout: float | None) -> bool:
+    """Poll until ``ready()`` (True), or ``give_up()`` or ``timeout`` s (False). ``timeout=None`` waits for
+    ``give_up()`` only: for threads of a run, which the run's end (``halt``) releases."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not ready():
+        if give_up() or (deadline is not None and time.monotonic() > deadline):
+            return False
+        time.sleep(RELEASE_POLL_SECONDS)
+    return True
+
+
 def watch_model_reads(callback, on_read: Callable[[], None]) -> type:
     """Make ``callback.model`` call ``on_read()`` before it answers; return the class to put back afterwards.
 
@@ -103,7 +115,7 @@ class EpochLoop:
         import keras
 
         arguments = arguments or FitArguments()
-        self.job = job
+        self._job = weakref.ref(job)  # not a cycle: an ended job nobody holds is freed at once (see Job._drive)
         self.validation_data = arguments.validation_data
         self.user_callbacks = list(arguments.callbacks)
         users_history = [c for c in self.user_callbacks if isinstance(c, keras.callbacks.History)]
@@ -127,21 +139,16 @@ class EpochLoop:
     # -- what the runs ask ----------------------------------------------------------------------
 
     @property
+    def job(self):
+        return self._job()
+
+    @property
     def per_epoch(self) -> int:
         return self.job.options.epoch_steps
 
     def claimable(self, step: int) -> bool:
         """Whether a call starting at ``step`` may be made now."""
         return not self.closing and not self.finished and step < self.limit
-
-    def wait_for(self, step: int, give_up: Callable[[], bool], timeout: float) -> bool:
-        """Block until ``step`` may run (True), or the loop finished or ``give_up()`` (False), at most ``timeout`` s."""
-        deadline = time.monotonic() + timeout
-        while not self.claimable(step):
-            if self.finished or give_up() or time.monotonic() > deadline:
-                return False
-            time.sleep(RELEASE_POLL_SECONDS)
-        return True
 
     def step_done(self, record: dict, last_of_call: bool) -> None:
         """A step's record (any thread, under the job's lock with its append): for the callbacks and TensorBoard."""
@@ -173,7 +180,6 @@ class EpochLoop:
         else:  # the History alone needs no model: it only leaves itself on it
             self.model, self._sync = types.SimpleNamespace(stop_training=False), None
         self.model.stop_training = False
-        self._restore_classes = [(c, b) for c, b in self._restore_classes if type(c) is not b]
         for callback in self.callbacks:
             callback.set_model(self.model)
             if self._sync is not None and callback is not self.history and not self._watched(callback):

@@ -9,7 +9,6 @@ in ``recovery.py``.
 
 from __future__ import annotations
 
-import gc
 import itertools
 import threading
 import time
@@ -525,8 +524,9 @@ class Job:
                 raise
             self._set_up.set()
             self._train_with_recovery()
-            state = CANCELLED if self._stop.is_set() else FINISHED
-            self._loop.end(finished=state == FINISHED)
+            stopped = self._stop.is_set()
+            self._loop.end(finished=not stopped)  # on_train_end: a callback raising there fails the job
+            state = CANCELLED if stopped else FINISHED
         except BaseException as exc:  # noqa: BLE001 - kept for wait() to raise in the caller's thread
             if self._stop.is_set():
                 state = CANCELLED  # what a stop interrupted is not the job's error
@@ -557,10 +557,6 @@ class Job:
         cluster, options = self.cluster, self.options
         if cluster.state != "running":
             raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}.")
-        # Ended jobs nobody holds are freed now, while the cluster is this job's and idle: freeing one removes its
-        # functions from every task, an RPC each with the GIL held, which in the middle of a run froze the kernel
-        # for a second, and for 30 s behind a sync-ps call blocked on its barrier.
-        gc.collect()
         self._tasks_ready()
         if options.strategy != "model-parallel":
             self._workers = [r for r in cluster.tasks if r.job == "worker"]

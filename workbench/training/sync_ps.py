@@ -12,12 +12,14 @@ when the worker is back.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import threading
 import time
 
 from ..telemetry.events import APPLY, COMPUTE
 from .async_ps import chunks_of
+from .fit import wait_until
 from .runs import WorkerRun, tick
 from .sync_steps import SyncBarrier
 from .workers import ACTIVE, DROPPED, RECOVERING, own_executor
@@ -116,7 +118,7 @@ class SyncRun(WorkerRun):
         job = self.job
         next_checkpoint = job.first_checkpoint_at()
         for number, (first, n) in enumerate(self.chunks):
-            if not self._released(first):
+            if not self._wait_for_release(first):
                 return
             self.chunk = number
             self.excluded.clear()
@@ -140,20 +142,24 @@ class SyncRun(WorkerRun):
                     self.errors.put((None, None, exc))
                     return
         self.chunk = len(self.chunks)
-        self._released(self.options.steps)  # parked until the loop has ended the last epoch
+        self._wait_for_release(self.options.steps)  # parked until the loop has ended the last epoch
 
-    def _released(self, first: int) -> bool:
+    def _wait_for_release(self, first: int) -> bool:
         """The aggregator's wait until step ``first`` may run (parked meanwhile); False: the run ends here."""
         loop = self.job._loop
         if loop.claimable(first):
             return True
         self.parked = True
         try:
-            released = loop.wait_for(first, lambda: self.halt.is_set() or self.job._stop.is_set(), float("inf"))
+            released = wait_until(functools.partial(loop.claimable, first), self._over, None)
         finally:
             self.step_started = time.monotonic()  # the wait is not the step's: step_timeout counts from here
             self.parked = False
         return released
+
+    def _over(self) -> bool:
+        """A thread waiting for the next epoch gives up: the loop finished, the run ended, or the job was stopped."""
+        return self.job._loop.finished or self.halt.is_set() or self.job._stop.is_set()
 
     def _record(self, first: int, rows: list[tuple]) -> None:
         """Steps ``first, first + 1, ...``, one ``SyncBarrier.unpack``-ed row each, into the history and the timeline."""
@@ -181,7 +187,7 @@ class SyncRun(WorkerRun):
         number = self.chunk  # a worker back from a re-hosting starts where the ps is
         while number < len(self.chunks) and not self.halt.is_set() and self.slots[index] in (ACTIVE, DROPPED):
             first, n = self.chunks[number]
-            if not job._loop.wait_for(first, lambda: self.halt.is_set() or job._stop.is_set(), float("inf")):
+            if not wait_until(functools.partial(job._loop.claimable, first), self._over, None):
                 return  # the training ended (a callback stopped it) before this epoch
             key = job._recorder.call_started(name, device, first, n)
             try:
