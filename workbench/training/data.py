@@ -49,10 +49,8 @@ def validation_dataset(data: Callable[[DataContext], Any], ctx: DataContext, ste
 
 
 def evaluation_dataset(data: Callable[[DataContext], Any], batch_size: int, seed: int):
-    ctx = DataContext(0, 1, batch_size, seed, training=False)
-    dataset = data(ctx)
-    _check_dataset(dataset, data)
-    return dataset.batch(batch_size)
+    """One pass of ``data``, batched, on one worker (``job.evaluate``)."""
+    return validation_dataset(data, DataContext(0, 1, batch_size, seed, training=False))
 
 
 def _check_dataset(dataset: Any, data: Callable) -> None:
