@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # a command's environment with the bind shim preloaded (its TensorFlow ports, and its children's, on loopback)
 WITH_SHIM = LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}"
 
-.PHONY: install chromium lab test docs dist screenshots bench bench-training bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak demo clean
+.PHONY: install chromium lab test docs dist screenshots bench bench-training bench-gpu bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 # the editable build compiles the bind shim into workbench/cluster/ (hatch_build.py)
@@ -70,6 +70,10 @@ bench: install
 
 bench-training: install
 	$(PY) bench/training.py
+
+# on a machine with NVIDIA GPUs and tensorflow[and-cuda] (EXTRAS=gpu,notebook); elsewhere it says why it skips
+bench-gpu: install
+	$(PY) bench/gpu.py
 
 bench-transfers: install
 	$(PY) bench/transfers.py

@@ -28,6 +28,7 @@ from .evaluation import is_dataset
 from .job import Job, TrainingError
 from .recovery import TaskLost
 from .steps import resolve_loss
+from .workers import compute_device
 
 GROUP_TIMEOUT = 120.0  # forming the group and building the model on every worker
 HEALTH_POLL_SECONDS = 0.1  # how often a waiting call looks at the workers' health
@@ -299,12 +300,6 @@ class AllReduceJob(Job):
         info.update(replicas=self.replicas, per_replica_batch_size=self.per_replica_batch, gradients_per_step=self.replicas)
         return info
 
-    @staticmethod
-    def _device(record) -> str:
-        """Where the worker's steps run: its first GPU if it has one (MWMS uses them all), else its CPU."""
-        gpus = [d for d in record.devices if "/device:GPU:" in d]
-        return gpus[0] if gpus else f"{record.task.device}/device:CPU:0"
-
     def _run(self) -> None:
         chunk = self.options.steps_per_call
         names = ",".join(r.name for r in self._workers)
@@ -319,7 +314,7 @@ class AllReduceJob(Job):
                 raise TrainingError(f"internal: all-reduce step {first} is not released by the epoch loop "
                                     f"(limit {self._loop.limit}); please report this.")
             n = min(chunk, self._loop.limit - first)
-            keys = {r.engine_id: self._recorder.call_started(r.name, self._device(r), first, n) for r in self._workers}
+            keys = {r.engine_id: self._recorder.call_started(r.name, compute_device(r), first, n) for r in self._workers}
             try:
                 results = self._call_all({e: (allreduce_engine.run_steps, self._run_id, n) for e in self._engines},
                                          f"steps {first}-{first + n - 1}", self.options.step_timeout * n)
@@ -328,7 +323,7 @@ class AllReduceJob(Job):
                     self._recorder.call_ended(key)  # a no-op for the spans the results complete below
             for r in self._workers:
                 mine = results[r.engine_id]
-                self._recorder.steps(r.name, self._device(r), first, mine["stamps"], mine["marks"],
+                self._recorder.steps(r.name, compute_device(r), first, mine["stamps"], mine["marks"],
                                      self.options.per_worker_batch, ALLREDUCE_APPLY)
             ours = results[self._engines[0]]  # loss and metrics are already averaged over the workers
             starts = [min(r["stamps"][i] for r in results.values()) for i in range(n)]

@@ -32,6 +32,7 @@ from .packing import packing_for
 from .placement import PsPlacer, optimizer_targets, shards_of, tf_variable
 from .recovery import Supervisor, TaskLost
 from .steps import StepFunctions, resolve_loss, resolve_metrics
+from .workers import compute_device, input_device
 
 # Errors that mean "a task went away", as opposed to a bug in the model or data functions.
 _INFRASTRUCTURE_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError", "InternalError")
@@ -135,7 +136,7 @@ class Job:
             )
         self._ps_devices = [f"{r.task.device}/device:CPU:0" for r in ps_tasks]
         self._ps_names = [r.name for r in ps_tasks]
-        self._worker_devices = [f"{r.task.device}/device:CPU:0" for r in self._workers]
+        self._worker_devices = [compute_device(r) for r in self._workers]  # a worker's GPU where it has one
         self._seed = self._probe_data(data, options)
         self._loss_fn = resolve_loss(loss)
         self._build_variables()
@@ -201,7 +202,7 @@ class Job:
 
         ctx = DataContext(index, len(self._worker_devices), self.options.per_worker_batch, self._seed)
         make = tf.function(lambda: training_dataset(self._data, ctx), autograph=False).get_concrete_function()
-        with tf.device(self._worker_devices[index]):
+        with tf.device(input_device(self._workers[index])):
             return iter(make())
 
     def rebuild_worker(self, index: int) -> None:

@@ -17,6 +17,17 @@ TICK_SECONDS = 0.05  # how often a job's loop looks at its calls, its tasks' hea
 THREAD_JOIN_SECONDS = 30.0  # how long a finished run waits for its workers' threads (hung calls are not waited for)
 
 
+def compute_device(record) -> str:
+    """Where a worker task's steps run: its first GPU if its server offers one (``gpus_per_worker``), else its CPU."""
+    gpus = [d for d in record.devices if "/device:GPU:" in d]
+    return gpus[0] if gpus else input_device(record)
+
+
+def input_device(record) -> str:
+    """Where a worker task's input pipeline runs: its CPU (tf.data has no GPU kernels)."""
+    return f"{record.task.device}/device:CPU:0"
+
+
 _DEFAULT_EXECUTOR: list = []  # the raw handle of TF's default executor (no Python wrapper: see below)
 _DEFAULT_EXECUTOR_LOCK = threading.Lock()
 
