@@ -7,21 +7,33 @@ and sparse cross-entropy from logits:
 
 - workbench ``async-ps`` (``steps_per_call`` K, ``--steps-per-call``, default 10), against
   ``ParameterServerStrategy`` + ``ClusterCoordinator`` with K steps per scheduled function (a
-  ``tf.range`` loop, per-worker datasets) — goal: workbench / baseline >= 1.1 in steps/s; and, as a
+  ``tf.range`` loop, per-worker datasets) — goal: workbench / baseline >= 1.3 in steps/s; and, as a
   secondary line, against the same baseline with one step per closure;
 - workbench ``sync-ps`` with ``backup_workers`` k = 0 and 1, against TF1 between-graph
   ``SyncReplicasOptimizer`` (``replicas_to_aggregate`` N - k, ``MonitoredTrainingSession`` clients,
-  one per worker) — goal: >= 1.0 for each k;
-- workbench ``allreduce`` (no baseline).
+  one per worker) — goal: >= 1.5 for each k on the steady-state estimator, >= 1.2 on the short-run one;
+- workbench ``allreduce`` (no baseline);
+- ``local``, the limit: the same step (model, per-worker batch, optimizer, loss) as a ``tf.function`` with K
+  steps per call in one process, no cluster. The **distribution overhead** of a workbench line is its CPU
+  per example in the steady state (ps tasks + worker tasks + the kernel, sampled every 50 ms from
+  ``/proc``) over the local process's CPU per example in its steady state: ``sum(steady CPU ms per step) /
+  examples per step`` / ``(local CPU ms per step / per-worker batch)``. A dropped backup gradient's CPU
+  counts as overhead. Goals: <= 1.5 for async-ps, <= 2.0 for sync-ps.
 
 The baselines run in processes of their own (``bench/training_baselines.py``: one process must not mix
 TensorFlow cluster connections) against the same running cluster's ``spec_dict``.
 
-Every line is measured by one estimator, in steady state: from each run, points (time, steps finished
-by then) — the workbench: its ``job.history`` step end times (workers' clocks); PSS: a worker-side
-``tf.timestamp()`` after each step's update; TF1: each client's ``(time.time(), global step)`` after
-each ``session.run`` — and the rate over the window from the first point at >= 20% of the run's steps
-to the last point at <= 90% of them, so start-up, tracing and the tail fall outside it on every side.
+Every line is measured by two estimators. The **steady-state** one: from each run, points (time, steps
+finished by then) — the workbench: its ``job.history`` step end times (workers' clocks); PSS: a
+worker-side ``tf.timestamp()`` after each step's update; TF1: each client's ``(time.time(), global
+step)`` after each ``session.run`` — and the rate over the window from the first point at >= 20% of the
+run's steps to the last point at <= 90% of them, so start-up, tracing and the tail fall outside it on
+every side. The **short-run host-clock** one (``wall``), as a user feels a short run (300 steps by
+default for sync): every step of the run over the host time from when it was asked for to its end — the
+workbench: ``wb.train`` called to ``job.wait()`` returned, in the kernel (building the model on the ps,
+tracing, the first calls included); PSS and TF1: from the (chief) client's start after its ``import
+tensorflow`` (graph building, session creation included) to its last step. All processes are on this
+machine: one clock.
 A step is one optimizer update: one worker's batch in async-ps and PSS, N - k batches in sync-ps and
 SyncReplicas, N batches in allreduce (examples/s says so). Bytes per step: loopback bytes received
 (``/proc/net/dev``) over each whole run (start-up included, both sides; on one machine all ps <-> worker
@@ -55,16 +67,18 @@ learning rate at each epoch's end), alternating, medians and ratios. Goal: >= 0.
 from __future__ import annotations
 
 import argparse
+import bisect
 import gc
 import json
 import os
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from training_baselines import LEARNING_RATE, run_pss, run_sync_replicas
+from training_baselines import LEARNING_RATE, run_local, run_pss, run_sync_replicas
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HIDDEN = 256
@@ -75,8 +89,8 @@ SEED = 0
 Points = list[tuple[float, int]]
 
 
-def steady_rate(points: Points) -> float:
-    """Steps per second over the window from the first point at >= 20% of the steps to the last at <= 90%.
+def steady_window(points: Points) -> tuple[tuple[float, int], tuple[float, int]]:
+    """The first point at >= 20% of the steps and the last at <= 90%: the steady state's ends.
 
     ``points`` are ``(time, steps finished by then)``, in any order; the run's steps are the largest count.
     """
@@ -86,6 +100,12 @@ def steady_rate(points: Points) -> float:
     last = next((p for p in reversed(points) if p[1] <= WINDOW[1] * total), None)
     if first is None or last is None or last[0] <= first[0] or last[1] <= first[1]:
         raise ValueError(f"no steady-state window in {len(points)} points ({total} steps): run more steps")
+    return first, last
+
+
+def steady_rate(points: Points) -> float:
+    """Steps per second over the steady-state window (``steady_window``)."""
+    first, last = steady_window(points)
     return (last[1] - first[1]) / (last[0] - first[0])
 
 
@@ -112,12 +132,26 @@ def loopback_bytes() -> int:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """What one run hands back: its points, the examples of a step, and when it was asked for and seen to end
+    (host clock: the workbench's ``wb.train`` call and ``job.wait`` return; a baseline client's start after its
+    ``import tensorflow`` and its last step)."""
+
+    points: Points
+    examples_per_step: float
+    asked: float
+    ended: float
+
+
+@dataclass(frozen=True)
 class Run:
-    steps_per_s: float
+    steps_per_s: float  # the steady-state estimator
+    wall_steps_per_s: float  # the short-run estimator: every step over the host time from asked to ended
     examples_per_s: float
     bytes_per_step: float
     steps: int
-    cpu_ms_per_step: dict[str, float]  # ps tasks, worker tasks, client (this process and its children)
+    cpu_ms_per_step: dict[str, float]  # ps tasks, worker tasks, client (this process and its children), whole run
+    steady_cpu_ms_per_step: dict[str, float]  # the same in the steady-state window (client: this process alone)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -133,21 +167,76 @@ def client_cpu_seconds() -> float:
                                                    resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
-def measured(run: Callable[[], tuple[Points, float]], steps: int, cluster) -> Run:
-    """Run ``run() -> (points, examples per step)``, counting the loopback bytes and the CPU time around it.
+def own_cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class CpuSampler:
+    """CPU seconds of the ps tasks, the worker tasks and this process, sampled every ``SAMPLE_SECONDS`` meanwhile.
+
+    ``between(t0, t1)`` interpolates them at two host times (a steady-state window's ends).
+    """
+
+    SAMPLE_SECONDS = 0.05
+
+    def __init__(self, roles: dict[str, list[int]]):
+        import threading
+
+        self.roles, self.samples = roles, []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True, name="bench-cpu-sampler")
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(5)
+
+    def _sample(self) -> None:
+        while not self._done.is_set():
+            cpu = {role: sum(cpu_seconds(p) for p in pids) for role, pids in self.roles.items()}
+            self.samples.append((time.time(), {**cpu, "client": own_cpu_seconds()}))
+            self._done.wait(self.SAMPLE_SECONDS)
+
+    def between(self, t0: float, t1: float) -> dict[str, float]:
+        return {role: _at(self.samples, t1, role) - _at(self.samples, t0, role) for role in self.samples[0][1]}
+
+
+def _at(samples: list[tuple[float, dict]], t: float, role: str) -> float:
+    """A sampled counter at time ``t``, linear between the samples around it."""
+    times = [s[0] for s in samples]
+    i = min(max(bisect.bisect_left(times, t), 1), len(samples) - 1)
+    (ta, a), (tb, b) = samples[i - 1], samples[i]
+    return a[role] + (b[role] - a[role]) * min(max((t - ta) / (tb - ta), 0.0), 1.0) if tb > ta else b[role]
+
+
+def measured(run: Callable[[], Timing], steps: int, cluster, client_here: bool = False) -> Run:
+    """Run ``run()``, counting the loopback bytes and the CPU time around it and in its steady state.
 
     On a 2-core machine every line is CPU-bound, so CPU time per step says where a rate goes: the
     ps and worker tasks are the same processes for every line; the client is this process (the
-    workbench's kernel) plus the baselines' own processes (their start-up included).
+    workbench's kernel) plus the baselines' own processes (their start-up included). In the steady
+    state the client is this process, counted only where it is the client (``client_here``: the
+    workbench's lines; the baselines' clients are not sampled).
     """
     roles = {role: [r.pid for r in cluster.tasks if r.job == role] for role in ("ps", "worker")}
     before_cpu = {role: sum(cpu_seconds(p) for p in pids) for role, pids in roles.items()}
     before_client, before = client_cpu_seconds(), loopback_bytes()
-    points, examples_per_step = run()
-    rate = steady_rate(points)
+    with CpuSampler(roles) as sampler:
+        timing = run()
+    first, last = steady_window(timing.points)
+    rate = (last[1] - first[1]) / (last[0] - first[0])
     cpu = {role: (sum(cpu_seconds(p) for p in pids) - before_cpu[role]) * 1e3 / steps for role, pids in roles.items()}
     cpu["client"] = (client_cpu_seconds() - before_client) * 1e3 / steps
-    return Run(rate, rate * examples_per_step, (loopback_bytes() - before) / steps, steps, cpu)
+    steady = {role: s * 1e3 / (last[1] - first[1]) for role, s in sampler.between(first[0], last[0]).items()
+              if client_here or role != "client"}
+    wall = max(count for _, count in timing.points) / (timing.ended - timing.asked)
+    return Run(rate, wall, rate * timing.examples_per_step, (loopback_bytes() - before) / steps, steps, cpu, steady)
 
 
 def make_model():
@@ -165,34 +254,49 @@ def workbench_run(cluster, *, strategy: str, steps: int, batch: int, steps_per_c
 
     import workbench as wb
 
-    def run() -> tuple[Points, float]:
+    def run() -> Timing:
         os.environ["WORKBENCH_PACKED_TRANSFERS"] = "1" if packed else "0"  # read when the job starts
         extra = fit() if fit else {}
+        asked = time.time()
         job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                        keras.optimizers.Adam(LEARNING_RATE), steps=None if "epochs" in extra else steps, batch_size=batch,
                        steps_per_call=steps_per_call, seed=SEED, strategy=strategy, backup_workers=backup_workers, **extra)
         history = finished(job).history
-        return completion_points(history), sum(r["examples"] for r in history) / len(history)
+        return Timing(completion_points(history), sum(r["examples"] for r in history) / len(history), asked, time.time())
 
-    return measured(run, steps, cluster)
+    return measured(run, steps, cluster, client_here=True)
 
 
 def pss_run(cluster, *, steps: int, steps_per_call: int, per_worker_batch: int) -> Run:
-    def run() -> tuple[Points, float]:
-        stamps = run_pss(cluster.spec_dict, steps=steps, steps_per_call=steps_per_call, per_worker_batch=per_worker_batch,
-                         hidden=HIDDEN, seed=SEED, timeout=TIMEOUT)
-        return list(zip(sorted(stamps), range(1, len(stamps) + 1))), per_worker_batch
+    def run() -> Timing:
+        stamps, asked = run_pss(cluster.spec_dict, steps=steps, steps_per_call=steps_per_call,
+                                per_worker_batch=per_worker_batch, hidden=HIDDEN, seed=SEED, timeout=TIMEOUT)
+        return Timing(list(zip(sorted(stamps), range(1, len(stamps) + 1))), per_worker_batch, asked, max(stamps))
 
     return measured(run, steps, cluster)
 
 
 def sync_replicas_run(cluster, *, steps: int, backup_workers: int, per_worker_batch: int) -> Run:
-    def run() -> tuple[Points, float]:
-        points = run_sync_replicas(cluster.spec_dict, steps=steps, backup_workers=backup_workers, per_worker_batch=per_worker_batch,
-                                   hidden=HIDDEN, seed=SEED, timeout=TIMEOUT)
-        return points, (len(cluster.spec_dict["worker"]) - backup_workers) * per_worker_batch
+    def run() -> Timing:
+        points, asked = run_sync_replicas(cluster.spec_dict, steps=steps, backup_workers=backup_workers,
+                                          per_worker_batch=per_worker_batch, hidden=HIDDEN, seed=SEED, timeout=TIMEOUT)
+        examples = (len(cluster.spec_dict["worker"]) - backup_workers) * per_worker_batch
+        return Timing(points, examples, asked, max(t for t, _ in points))
 
     return measured(run, steps, cluster)
+
+
+def local_run(*, steps: int, steps_per_call: int, per_worker_batch: int) -> Run:
+    """The limit: the same step in one process (``training_baselines.local_main``), its own CPU time sampled there."""
+    result = run_local(steps=steps, steps_per_call=steps_per_call, per_worker_batch=per_worker_batch, hidden=HIDDEN,
+                       seed=SEED, timeout=TIMEOUT)
+    points = list(zip(sorted(result["stamps"]), range(1, len(result["stamps"]) + 1)))
+    first, last = steady_window(points)
+    samples = [(t, {"client": cpu}) for t, cpu in result["cpu"]]
+    cpu = (_at(samples, last[0], "client") - _at(samples, first[0], "client")) * 1e3 / (last[1] - first[1])
+    rate = (last[1] - first[1]) / (last[0] - first[0])
+    return Run(rate, rate, rate * per_worker_batch, 0.0, steps, {"client": samples[-1][1]["client"] * 1e3 / steps},
+               {"client": cpu})
 
 
 @dataclass(frozen=True)
@@ -206,7 +310,13 @@ class Line:
 class Comparison:
     workbench: str
     baseline: str
-    goal: float | None
+    goal: float | None  # on the steady-state estimator
+    wall_goal: float | None = None  # on the short-run estimator
+
+
+# The distribution overhead's goal per workbench line: CPU of all tasks and the client per example in the steady
+# state, over the local process's (``overhead``)
+OVERHEAD_GOALS = {"async-ps": 1.5, "sync-ps-k0": 2.0, "sync-ps-k1": 2.0, "allreduce": None, "async-ps-unpacked": None}
 
 
 def lines(cluster, args: argparse.Namespace) -> list[Line]:
@@ -219,6 +329,8 @@ def lines(cluster, args: argparse.Namespace) -> list[Line]:
                                      backup_workers=backup, packed=packed)
 
     return [
+        Line("local", "one process, tf.function (the limit)",
+             lambda: local_run(steps=args.steps * 3, steps_per_call=k, per_worker_batch=b)),
         Line("pss-k", f"PSS + ClusterCoordinator, {k} steps/closure",
              lambda: pss_run(cluster, steps=args.steps, steps_per_call=k, per_worker_batch=b)),
         Line("async-ps", f"workbench async-ps (steps_per_call {k})", workbench("async-ps", args.steps)),
@@ -238,38 +350,57 @@ def lines(cluster, args: argparse.Namespace) -> list[Line]:
 def comparisons(args: argparse.Namespace) -> dict[str, Comparison]:
     k = args.steps_per_call
     return {
-        f"async-ps / PSS {k} steps/closure": Comparison("async-ps", "pss-k", 1.1),
+        f"async-ps / PSS {k} steps/closure": Comparison("async-ps", "pss-k", 1.3),
         "async-ps / PSS 1 step/closure": Comparison("async-ps", "pss-1", None),
         "async-ps packed / unpacked": Comparison("async-ps", "async-ps-unpacked", None),
-        "sync-ps k=0 / TF1 SyncReplicas k=0": Comparison("sync-ps-k0", "tf1-k0", 1.0),
-        "sync-ps k=1 / TF1 SyncReplicas k=1": Comparison("sync-ps-k1", "tf1-k1", 1.0),
+        "sync-ps k=0 / TF1 SyncReplicas k=0": Comparison("sync-ps-k0", "tf1-k0", 1.5, 1.2),
+        "sync-ps k=1 / TF1 SyncReplicas k=1": Comparison("sync-ps-k1", "tf1-k1", 1.5, 1.2),
     }
 
 
+def overhead(run: dict, local: dict, per_worker_batch: int) -> float:
+    """CPU ms of every task and the client per example in the steady state, over the local process's per example.
+
+    A step of ``run`` is ``examples_per_s / steps_per_s`` examples (N - k batches in sync-ps: a dropped backup
+    gradient's CPU counts as overhead); a local step is one batch of ``per_worker_batch``.
+    """
+    examples = run["examples_per_s"] / run["steps_per_s"]
+    own = sum(run["steady_cpu_ms_per_step"].values()) / examples
+    return own / (local["steady_cpu_ms_per_step"]["client"] / per_worker_batch)
+
+
 def summarize(raw: dict[str, list[dict]], args: argparse.Namespace) -> dict:
-    """Medians over the repeats that ran, and ratios of medians (with the per-repeat ratios)."""
+    """Medians over the repeats that ran, and ratios of medians (with the per-repeat ratios), on both estimators."""
     medians = {}
     for name, runs in raw.items():
         done = [run for run in runs if "error" not in run]
         if done:
             medians[name] = {key: statistics.median(run[key] for run in done)
-                             for key in ("steps_per_s", "examples_per_s", "bytes_per_step")}
-            medians[name]["cpu_ms_per_step"] = {role: statistics.median(run["cpu_ms_per_step"][role] for run in done)
-                                                for role in done[0]["cpu_ms_per_step"]}
+                             for key in ("steps_per_s", "wall_steps_per_s", "examples_per_s", "bytes_per_step")}
+            for key in ("cpu_ms_per_step", "steady_cpu_ms_per_step"):
+                medians[name][key] = {role: statistics.median(run[key][role] for run in done) for role in done[0][key]}
     ratios = {}
     for title, c in comparisons(args).items():
         if c.workbench in medians and c.baseline in medians:
-            per_repeat = [w["steps_per_s"] / b["steps_per_s"] for w, b in zip(raw[c.workbench], raw[c.baseline])
-                          if "error" not in w and "error" not in b]
-            ratios[title] = {"ratio": medians[c.workbench]["steps_per_s"] / medians[c.baseline]["steps_per_s"],
-                             "goal": c.goal, "per_repeat": per_repeat}
-    return {"medians": medians, "ratios": ratios}
+            pairs = [(w, b) for w, b in zip(raw[c.workbench], raw[c.baseline]) if "error" not in w and "error" not in b]
+            ratios[title] = {
+                estimator: {"ratio": medians[c.workbench][key] / medians[c.baseline][key], "goal": goal,
+                            "per_repeat": [w[key] / b[key] for w, b in pairs]}
+                for estimator, key, goal in (("steady", "steps_per_s", c.goal), ("wall", "wall_steps_per_s", c.wall_goal))}
+    overheads = {}
+    if "local" in raw:
+        for name, goal in OVERHEAD_GOALS.items():
+            pairs = [(r, loc) for r, loc in zip(raw.get(name, []), raw["local"]) if "error" not in r and "error" not in loc]
+            if pairs:
+                per_repeat = [overhead(r, loc, args.per_worker_batch) for r, loc in pairs]
+                overheads[name] = {"overhead": statistics.median(per_repeat), "goal": goal, "per_repeat": per_repeat}
+    return {"medians": medians, "ratios": ratios, "overheads": overheads}
 
 
 def print_report(summary: dict, labels: dict[str, str], raw: dict[str, list[dict]]) -> None:
     width = max(len(label) for label in labels.values())
-    print(f"\n{'median over repeats':{width}s}  {'steps/s':>8s}  {'examples/s':>10s}  {'MB/step':>8s}  "
-          f"{'CPU ms/step: ps':>15s}  {'workers':>7s}  {'client':>6s}")
+    print(f"\n{'median over repeats':{width}s}  {'steps/s':>8s}  {'wall':>6s}  {'examples/s':>10s}  {'MB/step':>8s}  "
+          f"{'CPU ms/step: ps':>15s}  {'workers':>7s}  {'client':>6s}  {'steady: all':>11s}")
     for name, label in labels.items():
         m = summary["medians"].get(name)
         errors = sum("error" in run for run in raw[name])
@@ -278,13 +409,22 @@ def print_report(summary: dict, labels: dict[str, str], raw: dict[str, list[dict
             print(f"{label:{width}s}  {'failed':>8s}{note}")
         else:
             cpu = m["cpu_ms_per_step"]
-            print(f"{label:{width}s}  {m['steps_per_s']:8.1f}  {m['examples_per_s']:10.0f}  "
-                  f"{m['bytes_per_step'] / 1e6:8.2f}  {cpu['ps']:15.2f}  {cpu['worker']:7.2f}  {cpu['client']:6.2f}{note}")
-    print("\nratios of median steps/s")
-    for title, r in summary["ratios"].items():
-        goal = f"goal >= {r['goal']:.1f}, {'met' if r['ratio'] >= r['goal'] else 'NOT met'}" if r["goal"] else "secondary"
-        runs = ", ".join(f"{x:.2f}" for x in r["per_repeat"])
-        print(f"  {title:36s} {r['ratio']:5.2f}  ({goal}; per repeat: {runs})")
+            print(f"{label:{width}s}  {m['steps_per_s']:8.1f}  {m['wall_steps_per_s']:6.1f}  {m['examples_per_s']:10.0f}  "
+                  f"{m['bytes_per_step'] / 1e6:8.2f}  {cpu.get('ps', 0.0):15.2f}  {cpu.get('worker', 0.0):7.2f}  "
+                  f"{cpu['client']:6.2f}  {sum(m['steady_cpu_ms_per_step'].values()):11.2f}{note}")
+    for estimator, what in (("steady", "steady-state steps/s"), ("wall", "short-run host-clock steps/s (start-up in)")):
+        print(f"\nratios of median {what}")
+        for title, by in summary["ratios"].items():
+            r = by[estimator]
+            goal = f"goal >= {r['goal']:.1f}, {'met' if r['ratio'] >= r['goal'] else 'NOT met'}" if r["goal"] else "secondary"
+            runs = ", ".join(f"{x:.2f}" for x in r["per_repeat"])
+            print(f"  {title:36s} {r['ratio']:5.2f}  ({goal}; per repeat: {runs})")
+    if summary["overheads"]:
+        print("\ndistribution overhead: steady-state CPU per example of every task and the client / the local process's")
+        for name, o in summary["overheads"].items():
+            goal = f"goal <= {o['goal']:.1f}, {'met' if o['overhead'] <= o['goal'] else 'NOT met'}" if o["goal"] else "secondary"
+            runs = ", ".join(f"{x:.2f}" for x in o["per_repeat"])
+            print(f"  {labels[name]:36s} {o['overhead']:5.2f}  ({goal}; per repeat: {runs})")
 
 
 def training_main(args: argparse.Namespace) -> int:
@@ -306,7 +446,8 @@ def training_main(args: argparse.Namespace) -> int:
                 try:
                     run = asdict(line.run())
                     cpu = ", ".join(f"{role} {ms:.2f}" for role, ms in run["cpu_ms_per_step"].items())
-                    print(f"repeat {repeat + 1}/{args.repeats} {line.label}: {run['steps_per_s']:.1f} steps/s, "
+                    print(f"repeat {repeat + 1}/{args.repeats} {line.label}: {run['steps_per_s']:.1f} steps/s "
+                          f"(wall {run['wall_steps_per_s']:.1f}), "
                           f"{run['examples_per_s']:.0f} examples/s, {run['bytes_per_step'] / 1e6:.2f} MB/step, "
                           f"CPU ms/step {cpu}", flush=True)
                 except Exception as exc:  # noqa: BLE001 - one failed line is reported; the others still run

@@ -40,24 +40,40 @@ class BaselineError(RuntimeError):
 
 
 def run_pss(spec: dict, *, steps: int, steps_per_call: int, per_worker_batch: int, hidden: int, seed: int,
-            timeout: float) -> list[float]:
-    """Worker-side end times of ``steps`` PSS + ClusterCoordinator steps, ``steps_per_call`` per closure."""
+            timeout: float) -> tuple[list[float], float]:
+    """Worker-side end times of ``steps`` PSS + ClusterCoordinator steps, ``steps_per_call`` per closure, and
+    when the client began to build them (after its ``import tensorflow``)."""
     config = {"spec": spec, "steps": steps, "steps_per_call": steps_per_call, "per_worker_batch": per_worker_batch,
               "hidden": hidden, "seed": seed}
+    result = _run_one("pss", "PSS baseline", config, timeout)
+    return result["stamps"], result["start"]
+
+
+def run_local(*, steps: int, steps_per_call: int, per_worker_batch: int, hidden: int, seed: int,
+              timeout: float) -> dict:
+    """The same training step in one process, no cluster: ``{"stamps": [...], "cpu": [(time, CPU s), ...]}``."""
+    config = {"steps": steps, "steps_per_call": steps_per_call, "per_worker_batch": per_worker_batch, "hidden": hidden,
+              "seed": seed}
+    return _run_one("local", "local baseline", config, timeout)
+
+
+def _run_one(kind: str, what: str, config: dict, timeout: float) -> dict:
+    """Run ``python training_baselines.py kind config``; its last ``RESULT`` line, parsed."""
     try:
-        proc = subprocess.run([sys.executable, SCRIPT, "pss", json.dumps(config)], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, SCRIPT, kind, json.dumps(config)], capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        raise BaselineError(f"PSS baseline ran past {timeout} s:\n{_tail(exc.stderr)}") from None
+        raise BaselineError(f"{what} ran past {timeout} s:\n{_tail(exc.stderr)}") from None
     results = [line[len("RESULT "):] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not results:
-        raise BaselineError(f"PSS baseline failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
-    return json.loads(results[-1])["stamps"]
+        raise BaselineError(f"{what} failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
+    return json.loads(results[-1])
 
 
 def run_sync_replicas(spec: dict, *, steps: int, backup_workers: int, per_worker_batch: int, hidden: int,
-                      seed: int, timeout: float, grace: float = 5.0) -> list[tuple[float, int]]:
-    """``(time, global step)`` after each step of every TF1 SyncReplicasOptimizer client, until global step ``steps``.
+                      seed: int, timeout: float, grace: float = 5.0) -> tuple[list[tuple[float, int]], float]:
+    """``(time, global step)`` after each step of every TF1 SyncReplicasOptimizer client, until global step ``steps``,
+    and when the chief began to build its graph (after its ``import tensorflow``).
 
     The chief's session is created first: a non-chief that checks for initialized variables too early
     sleeps 30 s (SessionManager's ``recovery_wait_secs``) before it looks again. When the chief stops,
@@ -108,7 +124,7 @@ def run_sync_replicas(spec: dict, *, steps: int, backup_workers: int, per_worker
                 for line in path.read_text().splitlines():
                     stamp, step = line.split()
                     points.append((float(stamp), int(step)))
-        return points
+        return points, float((tmp_path / "worker0.points.start").read_text())
 
 
 def _wait_until(done, procs: list[subprocess.Popen], tmp_path: Path, deadline: float, what: str) -> None:
@@ -152,6 +168,7 @@ def pss_main(config: dict) -> None:
 
     from workbench.datasets import digits_arrays
 
+    start = time.time()
     spec, k, per_worker_batch = config["spec"], config["steps_per_call"], config["per_worker_batch"]
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec(spec), rpc_layer="grpc")
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
@@ -191,7 +208,62 @@ def pss_main(config: dict) -> None:
     calls = [coordinator.schedule(train_steps, args=(iterator,)) for _ in range(-(-config["steps"] // k))]
     coordinator.join()
     stamps = sorted(float(t) for call in calls for t in call.fetch())
-    print("RESULT " + json.dumps({"stamps": stamps}), flush=True)
+    print("RESULT " + json.dumps({"stamps": stamps, "start": start}), flush=True)
+
+
+def local_main(config: dict) -> None:
+    """The limit: the same step (model, batch, optimizer, loss) as a ``tf.function`` in this one process, no cluster.
+
+    ``steps_per_call`` steps per call in a ``tf.range`` loop (as the workbench and PSS run them), one
+    ``tf.timestamp()`` after each step's update; a thread samples this process's CPU time meanwhile.
+    """
+    import resource
+    import threading
+
+    import keras
+    import tensorflow as tf
+
+    from workbench.datasets import digits_arrays
+
+    k = config["steps_per_call"]
+    x, y = digits_arrays("train")
+    keras.utils.set_random_seed(config["seed"])
+    model = _keras_mlp(keras, config["hidden"])
+    optimizer = keras.optimizers.Adam(LEARNING_RATE)
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    variables = model.trainable_variables
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y), seed=config["seed"]).repeat()
+    iterator = iter(dataset.batch(config["per_worker_batch"], drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+
+    @tf.function
+    def train_steps(iterator):
+        stamps = tf.TensorArray(tf.float64, size=k)
+        for i in tf.range(k):
+            xb, yb = next(iterator)
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            with tf.control_dependencies([tf.convert_to_tensor(v) for v in variables]):
+                stamps = stamps.write(i, tf.timestamp())
+        return stamps.stack()
+
+    samples, done = [], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            samples.append((time.time(), usage.ru_utime + usage.ru_stime))
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stamps = []
+    for _ in range(-(-config["steps"] // k)):
+        stamps.extend(float(t) for t in train_steps(iterator).numpy())
+    done.set()
+    sampler.join()
+    print("RESULT " + json.dumps({"stamps": stamps, "cpu": samples}), flush=True)
 
 
 def _keras_mlp(keras, hidden: int):
@@ -204,6 +276,8 @@ def sync_replicas_main(config: dict) -> None:
 
     from workbench.datasets import digits_arrays
 
+    if config["index"] == 0:
+        Path(config["points"] + ".start").write_text(f"{time.time():.6f}")
     v1 = tf.compat.v1
     v1.disable_eager_execution()  # Keras 3 layers do not build in TF1 graphs: the MLP is written out below
     spec, index = config["spec"], config["index"]
@@ -257,4 +331,4 @@ def _graph_mlp(v1, tf, inputs, hidden: int):
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    {"pss": pss_main, "sync-replicas": sync_replicas_main}[sys.argv[1]](json.loads(sys.argv[2]))
+    {"pss": pss_main, "sync-replicas": sync_replicas_main, "local": local_main}[sys.argv[1]](json.loads(sys.argv[2]))

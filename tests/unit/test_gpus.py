@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import pytest
 
 from workbench.cluster.gpus import ORIGINAL_VISIBLE_ENV, assign_gpus, discover_gpus, parse_visible_devices
@@ -48,3 +50,17 @@ def test_zero_gpus_per_worker_assigns_nothing():
 def test_too_few_gpus_names_host_and_remedy():
     with pytest.raises(ConfigurationError, match=r"host 'a' has 3 free GPU\(s\).*need 2 each \(4 in all\).*lower gpus_per_worker"):
         assign_gpus({"a": [W0, W1]}, {"a": ["0", "1", "2"]}, 2)
+
+
+def _worker(devices: list[str]):
+    return SimpleNamespace(task=TaskId("worker", 1), devices=devices)
+
+
+def test_a_worker_computes_on_its_gpu_and_reads_its_input_on_its_cpu():
+    from workbench.training.workers import compute_device, input_device
+
+    cpu, gpu = "/job:worker/replica:0/task:1/device:CPU:0", "/job:worker/replica:0/task:1/device:GPU:0"
+    with_gpu = _worker([cpu, gpu])
+    assert compute_device(with_gpu) == gpu
+    assert input_device(with_gpu) == cpu
+    assert compute_device(_worker([cpu])) == cpu
