@@ -16,6 +16,10 @@ Three parts, one run (``python bench/network.py``, or ``make bench-network``):
   while the other works (``fp32-serial``: reads not overlapped with pushes).
 * ``cost``: ``wb.estimate`` (profiled once per transfer and batch, unshaped) against measured steps/s,
   for fp32 and bf16, global batch 64 and 512, links of 1 and 10 Gbit/s.
+* ``convergence``: does int8 converge where fp32 does? 1 ps + 3 workers behind 1 Gbit/s links, async-ps, the
+  wide MLP, per-worker batch 32, ``--steps`` steps, seeds 0-4 (``--seeds``), fp32 then int8 for each seed: test
+  accuracy per run. Goal: every int8 run within 0.02 of fp32's median accuracy or above it (a 300-step run of
+  fp32 itself spreads by several points between seeds, so one seed's pair is no comparison).
 
 Results go to ``bench/results/network.json``.
 """
@@ -151,16 +155,33 @@ def wide_model():
                              keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(10)])
 
 
-def wide_job(cluster, transfer: str, batch: int, steps: int, metrics: tuple = ()):
-    """A finished digits job of the wide model (what a user would run): Adam 1e-3, seed 0."""
+def wide_job(cluster, transfer: str, batch: int, steps: int, metrics: tuple = (), seed: int = 0):
+    """A finished digits job of the wide model (what a user would run): Adam 1e-3."""
     import keras
 
     import workbench as wb
 
     return finished(wb.train(cluster, wide_model, wb.datasets.digits,
                              keras.losses.SparseCategoricalCrossentropy(from_logits=True), keras.optimizers.Adam(1e-3),
-                             steps=steps, batch_size=batch, seed=0, transfer=transfer, metrics=metrics,
+                             steps=steps, batch_size=batch, seed=seed, transfer=transfer, metrics=metrics,
                              telemetry=False))
+
+
+def convergence(seeds: int, steps: int, backend: str) -> dict:
+    """fp32 and int8 test accuracy per seed, 1 ps + 3 workers behind 1 Gbit/s links (see the module docstring)."""
+    import workbench as wb
+
+    workers, accuracy = 3, {"fp32": [], "int8": []}
+    with wb.Cluster(ps=1, workers=workers, network=dict(backend=backend, rate=LINK), progress=False) as cluster:
+        for seed in range(seeds):
+            for transfer in accuracy:
+                job = wide_job(cluster, transfer, 32 * workers, steps, metrics=("accuracy",), seed=seed)
+                accuracy[transfer].append(job.evaluate(wb.datasets.digits_test)["accuracy"])
+                print(f"  seed {seed} {transfer}: test accuracy {accuracy[transfer][-1]:.3f}", flush=True)
+    reference = statistics.median(accuracy["fp32"])
+    converged = [a >= reference - 0.02 for a in accuracy["int8"]]
+    return {"workers": workers, "steps": steps, "accuracy": accuracy, "fp32_median": reference,
+            "int8_median": statistics.median(accuracy["int8"]), "int8_converged": sum(converged), "seeds": seeds}
 
 
 def precision_run(cluster, transfer: str, steps: int, overlap: bool = True) -> dict:
@@ -260,7 +281,8 @@ def cost_model(steps: int, backend: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("backends", "precision", "cost", "all"), default="all")
+    parser.add_argument("--part", choices=("backends", "precision", "cost", "convergence", "all"), default="all")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds of the convergence part")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--workers", type=int, default=2, help="workers of the precision part (one ps)")
@@ -283,6 +305,11 @@ def main() -> int:
         print("wb.estimate against measurement (async-ps, 1 ps + 2 workers, the same wide MLP):", flush=True)
         results["cost_model"] = cost_model(args.steps, args.backend)
         print(f"cost model: worst error {results['cost_model']['worst']:.0%} (goal: within 20%)")
+    if args.part in ("convergence", "all"):
+        print(f"int8 against fp32, async-ps, 1 ps + 3 workers behind {LINK} links, {args.seeds} seeds:", flush=True)
+        found = results["convergence"] = convergence(args.seeds, args.steps, args.backend)
+        print(f"int8 converged in {found['int8_converged']}/{found['seeds']} seeds (within 0.02 of fp32's median "
+              f"{found['fp32_median']:.3f}); int8 median {found['int8_median']:.3f}")
     for backend, found in results.get("backends", {}).items():
         print(f"{backend}: rates held within 10%: {', '.join(found['claimed'])}; unshaped "
               f"{found['unshaped_gbit']:.1f} Gbit/s")
