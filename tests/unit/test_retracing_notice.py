@@ -1,4 +1,4 @@
-"""TensorFlow's retracing warning stays out of cells for the workbench's own per-worker step functions only."""
+"""TensorFlow's retracing warning stays out of cells for the workbench's own per-job step functions only."""
 
 import logging
 
@@ -16,7 +16,7 @@ class _Seen(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _one_step(x, y):
+def _one_step(x, y, state):
     stamp = tf.timestamp()
     return tf.reduce_sum(x) + tf.reduce_sum(y), tf.zeros([1]), [], stamp, stamp
 
@@ -35,8 +35,8 @@ def test_new_step_functions_per_job_do_not_warn_but_a_users_loop_still_does():
     logger.addHandler(seen)
     try:
         data = tf.data.Dataset.from_tensors((tf.ones([2]), tf.ones([2]))).repeat()
-        for _ in range(7):  # as seven short jobs: one new function per worker and job, each traced once
-            steps_in_one_call(_one_step, 1)(iter(data), tf.constant(1))
+        for _ in range(7):  # as seven short jobs: one new function per job, traced once
+            steps_in_one_call(_one_step, 1)(iter(data), tf.constant(1), ())
         ours = [m for m in seen.messages if "retracing" in m]
         for _ in range(7):  # the mistake the warning is for: a tf.function made anew in a loop
             _user_function()(tf.constant(1.0))

@@ -115,7 +115,7 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
         return context.all_reduce("MEAN", loss_value), context.all_reduce(
             "MEAN", tf.stack(metric_values) if metric_values else tf.zeros([0])), mark
 
-    def one_step(x, y):
+    def one_step(x, y, state):  # no state of a worker's own: every replica's variables are the strategy's
         loss_value, metric_value, mark = strategy.run(replica_step, args=(x, y))
         first = strategy.experimental_local_results
         return first(loss_value)[0], first(metric_value)[0], [], first(mark)[0], None
@@ -134,7 +134,7 @@ def run_steps(run_id: str, n: int) -> dict:
     import tensorflow as tf
 
     run = _RUNS[run_id]
-    losses, metrics, stamps, marks = run["train_steps"](run["iterator"], tf.constant(n, tf.int32))
+    losses, metrics, stamps, marks = run["train_steps"](run["iterator"], tf.constant(n, tf.int32), ())
     return {"losses": losses.numpy().tolist(), "metrics": metrics.numpy().tolist(), "stamps": stamps.numpy().tolist(),
             "marks": marks.numpy().tolist()}
 

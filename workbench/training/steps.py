@@ -1,7 +1,9 @@
 """The TensorFlow functions a training job runs on the cluster's tasks.
 
 * ``train_steps_on(device)(iterator, n)`` (async-ps) runs ``n`` optimizer steps inside one remote call on a
-  worker: parameters are read from the ps tasks and updates written back at every step.
+  worker: parameters are read from the ps tasks and updates written back at every step. One function,
+  traced once, serves every worker: what is a worker's own (its error-feedback and prefetched
+  variables) is passed in as arguments, not captured.
 * sync-ps runs its steps through a barrier on the first ps, with its own functions
   (``sync_steps.SyncBarrier``), built on ``_loss_and_grads`` and the optimizer here.
 * ``evaluate()`` makes one pass over the evaluation data on a worker.
@@ -110,7 +112,7 @@ def stamp_after(tensors) -> Any:
         return tf.timestamp()
 
 
-# TensorFlow's step functions the workbench makes anew on purpose (one per worker and job; each traced once).
+# TensorFlow's step functions the workbench makes anew on purpose (one per job; each traced once).
 # TensorFlow counts traces per code object, not per function, so a few short jobs in a row read to it as
 # one function retraced ("5 out of the last 12 calls to <function steps_in_one_call.<locals>.train_steps
 # ...> triggered tf.function retracing"), a warning that would send the user hunting for a loop of theirs.
@@ -134,9 +136,10 @@ def quiet_own_retracing() -> None:
 
 
 def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | None = None):
-    """A ``tf.function`` ``(iterator, n) -> (losses, metrics, stamps, marks)`` running ``n`` steps in one call.
+    """A ``tf.function`` ``(iterator, n, state) -> (losses, metrics, stamps, marks)`` running ``n`` steps in one call.
 
-    ``one_step(x, y) -> (loss, metrics vector, ops to wait for, mark, began)``, where ``mark`` is
+    ``one_step(x, y, state) -> (loss, metrics vector, ops to wait for, mark, began)``, where ``state`` is
+    the calling worker's own variables (passed through, so that one trace serves every worker) and ``mark`` is
     the ``stamp_after`` of the step's gradients. ``stamps`` has n + 1 worker-side times: step i ran
     from ``stamps[i]`` to ``stamps[i + 1]`` and had its gradients at ``marks[i]``.
 
@@ -151,7 +154,7 @@ def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | No
     quiet_own_retracing()
 
     @tf.function
-    def train_steps(iterator, n):
+    def train_steps(iterator, n, state):
         losses = tf.TensorArray(tf.float32, size=n)
         metric_values = tf.TensorArray(tf.float32, size=n, element_shape=[n_metrics])
         stamps = tf.TensorArray(tf.float64, size=n + 1)
@@ -162,7 +165,7 @@ def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | No
             # Steps are strictly sequential: without this, iterations overlap and timestamps lie.
             tf.autograph.experimental.set_loop_options(parallel_iterations=1)
             x, y = next(iterator)
-            loss, metrics, done, mark, began = one_step(x, y)
+            loss, metrics, done, mark, began = one_step(x, y, state)
             losses = losses.write(i, loss)
             metric_values = metric_values.write(i, metrics)
             marks = marks.write(i, mark)
@@ -281,15 +284,15 @@ class StepFunctions:
         packed = self.packing is not None and output_device is None
         overlap = packed and overlap_transfers()
 
-        def step_on(device: str | None):
-            """The step of the worker on ``device``: its own error-feedback state (int8) and prefetched parameters."""
-            residuals = self.packing.residuals_on(device) if packed and device else None
-            prefetched = self.packing.prefetched_on(device) if overlap and device else None
+        def state_on(device: str) -> tuple[list, list]:
+            """The worker's own variables on ``device``: error feedback (int8), prefetched parameters (overlap)."""
+            residuals = self.packing.residuals_on(device) if packed else None
+            prefetched = self.packing.prefetched_on(device) if overlap else None
+            return residuals or [], prefetched or []
 
-            def one_step(x, y):
-                return _one_step(x, y, residuals, prefetched)
-
-            return one_step
+        def one_step(x, y, state):
+            residuals, prefetched = state
+            return _one_step(x, y, residuals or None, prefetched or None)
 
         def _one_step(x, y, residuals, prefetched):
             if packed:
@@ -321,24 +324,27 @@ class StepFunctions:
             return loss, metrics, [] if updated is None else [updated], mark, None
 
         settled = (lambda: _written(self.targets)) if packed else None
-        self._train_steps: dict[str, Callable] = {}
-        self._async_step = (step_on, n_metrics, settled)
+        self._train_steps = steps_in_one_call(one_step, n_metrics, settled)
+        self._state_on = state_on
 
     def train_steps_on(self, device: str) -> Callable:
-        """``train_steps`` for the worker ``device``: one function per worker, each traced once.
+        """``train_steps`` for the worker ``device``: ``(iterator, n) -> (losses, metrics, stamps, marks)``.
 
-        One function called under each worker's device would be traced again for every worker,
-        and TensorFlow warns about the retracing in the notebook.
+        Every worker calls the same function, traced once (three workers' traces took a second of the
+        kernel's time, GIL held, before their first steps), with its own variables as arguments; the
+        call's device places the step's computation there.
         """
-        if device not in self._train_steps:
-            step_on, n_metrics, settled = self._async_step
-            self._train_steps[device] = steps_in_one_call(step_on(device), n_metrics, settled)
-        return self._train_steps[device]
+        state = self._state_on(device)
+
+        def train_steps(iterator, n):
+            return self._train_steps(iterator, n, state)
+
+        return train_steps
 
     def forget_worker(self, device: str) -> None:
         """The worker on ``device`` was replaced: what lived there (prefetched parameters, error feedback) is made again."""
-        if self.packing is not None and self.packing.forget(device):
-            getattr(self, "_train_steps", {}).pop(device, None)  # its function used them: made again
+        if self.packing is not None:
+            self.packing.forget(device)  # made again on its next call (``state_on``)
 
     def build_evaluate(self, make_dataset: Callable):
         self.evaluate = self.evaluation_function(make_dataset)

@@ -194,9 +194,8 @@ class SyncRun(WorkerRun):
             key = job._recorder.call_started(name, device, first, n)
             try:
                 with tf.device(device):
-                    steps, stamps = self.barrier.work[index](
-                        job._iterators[index], tf.constant(first + n, tf.int64))
-                steps, stamps = steps.numpy(), stamps.numpy()
+                    rows = self.barrier.work[index](job._iterators[index], tf.constant(first + n, tf.int64))
+                steps, stamps = self.barrier.split_rows(rows.numpy())
             except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
                 job._recorder.call_ended(key)
                 if not self.halt.is_set():

@@ -16,7 +16,8 @@ queue), rebuilt here with TF2 queues and functions:
   are counted late), averages them in worker order (the same sum whatever the arrival order),
   applies the average, and hands every worker the next token.
 * ``work[w](iterator, end)`` runs on worker ``w``: steps from its token until the token reaches
-  ``end``; it puts its last token back for its next call.
+  ``end``; it puts its last token back for its next call. Every worker calls one function, traced
+  once, with its own token queue, index and error-feedback variables as arguments.
 
 ``required`` is a variable on the ps the kernel lowers when a worker is lost, hung or dropped (and
 raises when it is back), followed by a *wake* element on the gradient queue (worker ``-1``) so that
@@ -51,7 +52,8 @@ class SyncBarrier:
                 [[], [], [], [n_metrics], [2], *(s for _, s in self._specs)], name="sync_gradients")
             self.tokens = [tf.queue.FIFOQueue(_QUEUE_CAPACITY, [tf.int64], [[]], name=f"sync_tokens_{w}")
                            for w in range(n_workers)]
-        self.work: list[Any] = [self._make_work(w) for w in range(n_workers)]
+        self._work = self._make_work()
+        self.work: list[Any] = [self._work_of(w) for w in range(n_workers)]
         self.aggregate = self._make_aggregate()
 
     # -- from the kernel -----------------------------------------------------------------------
@@ -76,7 +78,7 @@ class SyncBarrier:
         self.devices = list(worker_devices)
         for work, iterator, device in zip(self.work, iterators, worker_devices):
             with tf.device(device):
-                work(iterator, at)[0].numpy()  # its token is there and not below ``at``: no step runs
+                work(iterator, at).numpy()  # its token is there and not below ``at``: no step runs
         with tf.device(self.ps_device):
             self.aggregate(at, at, at).numpy()
 
@@ -91,10 +93,9 @@ class SyncBarrier:
                                     *(tf.zeros(s, d) for d, s in self._specs)])
 
     def rebuild_worker(self, index: int) -> None:
-        """Worker ``index`` was re-hosted: its function again (its input pipeline is a new one)."""
+        """Worker ``index`` was re-hosted: its error-feedback state went with it (made again on its next call)."""
         if self.devices:
-            self.packing.forget(self.devices[index])  # its error-feedback state went with it
-        self.work[index] = self._make_work(index)
+            self.packing.forget(self.devices[index])
 
     def leftover(self) -> int:
         """Gradients still queued (after the last step): they came late."""
@@ -127,29 +128,48 @@ class SyncBarrier:
 
     @staticmethod
     def _newest(tokens):
-        """Dequeue a token (waiting for one), then any others queued behind it: the newest step."""
-        import tensorflow as tf
+        """Dequeue a token (waiting for one), then any others queued behind it: the newest step.
 
-        first = tokens.dequeue()
-        with tf.control_dependencies([first]):
-            more = tokens.dequeue_many(tokens.size())
-        return tf.reduce_max(tf.concat([tf.reshape(first, [1]), more], 0))
-
-    def _make_work(self, index: int):
-        """``work[index](iterator, end) -> (steps, stamps)``: this worker's steps until its token reaches ``end``.
-
-        Each step waits for its token (the previous step applied), then reads the parameters in
-        its forward pass and pushes its gradient to the ps; ``stamps[i]`` is when step
-        ``steps[i]`` started (token in hand) and when its gradient was ready. The last token,
-        ``end`` or beyond, is put back for the next call.
+        ``tokens`` is the queue's handle (a function argument: one trace serves every worker's queue).
         """
         import tensorflow as tf
 
-        fns, tokens, gradients = self.fns, self.tokens[index], self.gradients
+        first = tf.raw_ops.QueueDequeueV2(handle=tokens, component_types=[tf.int64])[0]
+        with tf.control_dependencies([first]):
+            size = tf.raw_ops.QueueSizeV2(handle=tokens)
+            more = tf.raw_ops.QueueDequeueManyV2(handle=tokens, n=size, component_types=[tf.int64])[0]
+        return tf.reduce_max(tf.concat([tf.reshape(first, [1]), more], 0))
+
+    @staticmethod
+    def split_rows(rows) -> tuple:
+        """A ``work`` call's fetched rows -> (step numbers, ``[started, ready]`` per step)."""
+        return rows[:, 0].astype("int64"), rows[:, 1:]
+
+    def _work_of(self, index: int):
+        """``work[index](iterator, end) -> rows``: worker ``index``'s call of the shared function."""
+        import tensorflow as tf
+
+        def work(iterator, end):
+            residuals = self.packing.residuals_on(self.devices[index]) or []
+            return self._work(iterator, end, tf.constant(index, tf.int32), self.tokens[index].queue_ref, residuals)
+
+        return work
+
+    def _make_work(self):
+        """``work(iterator, end, index, tokens, residuals) -> rows``: a worker's steps until its token reaches ``end``.
+
+        Each step waits for its token (the previous step applied), then reads the parameters in
+        its forward pass and pushes its gradient to the ps; its row is ``(step, started, ready)``:
+        when it started (token in hand) and when its gradient was ready (``split_rows``). The last
+        token, ``end`` or beyond, is put back for the next call.
+        """
+        import tensorflow as tf
+
+        fns, gradients = self.fns, self.gradients
         targets = fns.targets
 
         @tf.function(autograph=False)
-        def work(iterator, end):
+        def work(iterator, end, index, tokens, residuals):
             def more(step, steps, stamps):
                 return step < end
 
@@ -160,10 +180,10 @@ class SyncBarrier:
                     x, y = next(iterator)
                     loss, metrics, grads = fns._loss_and_grads(x, y)
                 grads = self.packing.encode(self.packing.pack([tf.convert_to_tensor(g, t.dtype) for g, t in zip(grads, targets)]),
-                                            self.packing.residuals_on(self.devices[index]))
+                                            residuals or None)
                 times = tf.stack([start, stamp_after([loss, *grads])])
                 values = tf.stack(metrics) if metrics else tf.zeros([0])
-                pushed = gradients.enqueue([step, tf.constant(index, tf.int32), loss, values, times, *grads])
+                pushed = gradients.enqueue([step, index, loss, values, times, *grads])
                 at = steps.size()
                 steps, stamps = steps.write(at, step), stamps.write(at, times)
                 with tf.control_dependencies([pushed]):
@@ -172,9 +192,10 @@ class SyncBarrier:
             loop = (self._newest(tokens), tf.TensorArray(tf.int64, size=0, dynamic_size=True),
                     tf.TensorArray(tf.float64, size=0, dynamic_size=True, element_shape=[2]))
             last, steps, stamps = tf.while_loop(more, one, loop, parallel_iterations=1)
-            back = tokens.enqueue(last)
-            with tf.control_dependencies([back]):
-                return steps.stack(), tf.reshape(stamps.stack(), [-1, 2])
+            back = tf.raw_ops.QueueEnqueueV2(handle=tokens, components=[last])
+            with tf.control_dependencies([back]):  # one tensor: the kernel fetches it in one round trip
+                return tf.concat([tf.reshape(tf.cast(steps.stack(), tf.float64), [-1, 1]),
+                                  tf.reshape(stamps.stack(), [-1, 2])], 1)
 
         return work
 
