@@ -67,7 +67,6 @@ learning rate at each epoch's end), alternating, medians and ratios. Goal: >= 0.
 from __future__ import annotations
 
 import argparse
-import bisect
 import gc
 import json
 import os
@@ -78,6 +77,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from cpu import CpuSampler, between, cpu_seconds, own_cpu_seconds
 from training_baselines import LEARNING_RATE, run_local, run_pss, run_sync_replicas
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -154,67 +154,6 @@ class Run:
     steady_cpu_ms_per_step: dict[str, float]  # the same in the steady-state window (client: this process alone)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def client_cpu_seconds() -> float:
-    import resource
-
-    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
-                                                   resource.getrusage(resource.RUSAGE_CHILDREN)))
-
-
-def own_cpu_seconds() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-class CpuSampler:
-    """CPU seconds of the ps tasks, the worker tasks and this process, sampled every ``SAMPLE_SECONDS`` meanwhile.
-
-    ``between(t0, t1)`` interpolates them at two host times (a steady-state window's ends).
-    """
-
-    SAMPLE_SECONDS = 0.05
-
-    def __init__(self, roles: dict[str, list[int]]):
-        import threading
-
-        self.roles, self.samples = roles, []
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True, name="bench-cpu-sampler")
-
-    def __enter__(self) -> CpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._done.set()
-        self._thread.join(5)
-
-    def _sample(self) -> None:
-        while not self._done.is_set():
-            cpu = {role: sum(cpu_seconds(p) for p in pids) for role, pids in self.roles.items()}
-            self.samples.append((time.time(), {**cpu, "client": own_cpu_seconds()}))
-            self._done.wait(self.SAMPLE_SECONDS)
-
-    def between(self, t0: float, t1: float) -> dict[str, float]:
-        return {role: _at(self.samples, t1, role) - _at(self.samples, t0, role) for role in self.samples[0][1]}
-
-
-def _at(samples: list[tuple[float, dict]], t: float, role: str) -> float:
-    """A sampled counter at time ``t``, linear between the samples around it."""
-    times = [s[0] for s in samples]
-    i = min(max(bisect.bisect_left(times, t), 1), len(samples) - 1)
-    (ta, a), (tb, b) = samples[i - 1], samples[i]
-    return a[role] + (b[role] - a[role]) * min(max((t - ta) / (tb - ta), 0.0), 1.0) if tb > ta else b[role]
-
-
 def measured(run: Callable[[], Timing], steps: int, cluster, client_here: bool = False) -> Run:
     """Run ``run()``, counting the loopback bytes and the CPU time around it and in its steady state.
 
@@ -226,13 +165,13 @@ def measured(run: Callable[[], Timing], steps: int, cluster, client_here: bool =
     """
     roles = {role: [r.pid for r in cluster.tasks if r.job == role] for role in ("ps", "worker")}
     before_cpu = {role: sum(cpu_seconds(p) for p in pids) for role, pids in roles.items()}
-    before_client, before = client_cpu_seconds(), loopback_bytes()
+    before_client, before = own_cpu_seconds(children=True), loopback_bytes()
     with CpuSampler(roles) as sampler:
         timing = run()
     first, last = steady_window(timing.points)
     rate = (last[1] - first[1]) / (last[0] - first[0])
     cpu = {role: (sum(cpu_seconds(p) for p in pids) - before_cpu[role]) * 1e3 / steps for role, pids in roles.items()}
-    cpu["client"] = (client_cpu_seconds() - before_client) * 1e3 / steps
+    cpu["client"] = (own_cpu_seconds(children=True) - before_client) * 1e3 / steps
     steady = {role: s * 1e3 / (last[1] - first[1]) for role, s in sampler.between(first[0], last[0]).items()
               if client_here or role != "client"}
     wall = max(count for _, count in timing.points) / (timing.ended - timing.asked)
@@ -292,8 +231,8 @@ def local_run(*, steps: int, steps_per_call: int, per_worker_batch: int) -> Run:
                        seed=SEED, timeout=TIMEOUT)
     points = list(zip(sorted(result["stamps"]), range(1, len(result["stamps"]) + 1)))
     first, last = steady_window(points)
-    samples = [(t, {"client": cpu}) for t, cpu in result["cpu"]]
-    cpu = (_at(samples, last[0], "client") - _at(samples, first[0], "client")) * 1e3 / (last[1] - first[1])
+    samples = result["cpu"]
+    cpu = between(samples, first[0], last[0])["client"] * 1e3 / (last[1] - first[1])
     rate = (last[1] - first[1]) / (last[0] - first[0])
     return Run(rate, rate, rate * per_worker_batch, 0.0, steps, {"client": samples[-1][1]["client"] * 1e3 / steps},
                {"client": cpu})

@@ -51,7 +51,7 @@ def run_pss(spec: dict, *, steps: int, steps_per_call: int, per_worker_batch: in
 
 def run_local(*, steps: int, steps_per_call: int, per_worker_batch: int, hidden: int, seed: int,
               timeout: float) -> dict:
-    """The same training step in one process, no cluster: ``{"stamps": [...], "cpu": [(time, CPU s), ...]}``."""
+    """The same training step in one process, no cluster: ``{"stamps": [...], "cpu": CpuSampler samples}``."""
     config = {"steps": steps, "steps_per_call": steps_per_call, "per_worker_batch": per_worker_batch, "hidden": hidden,
               "seed": seed}
     return _run_one("local", "local baseline", config, timeout)
@@ -217,11 +217,9 @@ def local_main(config: dict) -> None:
     ``steps_per_call`` steps per call in a ``tf.range`` loop (as the workbench and PSS run them), one
     ``tf.timestamp()`` after each step's update; a thread samples this process's CPU time meanwhile.
     """
-    import resource
-    import threading
-
     import keras
     import tensorflow as tf
+    from cpu import CpuSampler
 
     from workbench.datasets import digits_arrays
 
@@ -248,22 +246,11 @@ def local_main(config: dict) -> None:
                 stamps = stamps.write(i, tf.timestamp())
         return stamps.stack()
 
-    samples, done = [], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            samples.append((time.time(), usage.ru_utime + usage.ru_stime))
-            done.wait(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     stamps = []
-    for _ in range(-(-config["steps"] // k)):
-        stamps.extend(float(t) for t in train_steps(iterator).numpy())
-    done.set()
-    sampler.join()
-    print("RESULT " + json.dumps({"stamps": stamps, "cpu": samples}), flush=True)
+    with CpuSampler() as sampler:
+        for _ in range(-(-config["steps"] // k)):
+            stamps.extend(float(t) for t in train_steps(iterator).numpy())
+    print("RESULT " + json.dumps({"stamps": stamps, "cpu": sampler.samples}), flush=True)
 
 
 def _keras_mlp(keras, hidden: int):

@@ -28,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from training import HIDDEN, TIMEOUT, cpu_seconds
+from cpu import cpu_seconds
+from training import HIDDEN, TIMEOUT
 
 SHAPES = [(64, HIDDEN), (HIDDEN,), (HIDDEN, HIDDEN), (HIDDEN,), (HIDDEN, 10), (10,)]
 

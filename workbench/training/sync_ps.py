@@ -35,7 +35,7 @@ class SyncRun(WorkerRun):
         super().__init__(job)
         self.chunks = chunks_of(job.missing_steps(), self.options.steps_per_call, self.options.epoch_steps)
         self.chunk = 0  # the chunk of steps the workers' calls make now
-        self.step, self.step_started = -1, time.monotonic()  # the first step of the ps's call in flight, since when
+        self.step_started = time.monotonic()  # when the ps's call in flight (of ``chunks[chunk]``) was made
         self.aggregated = 0
         self.late = 0
         self.excluded: set[int] = set()  # dropped stragglers: not waited for until the chunk ends
@@ -129,7 +129,7 @@ class SyncRun(WorkerRun):
             following = self.chunks[number + 1][0] if number + 1 < len(self.chunks) else first + n
             if self.halt.is_set() or job._stop.is_set():
                 return
-            self.step, self.step_started = first, time.monotonic()
+            self.step_started = time.monotonic()
             try:
                 with tf.device(job._ps_devices[0]):
                     rows = self.barrier.aggregate(*(tf.constant(v, tf.int64) for v in (first, first + n, following)))
