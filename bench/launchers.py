@@ -42,7 +42,7 @@ import slurm  # noqa: E402
 import sshd  # noqa: E402
 from training import workbench_run  # noqa: E402
 
-from workbench.cluster.engine_main import FORKS_ENV  # noqa: E402
+from workbench.cluster.launch.engine_main import FORKS_ENV  # noqa: E402
 
 PER_WORKER_BATCH = 32
 STEPS_PER_CALL = 10

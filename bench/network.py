@@ -3,7 +3,7 @@
 Three parts, one run (``python bench/network.py``, or ``make bench-network``):
 
 * ``backends``: each backend that runs here (``netns``: namespaces, veth and tc, as root; ``user``: the
-  relay of ``workbench/cluster/relay.py``) set to each rate, a sender process pushing as fast as it can
+  relay of ``workbench/cluster/network/relay.py``) set to each rate, a sender process pushing as fast as it can
   to a receiver through it for a few seconds: the payload rate the receiver got in steady state
   (relative to the setting), the relay's own CPU, the machine's busy cores, and the highest rate
   carried unshaped. A rate is claimed when it is held within 10%. tc counts the wire (TCP/IP headers
@@ -82,15 +82,15 @@ def machine_busy() -> tuple[float, float]:
 
 def plan_at(rate: str | None):
     """Both tasks' links at ``rate``, planned as ``cluster.shape`` plans them."""
-    from workbench.cluster.shaping import Rule, Shaping, parse_rate
+    from workbench.cluster.network.shaping import Rule, Shaping, parse_rate
 
     return Shaping([Rule("all", parse_rate(rate), 0.0)] if rate else []).plan(["ps:0", "worker:0"])
 
 
 def measure_rate(backend: str, rate: str | None) -> dict:
     """A sender (worker:0) pushing as fast as it can to a sink (ps:0) through links of ``backend`` at ``rate``."""
-    from workbench.cluster.netns import NamespaceLinks
-    from workbench.cluster.shaping import UserSpaceLinks, parse_rate
+    from workbench.cluster.network.netns import NamespaceLinks
+    from workbench.cluster.network.shaping import UserSpaceLinks, parse_rate
 
     links = NamespaceLinks() if backend == "netns" else UserSpaceLinks()
     try:
@@ -124,7 +124,7 @@ def measure_rate(backend: str, rate: str | None) -> dict:
 
 def backends(repeats: int) -> dict:
     """Each backend that runs here, at each rate: what it holds and what it costs."""
-    from workbench.cluster import netns
+    from workbench.cluster.network import netns
 
     found = {}
     for backend in ("netns", "user"):

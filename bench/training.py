@@ -413,7 +413,7 @@ def training_main(args: argparse.Namespace) -> int:
 
 
 def _tensorflow_addresses(cluster) -> set[str]:
-    from workbench.cluster import containment
+    from workbench.cluster.process import containment
 
     return {ip for record in cluster.tasks for ip, _ in containment.listeners(record.pid)}
 
@@ -421,7 +421,7 @@ def _tensorflow_addresses(cluster) -> set[str]:
 def containment_main(args: argparse.Namespace) -> int:
     """Contained ports against every interface, alternating fresh clusters (see the module docstring)."""
     import workbench as wb
-    from workbench.cluster.containment import BIND_ENV, EVERY_INTERFACE
+    from workbench.cluster.process.containment import BIND_ENV, EVERY_INTERFACE
 
     workers = 2
     modes = {"contained": {}, "every interface": {BIND_ENV: EVERY_INTERFACE}}

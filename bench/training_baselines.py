@@ -25,7 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
-from workbench.cluster.reaper import kill_process_trees
+from workbench.cluster.launch.reaper import kill_process_trees
 
 SCRIPT = str(Path(__file__).resolve())
 LEARNING_RATE = 0.001

@@ -116,7 +116,7 @@ def main() -> int:
     import tensorflow as tf
 
     import workbench as wb
-    from workbench.cluster import connection
+    from workbench.cluster.process import connection
 
     with wb.Cluster(ps=1, workers=1, progress=False) as cluster:
         connection.connect(cluster)

@@ -35,13 +35,13 @@ import psutil
 from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
-from workbench.cluster.memory import GiB, MiB
+from workbench.cluster.machine.memory import GiB, MiB
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 GOAL_PEAK = 1.5 * GiB
 GOAL_ENGINE_USS = 80 * MiB
-_KINDS = (("workbench.cluster.engine_main", "engine"), ("ipyparallel.engine.nanny", "nanny"),
-          ("workbench.cluster.warm", "warm"), ("ipyparallel.controller", "controller"), ("ipykernel", "kernel"),
+_KINDS = (("workbench.cluster.launch.engine_main", "engine"), ("ipyparallel.engine.nanny", "nanny"),
+          ("workbench.cluster.launch.warm", "warm"), ("ipyparallel.controller", "controller"), ("ipykernel", "kernel"),
           ("jupyter-lab", "server"), ("jupyter_lab", "server"), ("jupyterlab", "server"))
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import debian
 import pytest
 
-from workbench.cluster.reaper import kill_process_trees
+from workbench.cluster.launch.reaper import kill_process_trees
 
 TIMEOUT = 30
 PACKAGES = ["slurm-wlm", "slurmctld", "slurmd", "slurm-client", "munge"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import debian
 
-from workbench.cluster.reaper import kill_process_trees
+from workbench.cluster.launch.reaper import kill_process_trees
 
 SSHD = "/usr/sbin/sshd"
 TIMEOUT = 30

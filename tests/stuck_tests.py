@@ -28,7 +28,7 @@ import traceback
 import psutil
 import pytest
 
-from workbench.cluster.reaper import kill_process_trees
+from workbench.cluster.launch.reaper import kill_process_trees
 
 # A phase's limit, past pytest-timeout's 600 s for the whole test. Setup is longer: session fixtures build
 # a Binder environment (pip, a JupyterLab build) or install Slurm, each under its own subprocess timeouts.

@@ -6,7 +6,7 @@ from . import (
 )
 from ._version import DISTRIBUTION, __version__
 from .cluster import Cluster, ClusterStatus, TaskId, TaskRecord, list_clusters, running_clusters
-from .cluster.batch import slurm_reachable
+from .cluster.launch.batch import slurm_reachable
 from .dashboard import Dashboard, DashboardServer, dashboard, serve_dashboard
 from .training import (
     CallbackError,

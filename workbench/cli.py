@@ -51,7 +51,7 @@ def list_command(args: argparse.Namespace) -> int:
 
 def bind_shim_command(args: argparse.Namespace) -> int:
     """Print the bind shim's path (building it on first use), for ``LD_PRELOAD``; say why not on stderr."""
-    from .cluster.containment import ContainmentError, shim_path
+    from .cluster.process.containment import ContainmentError, shim_path
 
     try:
         print(shim_path())

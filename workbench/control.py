@@ -64,7 +64,7 @@ class ControlServer:
         return self._summary.update()
 
     def telemetry(self, body: dict) -> dict:
-        """Job events of an attached process (``cluster/forwarding.py``): into this cluster's telemetry log."""
+        """Job events of an attached process (``telemetry/forwarding.py``): into this cluster's telemetry log."""
         try:
             events = decode(body.get("events"))
         except ValueError as exc:

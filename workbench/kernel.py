@@ -7,7 +7,7 @@ JupyterHub, VS Code, nbclient, papermill, Binder) gets one whose TensorFlow port
 with no flag and nothing to remember. Before the first cell it also sends TensorFlow's, absl's and gRPC's
 C++ log lines to a log file (``workbench.native_logs``), so that even ``import tensorflow`` in the
 first cell prints nothing there. The tutorials name this kernel. A kernel started any other way
-is protected too, from its first connection to a cluster (``workbench.cluster.bind_hook``); the
+is protected too, from its first connection to a cluster (``workbench.cluster.process.bind_hook``); the
 preloaded shim also covers TensorFlow servers the user starts by hand.
 
 Where the shim cannot be built (no C compiler, not Linux) the kernel starts anyway, without it, and
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .cluster.containment import PROBLEM_ENV, preload_env
+from .cluster.process.containment import PROBLEM_ENV, preload_env
 
 
 def kernel_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:

@@ -78,7 +78,7 @@ def route() -> str:
             return _ROUTED["path"]
         if not in_kernel() or os.environ.get(OPT_OUT_ENV, "").lower() == "cell":
             return ""
-        from .cluster.containment import cache_dir
+        from .cluster.process.containment import cache_dir
 
         directory = Path(cache_dir()) / "logs"
         path = directory / f"kernel-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.log"

@@ -15,7 +15,7 @@ import pytest
 from conftest import ARTIFACTS
 from training_helpers import attached_trainer
 
-from workbench.cluster import netns
+from workbench.cluster.network import netns
 
 from .conftest import cell_output_text, run_notebook_in_lab, write_notebook
 

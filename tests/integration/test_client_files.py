@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from workbench.cluster import client_files
+from workbench.cluster.process import client_files
 
 pytestmark = pytest.mark.cluster
 
 CLIENT = """
     import sys, tensorflow as tf, workbench as wb
-    from workbench.cluster import client_files
+    from workbench.cluster.process import client_files
     cluster = wb.attach({name!r})
     cluster.connect()
 

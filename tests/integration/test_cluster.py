@@ -95,7 +95,7 @@ def test_port_taken_between_reservation_and_start_is_retried():
     port = busy.getsockname()[1]
     script = textwrap.dedent(f"""
         import json
-        from workbench.cluster import engine_side
+        from workbench.cluster.launch import engine_side
         result = engine_side.start_server({{"worker": ["127.0.0.1:{port}"]}}, "worker", 0)
         print("RESULT " + json.dumps(result))
     """)

@@ -25,7 +25,7 @@ from jupyter_client import KernelManager
 from jupyter_helpers import stop_server, wait_for_server
 
 import workbench as wb
-from workbench.cluster import containment
+from workbench.cluster.process import containment
 
 pytestmark = pytest.mark.cluster
 
@@ -283,13 +283,13 @@ def test_without_the_shim_the_open_ports_are_named_with_what_to_do(tmp_path, no_
 
 KERNEL_CONNECTS = """
     import warnings, workbench as wb
-    from workbench.cluster import containment
+    from workbench.cluster.process import containment
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with wb.Cluster(ps=0, workers=1, progress=False) as cluster:
             cluster.connect()
             mine = containment.listeners()
-    from workbench.cluster import bind_hook
+    from workbench.cluster.process import bind_hook
     result = {"warnings": [str(w.message) for w in caught if w.category is wb.ExposedPortsWarning],
               "exposed": containment.exposed(mine), "shim": containment.shim_loaded(),
               "preloaded": "workbench-bind-shim" in __import__("os").environ.get("LD_PRELOAD", ""),
@@ -329,8 +329,8 @@ def test_an_engine_started_by_another_launcher_loads_the_shim_itself(monkeypatch
     """As under Slurm, MPI or SSH: ipyparallel starts the workbench's engine command with an environment of its own."""
     import ipyparallel as ipp
 
-    from workbench.cluster import engine_side
-    from workbench.cluster.engine_main import ENGINE_MAIN
+    from workbench.cluster.launch import engine_side
+    from workbench.cluster.launch.engine_main import ENGINE_MAIN
 
     monkeypatch.delenv("LD_PRELOAD", raising=False)  # `make test` runs the suite with the shim: the engine must load it
     ipp_cluster = ipp.Cluster(engines="local", n=0, controller_ip="127.0.0.1", cluster_id="wb-test-foreign-launcher",

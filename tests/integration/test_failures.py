@@ -91,10 +91,10 @@ def test_killed_client_leaves_no_engine_controller_or_registry_file(registry_dir
         assert scratch and os.path.isdir(scratch)  # the engines' temporary directory
         names = [" ".join(psutil.Process(p).cmdline()) for p in pids]
         assert any("ipyparallel.controller" in n for n in names)
-        assert sum("workbench.cluster.engine_main" in n for n in names) == 2
-        assert any("workbench.cluster.warm" in n for n in names)  # the engines' parent: it must go too
+        assert sum("workbench.cluster.launch.engine_main" in n for n in names) == 2
+        assert any("workbench.cluster.launch.warm" in n for n in names)  # the engines' parent: it must go too
         assert sum("ipyparallel.engine.nanny" in n for n in names) == 2
-        assert any("workbench.cluster.reaper" in n for n in names)
+        assert any("workbench.cluster.launch.reaper" in n for n in names)
         assert (registry_dir / "wb-test-sigkill.json").exists()
     except BaseException:
         client.kill()

@@ -21,14 +21,14 @@ pytestmark = pytest.mark.cluster
 
 
 def _warm_processes() -> set[int]:
-    return {p.pid for p in psutil.Process().children() if "workbench.cluster.warm" in " ".join(p.cmdline())}
+    return {p.pid for p in psutil.Process().children() if "workbench.cluster.launch.warm" in " ".join(p.cmdline())}
 
 
 def _warm_of(cluster) -> psutil.Process:
     parents = {psutil.Process(r.pid).ppid() for r in cluster.tasks}
     assert len(parents) == 1, f"the engines have several parents: {parents}"
     warm = psutil.Process(parents.pop())
-    assert "workbench.cluster.warm" in " ".join(warm.cmdline())
+    assert "workbench.cluster.launch.warm" in " ".join(warm.cmdline())
     return warm
 
 
@@ -47,7 +47,7 @@ def test_engines_and_their_nannies_are_forks_of_one_warm_process(cluster):
     assert warm.ppid() == os.getpid()  # this client started it
     children = {p.pid: " ".join(p.cmdline()) for p in warm.children()}
     for record in cluster.tasks:
-        assert "workbench.cluster.engine_main" in children[record.pid]  # forked engines say what they are in ps
+        assert "workbench.cluster.launch.engine_main" in children[record.pid]  # forked engines say what they are in ps
         nannies = [c for c in children.values() if f"ipyparallel.engine.nanny [engine pid {record.pid}," in c]
         assert len(nannies) == 1, f"{record.name} has nannies {nannies}"
         # most of a forked engine's memory is the warm process's, shared copy-on-write
@@ -72,7 +72,7 @@ def test_scaling_forks_from_the_same_warm_process_and_stop_leaves_nothing(no_lef
 def test_engines_added_after_a_job_are_still_forks(monkeypatch, no_leftover_processes):
     from training_helpers import train
 
-    from workbench.cluster.connection import CLIENT_ENVIRONMENT
+    from workbench.cluster.process.connection import CLIENT_ENVIRONMENT
 
     for name in CLIENT_ENVIRONMENT:  # as in a fresh kernel: its first connection (the job below) sets them
         monkeypatch.delenv(name, raising=False)
@@ -97,7 +97,7 @@ def test_plain_ipyparallel_can_fork_engines_by_launcher_name(no_leftover_process
         client.wait_for_engines(2, timeout=120)
         pids = client[:].apply_sync(os.getpid)
         parents = {psutil.Process(pid).ppid() for pid in pids}
-        assert len(parents) == 1 and "workbench.cluster.warm" in " ".join(psutil.Process(parents.pop()).cmdline())
+        assert len(parents) == 1 and "workbench.cluster.launch.warm" in " ".join(psutil.Process(parents.pop()).cmdline())
         client[:].execute("import sys; has_tensorflow = 'tensorflow' in sys.modules", block=True)
         assert client[:].pull("has_tensorflow", block=True) == [True, True]
         for pid in pids:  # the launcher's own warm process loaded the bind shim, so its forks have it

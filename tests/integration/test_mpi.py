@@ -15,7 +15,7 @@ import pytest
 from training_helpers import train
 
 import workbench as wb
-from workbench.cluster import mpi
+from workbench.cluster.launch import mpi
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 

@@ -15,8 +15,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from training_helpers import LOSS, make_model, wait_for
 
 import workbench as wb
-from workbench.cluster import netns
-from workbench.cluster.shaping import Rule, Shaping, UserSpaceLinks
+from workbench.cluster.network import netns
+from workbench.cluster.network.shaping import Rule, Shaping, UserSpaceLinks
 from workbench.errors import ClusterStateError, ConfigurationError
 from workbench.telemetry.events import LinkEvent
 
@@ -96,7 +96,7 @@ def test_the_relay_adds_the_delay_each_way(relay):
 
 def test_the_relay_goes_when_its_kernel_dies():
     child = subprocess.Popen([sys.executable, "-c", (
-        "import time\nfrom workbench.cluster.shaping import UserSpaceLinks\n"
+        "import time\nfrom workbench.cluster.network.shaping import UserSpaceLinks\n"
         "print(UserSpaceLinks().pid, flush=True)\ntime.sleep(120)")], stdout=subprocess.PIPE, text=True)
     try:
         relay_pid = int(child.stdout.readline())
@@ -336,7 +336,7 @@ def test_netns_links_go_when_their_kernel_dies():
     need_netns()
     before = host_links()
     child = subprocess.Popen([sys.executable, "-c", (
-        "import time\nfrom workbench.cluster.netns import NamespaceLinks\n"
+        "import time\nfrom workbench.cluster.network.netns import NamespaceLinks\n"
         "links = NamespaceLinks()\nlinks.attach('ps:0')\nprint('up', flush=True)\ntime.sleep(120)")],
         stdout=subprocess.PIPE, text=True)
     try:

@@ -71,7 +71,7 @@ def test_the_wheel_ships_panel_server_extension_kernel_license_and_the_compiled_
     assert any(n.startswith(f"{data}{LABEXT}/static/remoteEntry.") for n in names)
     assert f"{data}etc/jupyter/jupyter_server_config.d/workbench.json" in names
     assert f"{data}share/jupyter/kernels/workbench/kernel.json" in names
-    assert "workbench/cluster/workbench-bind-shim.so" in names
+    assert "workbench/cluster/process/workbench-bind-shim.so" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not any("node_modules" in n or n.endswith(".ts") for n in names)
     # a platform wheel, and the tag is what the library really needs (auditwheel reads its symbol versions)
@@ -79,7 +79,7 @@ def test_the_wheel_ships_panel_server_extension_kernel_license_and_the_compiled_
     shown = _run([sys.executable, "-m", "auditwheel", "show", str(wheel)])
     assert "manylinux_2_17" in shown, shown
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "workbench-fork = workbench.cluster.fork_launcher:ForkEngineSetLauncher" in entry_points
+    assert "workbench-fork = workbench.cluster.launch.fork_launcher:ForkEngineSetLauncher" in entry_points
     assert "jupyter-tf-workbench = workbench.cli:main" in entry_points
 
 

@@ -2,7 +2,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from workbench.cluster.gpus import ORIGINAL_VISIBLE_ENV, assign_gpus, discover_gpus, parse_visible_devices
+from workbench.cluster.machine.gpus import ORIGINAL_VISIBLE_ENV, assign_gpus, discover_gpus, parse_visible_devices
 from workbench.cluster.spec import TaskId
 from workbench.errors import ConfigurationError
 

@@ -6,7 +6,7 @@ import psutil
 import pytest
 
 import workbench as wb
-from workbench.cluster.memory import (
+from workbench.cluster.machine.memory import (
     ENGINE_BYTES,
     FORKED_ENGINE_BYTES,
     WARM_BYTES,

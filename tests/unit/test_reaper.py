@@ -8,7 +8,7 @@ import time
 
 from conftest import wait_gone
 
-from workbench.cluster.reaper import Reaper
+from workbench.cluster.launch.reaper import Reaper
 
 
 def _sleeper():

@@ -2,9 +2,9 @@
 
 import pytest
 
-from workbench.cluster import netns
-from workbench.cluster.netns import tc_plan
-from workbench.cluster.shaping import Rule, Shaping, choose_backend, parse_delay, parse_rate, select_links
+from workbench.cluster.network import netns
+from workbench.cluster.network.netns import tc_plan
+from workbench.cluster.network.shaping import Rule, Shaping, choose_backend, parse_delay, parse_rate, select_links
 from workbench.errors import ConfigurationError
 
 TASKS = ["ps:0", "worker:0", "worker:1"]

@@ -5,8 +5,8 @@ import sys
 import textwrap
 import threading
 
-from workbench.cluster.pool import controller_args
-from workbench.cluster.warm import adopt_import_time, fork_problem, gpu_driver_loaded, import_time_mismatch
+from workbench.cluster.launch.pool import controller_args
+from workbench.cluster.launch.warm import adopt_import_time, fork_problem, gpu_driver_loaded, import_time_mismatch
 
 
 def test_variables_read_when_tensorflow_loads_must_match_for_a_fork():
@@ -54,7 +54,7 @@ def test_a_thread_makes_forking_unsafe():
 def test_compacting_module_strings_keeps_every_module_and_import_working():
     script = textwrap.dedent("""
         import sys, json, types
-        from workbench.cluster.warm import compact_module_strings
+        from workbench.cluster.launch.warm import compact_module_strings
         before = [(name, getattr(module, "__file__", None)) for name, module in sys.modules.items()]
         files = {name: id(getattr(module, "__file__", None)) for name, module in sys.modules.items()}
         count = compact_module_strings()

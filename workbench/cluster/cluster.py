@@ -29,16 +29,13 @@ from ..errors import (
 from ..native_logs import notice
 from ..progress import ProgressSink, make_progress
 from ..telemetry.clocks import measure_offsets
+from ..telemetry.forwarding import TelemetryForwarder
 from ..telemetry.log import EventLog
 from . import registry
-from .forwarding import TelemetryForwarder
-from .gpus import discover_gpus, validate_gpus_per_worker
 from .health import LOST, RECOVERING, RUNNING, SILENT, STOPPED, TaskHealth
 from .hosting import TaskHosting
 from .jobs import JobList, JobQueue
-from .links import LinkShaping
-from .memory import available_memory, engine_memory_warning
-from .pool import (
+from .launch.pool import (
     FORK_LAUNCHER,
     LOCAL_LAUNCHERS,
     AttachedPool,
@@ -48,10 +45,13 @@ from .pool import (
     engine_launcher_class,
     split_launcher_options,
 )
+from .links import LinkShaping
+from .machine.gpus import discover_gpus, validate_gpus_per_worker
+from .machine.memory import available_memory, engine_memory_warning
+from .machine.versions import client_tensorflow_version, workbench_version
 from .registry import ClusterRecord, Endpoint
 from .spec import TaskId, cluster_spec_dict, role_layout, validate_counts
 from .status import ClusterStatus, TaskRecord
-from .versions import client_tensorflow_version, workbench_version
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Strong references: a running cluster stays reachable (for running_clusters(), the magics and the
@@ -311,7 +311,7 @@ class Cluster(TaskHosting, LinkShaping):
         cluster._started_at = time.monotonic()
         _LIVE_CLUSTERS.add(cluster)
         # this process's jobs go to the owner's telemetry too: its dashboards and the panel show them
-        forwarder = TelemetryForwarder(cluster).start()
+        forwarder = TelemetryForwarder(name, cluster.telemetry, lambda: registry.endpoint(name, "control")).start()
         cluster.keep("telemetry-forwarder", forwarder, close=forwarder.stop)
         return cluster
 
@@ -396,7 +396,7 @@ class Cluster(TaskHosting, LinkShaping):
                 return
             for line in self.job_queue.stop_all(min(timeout, 60.0)):
                 print(f"cluster {self.name!r}: {line}")
-            from . import connection
+            from .process import connection
 
             connection.release(self)
             self._teardown(timeout)
@@ -620,7 +620,7 @@ class Cluster(TaskHosting, LinkShaping):
         After it, ops and variables can be placed on any task with ``cluster.device("worker:1")``.
         One kernel talks to one cluster at a time (TensorFlow keeps one connection per process).
         """
-        from . import connection
+        from .process import connection
 
         connection.connect(self, timeout)
         return self

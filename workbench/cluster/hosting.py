@@ -24,14 +24,15 @@ from ..errors import (
     WorkbenchError,
 )
 from ..progress import ProgressSink, make_progress
-from . import connection, engine_side
-from .containment import describe, exposed
-from .gpus import assign_gpus
 from .health import ENGINE_EXITED, LOST, RECOVERING, RUNNING
-from .pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
+from .launch import engine_side
+from .launch.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
+from .machine.gpus import assign_gpus
+from .machine.versions import workbench_version
+from .process import connection
+from .process.containment import describe, exposed
 from .spec import TaskId
 from .status import TaskRecord
-from .versions import workbench_version
 
 KILL_WAIT_SECONDS = 15.0  # how long re-hosting waits for a hung engine it killed to be gone
 
@@ -172,7 +173,7 @@ class TaskHosting:
 
     @staticmethod
     def _is_local(record: TaskRecord) -> bool:
-        from .pool import local_hostnames
+        from .launch.pool import local_hostnames
 
         return record.host in local_hostnames()
 

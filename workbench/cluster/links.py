@@ -15,8 +15,8 @@ from typing import Any
 from ..errors import ClusterStateError, ConfigurationError
 from ..telemetry.events import LinkEvent
 from .health import RUNNING
-from .netns import NamespaceLinks
-from .shaping import Rule, Shaping, UserSpaceLinks, choose_backend, parse_delay, parse_rate
+from .network.netns import NamespaceLinks
+from .network.shaping import Rule, Shaping, UserSpaceLinks, choose_backend, parse_delay, parse_rate
 
 
 class LinkShaping:

@@ -184,6 +184,12 @@ def read_record(name: str) -> ClusterRecord | None:
     return next((r for r in list_clusters() if r.name == name), None)
 
 
+def endpoint(name: str, kind: str) -> Endpoint | None:
+    """What cluster ``name``'s owner serves as ``kind`` (``"control"``, ...), from its record; None if nothing."""
+    record = read_record(name)
+    return record.endpoints.get(kind) if record is not None else None
+
+
 def list_clusters(prune: bool = True) -> list[ClusterRecord]:
     """Records of the clusters whose client is alive, sorted by name; stale files are removed."""
     directory = registry_dir()

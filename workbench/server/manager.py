@@ -64,7 +64,7 @@ class ClusterManager:
         The owner writes its record when the cluster starts or scales; an engine that died since
         shows here as "lost" (its process is gone), without asking the owner.
         """
-        from ..cluster.pool import local_hostnames
+        from ..cluster.launch.pool import local_hostnames
 
         here = local_hostnames()
         for task in record.tasks:

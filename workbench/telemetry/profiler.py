@@ -106,8 +106,8 @@ def _start_servers(cluster, timeout: float) -> dict[str, int]:
     Asked of the engines on every capture (an engine starts its service once and then answers
     with the same port), so a task restarted on a new engine is traced on its new port.
     """
-    from ..cluster import engine_side
-    from ..cluster.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
+    from ..cluster.launch import engine_side
+    from ..cluster.launch.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
 
     records = cluster.tasks
     try:
@@ -203,7 +203,7 @@ def _trim_after_trace(cluster, records) -> None:
 
     Sent without waiting for the answers (an engine busy with a job answers when it can).
     """
-    from ..cluster.memory import trim_memory
+    from ..cluster.machine.memory import trim_memory
 
     cluster.client[[r.engine_id for r in records]].apply_async(trim_memory)
     trim_memory()

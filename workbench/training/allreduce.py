@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..cluster import engine_side
 from ..cluster.health import LOST, RECOVERING
-from ..cluster.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
+from ..cluster.launch import engine_side
+from ..cluster.launch.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
 from ..errors import ClusterStateError, ConfigurationError, ControllerLost
 from ..telemetry.events import ALLREDUCE_APPLY
 from . import allreduce_engine

@@ -146,7 +146,7 @@ def finish(run_id: str) -> bool:
     """
     import gc
 
-    from ..cluster.memory import trim_memory
+    from ..cluster.machine.memory import trim_memory
 
     run = _RUNS.get(run_id)
     if run is not None:

@@ -64,7 +64,7 @@ class Estimate:
     profile: Profile
 
     def __str__(self) -> str:
-        from ..cluster.shaping import format_rate
+        from ..cluster.network.shaping import format_rate
 
         return (f"{self.strategy}, transfer {self.transfer}, {self.workers} worker(s) + {self.ps} ps on "
                 f"{format_rate(self.link_bits)} links, global batch {self.batch_size}: "
@@ -107,7 +107,7 @@ def estimate(model: Any, cluster, batch_size: int = 64, strategy: str = "async-p
     estimate's ``.profile``) to predict other links or worker counts without measuring again.
     Strategies: ``"async-ps"`` and ``"sync-ps"``.
     """
-    from ..cluster.shaping import parse_rate
+    from ..cluster.network.shaping import parse_rate
 
     if strategy not in ("async-ps", "sync-ps"):
         raise ConfigurationError(f"wb.estimate models strategy='async-ps' and 'sync-ps', not {strategy!r}.")

@@ -17,10 +17,10 @@ from dataclasses import replace
 from typing import Any
 
 from .. import native_logs
-from ..cluster import connection
 from ..cluster.health import LOST, RECOVERING, SILENT
 from ..cluster.health import RUNNING as RUNNING_TASK
 from ..cluster.jobs import CANCELLED, ENDED, FAILED, FINISHED, QUEUED, RUNNING, STOPPING
+from ..cluster.process import connection
 from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
 from ..telemetry.recorder import StepRecorder
 from .building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
@@ -602,7 +602,7 @@ class Job:
 
     def _trim_engines(self) -> None:
         """Return what the job's engines freed to the system (a memory-capped container counts it); no waiting."""
-        from ..cluster.memory import trim_memory
+        from ..cluster.machine.memory import trim_memory
 
         try:
             alive = set(self.cluster.client.ids)

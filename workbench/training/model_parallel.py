@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..cluster import connection
+from ..cluster.process import connection
 from ..errors import ConfigurationError
 from ..tables import html_table, text_table
 from .placement import variable_devices

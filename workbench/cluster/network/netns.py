@@ -29,8 +29,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ..errors import ClusterStateError, ConfigurationError
-from .connection import connect_problem
+from ...errors import ClusterStateError, ConfigurationError
+from ..process.connection import connect_problem
 
 COMMAND_TIMEOUT = 20.0  # seconds one ip/tc call may take
 NAMESPACE_TIMEOUT = 5.0  # seconds a new namespace may take to appear

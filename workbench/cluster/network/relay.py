@@ -1,6 +1,6 @@
 """The user-space link emulator: one process that carries every connection between a cluster's tasks.
 
-Run as ``python -m workbench.cluster.relay`` by ``shaping.UserSpaceLinks`` (never by hand). Each task's
+Run as ``python -m workbench.cluster.network.relay`` by ``shaping.UserSpaceLinks`` (never by hand). Each task's
 address in the ClusterSpec is a port of this process; its TensorFlow server listens on another port
 (``ServerDef.port``), and this process forwards each connection to it. Knowing both ends of every
 connection (the connecting process is looked up in ``/proc``), it meters each task like a host with

@@ -4,6 +4,9 @@
 this process recorded for the cluster (step spans, completed steps, progress) to the owner's control
 endpoint (``POST /telemetry``, with the token of the owner's registry record). It stops with the
 attached object; an owner that does not answer costs a warning-free retry, never the job.
+
+The cluster hands it a ``find_endpoint`` function (the registry lookup), so telemetry does not
+import the cluster package that uses it.
 """
 
 from __future__ import annotations
@@ -11,21 +14,26 @@ from __future__ import annotations
 import os
 import threading
 import urllib.error
+from collections.abc import Callable
+from typing import Any
 
-from ..telemetry.wire import MAX_EVENTS, encode
-from . import registry
+from .log import EventLog
+from .wire import MAX_EVENTS, encode
 
 INTERVAL_SECONDS = 0.5
 REQUEST_TIMEOUT = 5.0
 
 
 class TelemetryForwarder:
-    def __init__(self, cluster):
-        self.cluster = cluster
+    """Sends ``telemetry``'s events to the endpoint ``find_endpoint()`` returns (``None``: not there yet)."""
+
+    def __init__(self, name: str, telemetry: EventLog, find_endpoint: Callable[[], Any]):
+        self.telemetry = telemetry
+        self.find_endpoint = find_endpoint
         self.cursor = 0
-        self._control = None  # the owner's control endpoint, from its registry record (read again after a failure)
+        self._control = None  # the owner's control endpoint (looked up again after a failure)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"workbench-forward-{cluster.name}")
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"workbench-forward-{name}")
 
     def start(self) -> TelemetryForwarder:
         self._thread.start()
@@ -42,7 +50,7 @@ class TelemetryForwarder:
             self.flush()
 
     def flush(self) -> None:
-        batch = self.cluster.telemetry.since(self.cursor, MAX_EVENTS)
+        batch = self.telemetry.since(self.cursor, MAX_EVENTS)
         items = encode(batch.events, f"pid {os.getpid()}")
         if items and not self._send(items):
             return  # the owner may be stopping: the same events again next time
@@ -50,8 +58,7 @@ class TelemetryForwarder:
 
     def _send(self, items: list) -> bool:
         if self._control is None:
-            record = registry.read_record(self.cluster.name)
-            self._control = record.endpoints.get("control") if record is not None else None
+            self._control = self.find_endpoint()
             if self._control is None:
                 return False
         try:

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ClusterStateError, ConfigurationError
+from ...errors import ClusterStateError, ConfigurationError
 from . import netns
 
 BACKENDS = ("netns", "user")
@@ -186,7 +186,7 @@ class UserSpaceLinks:
 
     def __init__(self, host: str = "127.0.0.1"):
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "workbench.cluster.relay", host],
+            [sys.executable, "-m", "workbench.cluster.network.relay", host],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
             start_new_session=True,  # a Ctrl-C in the notebook goes to the kernel, not to the links

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from ..errors import WorkbenchError
+from ...errors import WorkbenchError
 
 BIND_ENV = "WORKBENCH_BIND_ADDRESS"
 PROBLEM_ENV = "WORKBENCH_BIND_SHIM_PROBLEM"  # why a process runs without the shim (for the engine's own report)

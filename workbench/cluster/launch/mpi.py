@@ -27,7 +27,7 @@ import sys
 
 import psutil
 
-from ..errors import ConfigurationError
+from ...errors import ConfigurationError
 
 VERSION_TIMEOUT = 10.0
 ROOT_FLAG = "--allow-run-as-root"

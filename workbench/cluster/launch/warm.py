@@ -10,14 +10,14 @@ zmq context or loaded a GPU driver, and that has one thread. This program does n
 checks them before every fork (``fork_problem``); when one fails it refuses, saying why, and the
 launcher starts engines the ordinary way.
 
-Run as ``python -m workbench.cluster.warm --socket PATH [--preload MODULE ...]``. It binds ``PATH``
+Run as ``python -m workbench.cluster.launch.warm --socket PATH [--preload MODULE ...]``. It binds ``PATH``
 (a ``SOCK_SEQPACKET`` unix socket in a private directory) before importing anything heavy, serves
 one JSON request per connection, and exits when its standard input closes (its client is gone):
 
 - ``{"op": "status"}`` → ``{"pid", "tensorflow", "import_errors", "fork_problem", "threads"}``,
   answered once the imports are done;
 - ``{"op": "engine", "args": [...], "env": {...}, "cwd": ..., "log": ...}`` → ``{"pid"}``: a forked
-  engine running ``workbench.cluster.engine_main`` with those ipengine arguments;
+  engine running ``workbench.cluster.launch.engine_main`` with those ipengine arguments;
 - ``{"op": "nanny", "kwargs": ...}`` with two file descriptors (the pipe the nanny reports on, and
   where it logs) → ``{"pid"}``: an ipyparallel nanny for an engine forked from here.
 
@@ -42,7 +42,7 @@ import threading
 import traceback
 import types
 
-from workbench.cluster.connection import CLIENT_ENVIRONMENT
+from workbench.cluster.process.connection import CLIENT_ENVIRONMENT
 
 # Modules every engine needs: imported here once, shared by every fork.
 PRELOAD = (
@@ -59,8 +59,8 @@ PRELOAD = (
     "IPython.extensions.storemagic",
     "sqlite3",
     "workbench",
-    "workbench.cluster.warm",  # this file runs as __main__; engines import it by name
-    "workbench.cluster.engine_main",
+    "workbench.cluster.launch.warm",  # this file runs as __main__; engines import it by name
+    "workbench.cluster.launch.engine_main",
     "workbench.training.allreduce_engine",
 )
 # Environment variables read when these libraries load: an engine forked from here runs with the
@@ -361,8 +361,8 @@ class WarmServer:
         os.chdir(message.get("cwd") or os.getcwd())
         _reseed()
         args = list(message["args"])
-        _set_title(f"{sys.executable} -m workbench.cluster.engine_main {' '.join(args)} [forked from {os.getppid()}]")
-        from workbench.cluster import engine_main
+        _set_title(f"{sys.executable} -m workbench.cluster.launch.engine_main {' '.join(args)} [forked from {os.getppid()}]")
+        from workbench.cluster.launch import engine_main
 
         sys.argv = [engine_main.__file__, *args]
         engine_main.main(args)
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--socket", required=True, help="unix socket path to serve requests on")
     parser.add_argument("--preload", action="append", default=[], help="one more module to import before forking")
     args = parser.parse_args(argv)
-    _set_title(f"{sys.executable} -m workbench.cluster.warm --socket {args.socket}")
+    _set_title(f"{sys.executable} -m workbench.cluster.launch.warm --socket {args.socket}")
     server = WarmServer(args.socket, [*PRELOAD, *args.preload])
     try:
         server.serve()

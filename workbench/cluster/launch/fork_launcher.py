@@ -3,7 +3,7 @@
 ``wb.Cluster(engines="local")`` uses it. ``ipyparallel.Cluster(engines="workbench-fork")`` works too: every
 ipyparallel feature of the local launcher (``engine_args``, ``environment``, signals, stop, the
 cluster file) is kept; only how an engine process comes to exist changes. The warm process
-(``workbench.cluster.warm``) imports TensorFlow once; each engine is a fork of it, sharing that
+(``workbench.cluster.launch.warm``) imports TensorFlow once; each engine is a fork of it, sharing that
 memory, and ready in a fraction of a second.
 
 Engines are started the ordinary way (a new Python each, as ipyparallel's ``local`` launcher does)
@@ -26,7 +26,7 @@ import psutil
 from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
 from traitlets import Bool, Float, Instance, List, Unicode
 
-from .containment import engine_environment
+from ..process.containment import engine_environment
 from .engine_main import ENGINE_MAIN, WARM_SOCKET_ENV
 from .warm import WarmError, adopt_import_time, request
 
@@ -60,7 +60,7 @@ class WarmProcess:
         directory = tempfile.mkdtemp(prefix="wb-warm-", dir=env.get("TMPDIR") or None)  # the cluster's own, if set
         socket_path = os.path.join(directory, "socket")
         log_path = os.path.join(directory, "warm.log")
-        command = [sys.executable, "-m", "workbench.cluster.warm", "--socket", socket_path]
+        command = [sys.executable, "-m", "workbench.cluster.launch.warm", "--socket", socket_path]
         for module in preload:
             command += ["--preload", module]
         with open(log_path, "ab") as log:

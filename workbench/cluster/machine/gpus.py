@@ -11,9 +11,11 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
-from ..errors import ConfigurationError
-from .spec import TaskId
+from ...errors import ConfigurationError
+
+Task = TypeVar("Task")  # a task id with ``job`` ("ps"/"worker"), sortable: ``cluster.spec.TaskId``
 
 # The engine bootstrap hides GPUs early for CPU-only pools; it keeps what it hid here.
 ORIGINAL_VISIBLE_ENV = "WORKBENCH_ORIGINAL_CUDA_VISIBLE_DEVICES"
@@ -63,18 +65,18 @@ def validate_gpus_per_worker(value: object) -> int:
 
 
 def assign_gpus(
-    tasks_by_host: Mapping[str, Sequence[TaskId]],
+    tasks_by_host: Mapping[str, Sequence[Task]],
     available: Mapping[str, Sequence[str]],
     gpus_per_worker: int,
     in_use: Mapping[str, Sequence[str]] | None = None,
-) -> dict[TaskId, list[str]]:
+) -> dict[Task, list[str]]:
     """Give each worker ``gpus_per_worker`` GPUs of its host, disjoint from every other task there.
 
     ps tasks get none. ``in_use`` holds GPUs already given to running tasks (when scaling).
     Raises ``ConfigurationError`` when a host has too few GPUs.
     """
     in_use = in_use or {}
-    assignment: dict[TaskId, list[str]] = {}
+    assignment: dict[Task, list[str]] = {}
     for host, tasks in tasks_by_host.items():
         taken = set(in_use.get(host, ()))
         free = [gpu for gpu in available.get(host, ()) if gpu not in taken]

@@ -14,7 +14,7 @@
 3. **Nanny from the warm process.** An engine forked from the warm process (``WARM_SOCKET_ENV``
    set) has its ipyparallel nanny forked there too, instead of starting a fresh Python for it.
 
-Run as ``python -m workbench.cluster.engine_main [ipengine arguments]``; the warm process calls
+Run as ``python -m workbench.cluster.launch.engine_main [ipengine arguments]``; the warm process calls
 ``main(args)`` in each engine it forks.
 """
 
@@ -25,8 +25,8 @@ import os
 import sys
 import threading
 
-from . import client_files, containment
-from .gpus import ORIGINAL_VISIBLE_ENV
+from ..machine.gpus import ORIGINAL_VISIBLE_ENV
+from ..process import client_files, containment
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV, hold_lifeline
 
 WARM_SOCKET_ENV = "WORKBENCH_WARM_SOCKET"
@@ -34,7 +34,7 @@ WARM_SOCKET_ENV = "WORKBENCH_WARM_SOCKET"
 # once, then forks the others, so that a host's engines share that import as local ones do.
 FORKS_ENV = "WORKBENCH_ENGINE_FORKS"
 _SHIM_TRIED_ENV = "WORKBENCH_BIND_SHIM_TRIED"  # set before re-running with the shim: never twice
-ENGINE_MAIN = [sys.executable, "-m", "workbench.cluster.engine_main"]  # the command of an engine that is not forked
+ENGINE_MAIN = [sys.executable, "-m", "workbench.cluster.launch.engine_main"]  # the command of an engine that is not forked
 # gRPC honours these; cluster traffic must never go through a proxy.
 _PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY")
 
@@ -101,7 +101,7 @@ def _fork_siblings(count: int, args: list[str]) -> None:
         problem = fork_problem()
     for _ in range(count - 1):
         if problem:
-            subprocess.Popen([sys.executable, "-m", "workbench.cluster.engine_main", *args], start_new_session=True)
+            subprocess.Popen([sys.executable, "-m", "workbench.cluster.launch.engine_main", *args], start_new_session=True)
         elif os.fork() == 0:
             return  # the child: an engine like its parent, sharing the import
 
@@ -120,7 +120,7 @@ def run_with_bind_shim(args: list[str]) -> None:
         print(f"workbench engine: {problem}; TensorFlow's ports will listen on every interface", file=sys.stderr, flush=True)
         return
     env[_SHIM_TRIED_ENV] = "1"
-    os.execve(sys.executable, [sys.executable, "-m", "workbench.cluster.engine_main", *args], env)
+    os.execve(sys.executable, [sys.executable, "-m", "workbench.cluster.launch.engine_main", *args], env)
 
 
 def main(argv: list[str] | None = None) -> None:

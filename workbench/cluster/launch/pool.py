@@ -24,9 +24,9 @@ from typing import Any
 
 import psutil
 
-from ..errors import ClusterStartError, ClusterStateError, ConfigurationError, EngineStartTimeout
+from ...errors import ClusterStartError, ClusterStateError, ConfigurationError, EngineStartTimeout
+from ..process.containment import engine_environment
 from . import batch, mpi, placement_hosts
-from .containment import engine_environment
 from .engine_main import ENGINE_MAIN, FORKS_ENV
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV
 from .reaper import Reaper, kill_process_trees

@@ -23,8 +23,8 @@ import time
 import warnings
 import weakref
 
-from .. import native_logs
-from ..errors import ClusterStateError, ExposedPortsWarning
+from ... import native_logs
+from ...errors import ClusterStateError, ExposedPortsWarning
 from . import bind_hook, client_files, containment
 
 _LOCK = threading.Lock()

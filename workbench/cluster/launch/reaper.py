@@ -247,7 +247,7 @@ class Reaper:
 
     def __init__(self, host: str, start_timeout: float = 30.0):
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "workbench.cluster.reaper", "--host", host],
+            [sys.executable, "-m", "workbench.cluster.launch.reaper", "--host", host],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

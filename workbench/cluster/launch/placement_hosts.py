@@ -15,7 +15,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ClusterStartError, ConfigurationError
+from ...errors import ClusterStartError, ConfigurationError
 
 CONNECT_TIMEOUT = 3.0
 

@@ -16,8 +16,8 @@ import time
 import traceback
 from typing import Any
 
-from . import bind_hook, containment
-from .gpus import discover_gpus
+from ..machine.gpus import discover_gpus
+from ..process import bind_hook, containment
 
 _SERVER: dict[str, Any] = {}
 _PORT_ATTEMPTS = 8
@@ -25,7 +25,7 @@ _CLONE_NEWNET = 0x40000000
 
 
 def _workbench_version() -> str:
-    from .. import __version__
+    from ..._version import __version__
 
     return __version__
 
@@ -255,7 +255,7 @@ def listening() -> dict[str, Any]:
     chosen = _SERVER.get("bind_chosen", True) and os.environ.get(containment.BIND_ENV) == containment.EVERY_INTERFACE
     why = _SERVER.get("exposed_because") or ("" if containment.shim_loaded() else os.environ.get(containment.PROBLEM_ENV, (
         "its engine was not started by the workbench: give that pool's engines LD_PRELOAD=$(jupyter-tf-workbench bind-shim), or "
-        "start them with the workbench's engine command (python -m workbench.cluster.engine_main)")))
+        "start them with the workbench's engine command (python -m workbench.cluster.launch.engine_main)")))
     return {"listeners": containment.listeners(), "chosen": chosen, "why": why}
 
 

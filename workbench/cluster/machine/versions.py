@@ -5,14 +5,14 @@ from __future__ import annotations
 import sys
 from importlib import metadata
 
-from ..errors import TensorFlowImportError
+from ...errors import TensorFlowImportError
 
 # TensorFlow ships under several distribution names; all install the `tensorflow` module.
 _TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-macos", "tf-nightly")
 
 
 def workbench_version() -> str:
-    from .. import __version__
+    from ..._version import __version__
 
     return __version__
 
