@@ -71,3 +71,11 @@ class TaskFaultWarning(UserWarning):
 
 class ControllerLost(ClusterStateError):
     """The cluster's ipyparallel controller exited: the cluster was stopped (nothing it started is left running)."""
+
+
+class TrainingError(WorkbenchError):
+    """A training job failed; the message names the task and, where there is one, the checkpoint."""
+
+
+class ParameterServerLost(TrainingError):
+    """A ps task became unreachable and the job does not recover (``recover=False``): its variables lived there."""

@@ -118,7 +118,7 @@ def need_netns() -> None:
 
 
 def can_delay(cluster) -> bool:
-    return cluster._network_backend == "user" or not netns.netem_problem()
+    return cluster.links.backend == "user" or not netns.netem_problem()
 
 
 @pytest.fixture(scope="module", params=["user", "netns"])
@@ -137,8 +137,8 @@ def network_namespace(pid: int) -> int:
 
 
 def test_every_task_is_reached_through_its_link(linked):
-    if linked._network_backend == "user":
-        relay = psutil.Process(linked._links.pid)
+    if linked.links.backend == "user":
+        relay = psutil.Process(linked.links.emulator.pid)
         listening = {c.laddr.port for c in relay.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
         for record in linked.tasks:
             assert int(record.address.rsplit(":", 1)[1]) in listening, f"{record.name} is not behind the relay"
@@ -239,7 +239,7 @@ def test_stopping_the_cluster_removes_its_links(backend):
     cluster = wb.Cluster(ps=1, workers=1, name=f"wb-test-links-stop-{backend}", progress=False,
                          network=dict(backend=backend, rate="1gbit")).start()
     try:
-        pid = cluster._links.pid if backend == "user" else None
+        pid = cluster.links.emulator.pid if backend == "user" else None
         added = host_links() - before if backend == "netns" else set()
         assert "all: 1 Gbit/s" in cluster.network
     finally:

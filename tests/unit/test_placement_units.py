@@ -7,8 +7,8 @@ import workbench as wb
 from workbench.tables import html_table, text_table
 from workbench.training.allreduce import portable
 from workbench.training.allreduce_engine import unpack
-from workbench.training.model_parallel import _device_for_path, _task_of, resolve_layout
-from workbench.training.placement import PsPlacer
+from workbench.training.model_parallel import _device_for_path, resolve_layout
+from workbench.training.placement import PsPlacer, task_of
 
 PS0, PS1 = "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"
 
@@ -34,7 +34,7 @@ def test_variable_paths_map_to_the_innermost_named_layer():
     assert _device_for_path("model/encoder/dense", devices, "default") == "/job:worker/task:1"
     assert _device_for_path("model/encoder", devices, "default") == "/job:worker/task:0"
     assert _device_for_path("model/other", devices, "default") == "default"
-    assert _task_of(PS1) == "ps:1" and _task_of("") == "-"
+    assert task_of(PS1) == "ps:1" and task_of("") == "-"
 
 
 def test_ps_placer_spreads_by_bytes_but_keeps_a_requested_ps():

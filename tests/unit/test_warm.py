@@ -5,8 +5,8 @@ import sys
 import textwrap
 import threading
 
-from workbench.cluster.launch.pool import controller_args
-from workbench.cluster.launch.warm import adopt_import_time, fork_problem, gpu_driver_loaded, import_time_mismatch
+from workbench.cluster.launch.launchers import controller_args
+from workbench.cluster.launch.warm_client import adopt_import_time, fork_problem, gpu_driver_loaded, import_time_mismatch
 
 
 def test_variables_read_when_tensorflow_loads_must_match_for_a_fork():

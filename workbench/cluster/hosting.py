@@ -7,6 +7,7 @@ and re-host a task on a fresh engine (``replace_task``) after a crash, a hang or
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import warnings
@@ -17,20 +18,28 @@ import psutil
 from ..errors import (
     ClusterStartError,
     ClusterStateError,
+    ConfigurationError,
+    EngineForkWarning,
     ExposedPortsWarning,
+    LauncherOptionsWarning,
+    LowMemoryWarning,
     ServerStartError,
     TensorFlowImportError,
     VersionMismatchError,
     WorkbenchError,
 )
 from ..progress import ProgressSink, make_progress
-from .health import ENGINE_EXITED, LOST, RECOVERING, RUNNING
+from .health import ENGINE_EXITED, LOST, RECOVERING, RUNNING, SILENT, STOPPED
 from .launch import engine_side
-from .launch.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
-from .machine.gpus import assign_gpus
+from .launch.calls import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
+from .launch.launchers import LOCAL_LAUNCHERS
+from .launch.pool import local_hostnames
+from .machine.gpus import assign_gpus, discover_gpus
+from .machine.memory import available_memory, engine_memory_warning
 from .machine.versions import workbench_version
 from .process import connection
 from .process.containment import describe, exposed
+from .registry import registry_path
 from .spec import TaskId
 from .status import TaskRecord
 
@@ -42,12 +51,20 @@ def _format_address(host: str, port: int) -> str:
 
 
 class TaskHosting:
-    """The engine side of ``wb.Cluster``'s tasks (a mixin: it uses the cluster's pool, records and health)."""
+    """The engine side of a ``wb.Cluster``'s tasks: held by the cluster as ``cluster.hosting``.
+
+    It reads and writes the cluster's task records, engine pool and health; the cluster's public
+    ``scale``, ``replace_task``, ``check_exposure`` and ``settle`` are its methods.
+    """
+
+    def __init__(self, cluster):
+        self.cluster = cluster
 
     def _run_each(self, calls: dict[int, tuple], phase: str, deadline: Deadline, progress: ProgressSink) -> dict[int, Any]:
         """Run ``{engine_id: (function, *args)}`` on the engines in parallel; results by engine id."""
         try:
-            return run_on_engines(self._pool.client, calls, deadline, lambda done, total: progress.update(phase, done, total), 0.005)
+            return run_on_engines(self.cluster._pool.client, calls, deadline,
+                                  lambda done, total: progress.update(phase, done, total), 0.005)
         except RemoteCallFailed as exc:
             raise ClusterStartError(f"engine {exc.engine} failed while {phase}: {exc.reason}") from None
         except RemoteCallsTimedOut as exc:
@@ -56,7 +73,7 @@ class TaskHosting:
                 "Pass a larger start_timeout if they are merely slow."
             ) from None
 
-    def _assign_tasks(self, assignment: dict[TaskId, int], deadline: Deadline, progress: ProgressSink,
+    def assign_tasks(self, assignment: dict[TaskId, int], deadline: Deadline, progress: ProgressSink,
                       previous: dict[TaskId, TaskRecord] | None = None) -> None:
         """Give each engine of ``assignment`` its task: probe, import TensorFlow, start the server.
 
@@ -65,7 +82,7 @@ class TaskHosting:
         """
         previous = previous or {}
         by_engine = {eid: task for task, eid in assignment.items()}
-        controller_ip, lifeline = self._pool.controller_ip, self._pool.lifeline
+        controller_ip, lifeline = self.cluster._pool.controller_ip, self.cluster._pool.lifeline
         probes = self._run_each({e: (engine_side.probe, controller_ip, lifeline) for e in by_engine}, "probing engines",
                                 deadline, progress)
         for eid, task in by_engine.items():
@@ -75,9 +92,9 @@ class TaskHosting:
                     f"engine {eid} ({info['host']}, pid {info['pid']}) runs workbench {info['workbench_version']} "
                     f"but the client runs {workbench_version()}: install the same version in both environments."
                 )
-            self._tasks[task] = TaskRecord(task.job, task.index, eid, info["host"], pid=info["pid"])
-            if self._is_local(self._tasks[task]):
-                self._pool.watch([info["pid"]])
+            self.cluster._tasks[task] = TaskRecord(task.job, task.index, eid, info["host"], pid=info["pid"])
+            if self.is_local(self.cluster._tasks[task]):
+                self.cluster._pool.watch([info["pid"]])
 
         visible = self._plan_gpus(assignment, probes)
         serving: dict[TaskId, int | None] = {}  # the port each server listens on, where the spec names another
@@ -88,16 +105,16 @@ class TaskHosting:
         )
         for task, eid in assignment.items():
             self._check_import(eid, probes[eid], imports[eid])
-            record = self._tasks[task]
+            record = self.cluster._tasks[task]
             record.tensorflow = imports[eid]["version"]
             record.address = _format_address(probes[eid]["address"], imports[eid]["port"])
             serving[task], namespaces[task] = None, None
-            if self._links is not None:  # named in the spec: the task's end of its emulated link
-                record.address, serving[task], namespaces[task] = self._link_address(str(task), record.address)
+            if self.cluster.links.emulator is not None:  # named in the spec: the task's end of its emulated link
+                record.address, serving[task], namespaces[task] = self.cluster.links.address_for(str(task), record.address)
             old = previous.get(task)
             if old is not None and old.address.rpartition(":")[0] == record.address.rpartition(":")[0]:
                 record.address = old.address  # the same host: the same address, if its port is free again
-        spec = self.spec_dict
+        spec = self.cluster.spec_dict
         servers = self._run_each(
             {eid: (engine_side.start_server, spec, task.job, task.index, serving[task], namespaces[task])
              for task, eid in assignment.items()},
@@ -107,14 +124,14 @@ class TaskHosting:
             result = servers[eid]
             if not result["ok"]:
                 raise ServerStartError(f"the TF server for {task} on engine {eid} did not start: {result['error']}")
-            record = self._tasks[task]
+            record = self.cluster._tasks[task]
             record.address = result["address"]
             record.devices = result["devices"]
             record.gpus = [g for g in (result["cuda_visible_devices"] or "").split(",") if g]
             record.state, record.since = RUNNING, time.time()
             if serving[task] is not None and result["serving"] != serving[task]:  # the server took another port
-                self._relink(str(task), _format_address(probes[eid]["address"], result["serving"]))
-        self._links_follow_tasks()
+                self.cluster.links.relink(str(task), _format_address(probes[eid]["address"], result["serving"]))
+        self.cluster.links.follow_tasks()
 
     def check_exposure(self, records: list[TaskRecord] | None = None, deadline: Deadline | None = None,
                        stacklevel: int = 2) -> list[str]:
@@ -123,7 +140,7 @@ class TaskHosting:
         Asked of the engines themselves, so it holds for engines on other hosts too. A task whose
         bind address the user set to ``"*"`` chose that and is not reported.
         """
-        records = self.tasks if records is None else records
+        records = self.cluster.tasks if records is None else records
         deadline = deadline or Deadline(30)
         found = self._run_each({r.engine_id: (engine_side.listening,) for r in records}, "checking ports", deadline,
                                make_progress(False))
@@ -136,14 +153,14 @@ class TaskHosting:
                 reasons.add(state["why"] or "they bound every interface")
         if open_ports:
             warnings.warn(
-                f"cluster {self.name!r}: TensorFlow ports listen on every network interface with no authentication: "
+                f"cluster {self.cluster.name!r}: TensorFlow ports listen on every network interface with no authentication: "
                 f"{', '.join(open_ports)}. Anyone who can reach these hosts can run code in those processes. Why, and "
                 f"what to do: {'; '.join(sorted(reasons))}. Until then, keep these ports behind a firewall.",
                 ExposedPortsWarning, stacklevel=stacklevel)
         return open_ports
 
     def _plan_gpus(self, assignment: dict[TaskId, int], probes: dict[int, dict]) -> dict[TaskId, list[str]]:
-        if not self._gpus_per_worker:
+        if not self.cluster._gpus_per_worker:
             return {task: [] for task in assignment}
         tasks_by_host: dict[str, list[TaskId]] = {}
         available: dict[str, list[str]] = {}
@@ -152,10 +169,10 @@ class TaskHosting:
             tasks_by_host.setdefault(host, []).append(task)
             available.setdefault(host, probes[eid]["gpus"])
         in_use: dict[str, list[str]] = {}
-        for record in self._tasks.values():
+        for record in self.cluster._tasks.values():
             if record.task not in assignment:
                 in_use.setdefault(record.host, []).extend(record.gpus)
-        return assign_gpus(tasks_by_host, available, self._gpus_per_worker, in_use)
+        return assign_gpus(tasks_by_host, available, self.cluster._gpus_per_worker, in_use)
 
     def _check_import(self, eid: int, probe: dict, result: dict) -> None:
         where = f"engine {eid} ({probe['host']}, pid {probe['pid']}, Python {probe['python']})"
@@ -165,26 +182,156 @@ class TaskHosting:
                 "environment (`pip install 'workbench[cpu]'`, or '[gpu]'), or point the launcher at a Python "
                 "that has it."
             )
-        if result["version"] != self._client_tf_version:
+        if result["version"] != self.cluster._client_tf_version:
             raise VersionMismatchError(
-                f"{where} runs TensorFlow {result['version']} but this client runs {self._client_tf_version}: "
+                f"{where} runs TensorFlow {result['version']} but this client runs {self.cluster._client_tf_version}: "
                 "install the same TensorFlow version in the client and engine environments."
             )
 
     @staticmethod
-    def _is_local(record: TaskRecord) -> bool:
-        from .launch.pool import local_hostnames
-
+    def is_local(record: TaskRecord) -> bool:
+        """Whether ``record``'s engine runs on this machine (its pid is then a process here)."""
         return record.host in local_hostnames()
+
+    # -- engines added and removed -------------------------------------------------------------
+
+    def bring_up(self, layout: list[TaskId], deadline: Deadline, progress: ProgressSink) -> None:
+        """``Cluster.start``'s work: the pool, an engine per task of ``layout``, the links, the tasks on their engines."""
+        cluster = self.cluster
+        self.warn_if_memory_short(len(layout), stacklevel=4)  # user -> start -> bring_up -> warn
+        cluster._pool = cluster._pool_factory()
+        cluster._pool.start(deadline)
+        cluster._pool.remove_on_death(str(registry_path(cluster.name)))
+        ids = cluster._pool.add_engines(len(layout), deadline,
+                                        lambda done, total: progress.update("engines registered", done, total))
+        self.warn_of_new_notices(("", 0), stacklevel=4)
+        cluster.links.open()
+        self.assign_tasks(dict(zip(layout, ids)), deadline, progress)
+        self.check_exposure(cluster.tasks, deadline, stacklevel=4)
+
+    def tear_down(self, timeout: float) -> None:
+        """The engines go (borrowed ones are released, left running), then the links; every task is ``stopped``."""
+        cluster = self.cluster
+        pool, cluster._pool = cluster._pool, None
+        if cluster.attached:  # only this process's connection ends: the tasks are the owner's
+            if pool is not None:
+                pool.close(timeout)
+            return
+        if pool is not None:
+            if not pool.owned and cluster._tasks:
+                try:
+                    pool.remove_engines([r.engine_id for r in cluster._tasks.values()], [], Deadline(min(timeout, 15)))
+                except Exception:  # noqa: BLE001 - borrowed engines may already be gone
+                    pass
+            pool.close(timeout)
+        # after the engines: a task's connections to this kernel must close while its link still carries the
+        # close (a namespace removed first leaves the kernel's TensorFlow waiting on peers that never answer)
+        cluster.links.close()
+        for record in cluster._tasks.values():
+            record.state = STOPPED
+
+    def find_lost_engines(self) -> None:
+        """Mark ``lost`` the running tasks whose engine left the controller (or, local, whose process is gone)."""
+        alive = set(self.cluster._pool.client.ids)
+        for record in self.cluster.tasks:
+            gone = record.engine_id not in alive or (self.is_local(record) and not psutil.pid_exists(record.pid))
+            if gone and record.state in (RUNNING, SILENT):
+                self.cluster.health.set_state(record, LOST, "its engine left the controller")
+
+    def check_local_gpus(self, workers: int) -> None:
+        """Refuse ``workers`` local workers that this machine has too few GPUs for (``gpus_per_worker`` each)."""
+        per_worker = self.cluster._gpus_per_worker
+        if not per_worker:
+            return
+        available = discover_gpus({**os.environ, **self.cluster._env})
+        needed = workers * per_worker
+        if needed > len(available):
+            raise ConfigurationError(
+                f"{workers} worker(s) x gpus_per_worker={per_worker} need {needed} GPU(s), but this "
+                f"machine has {f'{len(available)} {available}' if available else 'none'}: lower gpus_per_worker or workers, or use "
+                "gpus_per_worker=0 to train on CPUs."
+            )
+
+    def warn_if_memory_short(self, engines: int, stacklevel: int = 3) -> None:
+        """Warn, pointing at the user's call (``stacklevel`` for ``warnings.warn``), when local engines may not fit in memory."""
+        cluster, pool = self.cluster, self.cluster._pool
+        if cluster._launcher in LOCAL_LAUNCHERS:  # engines elsewhere use their nodes' memory
+            forked = cluster._forks and not (pool is not None and pool.fork_notice)
+            first = pool is None  # start(): the warm process is yet to come
+            message = engine_memory_warning(engines, *available_memory(), forked=forked, with_warm=forked and first)
+            if message:
+                warnings.warn(f"cluster {cluster.name!r}: {message}", LowMemoryWarning, stacklevel=stacklevel)
+
+    def notices(self) -> tuple[str, int]:
+        """What the pool said so far: its fork notice and how many launcher notices (``warn_of_new_notices`` takes it)."""
+        pool = self.cluster._pool
+        return getattr(pool, "fork_notice", ""), len(getattr(pool, "launcher_notices", []))
+
+    def warn_of_new_notices(self, known: tuple[str, int], stacklevel: int = 3) -> None:
+        """Warn of what the pool said since ``known``: engines started as new processes instead of forks, options
+        the workbench added to the launcher's command (one warning each)."""
+        pool, name = self.cluster._pool, self.cluster.name
+        notice = getattr(pool, "fork_notice", "")
+        if notice and notice != known[0]:
+            warnings.warn(f"cluster {name!r}: engines start as separate processes, each importing TensorFlow "
+                          f"(more memory, slower start), because {notice}", EngineForkWarning, stacklevel=stacklevel)
+        for added in getattr(pool, "launcher_notices", [])[known[1]:]:
+            warnings.warn(f"cluster {name!r}: {added}", LauncherOptionsWarning, stacklevel=stacklevel)
+
+    def add_workers(self, new_tasks: list[TaskId], deadline: Deadline, stacklevel: int = 3) -> None:
+        """Start an engine for each of ``new_tasks`` and give it its task; if that fails, none of them stays."""
+        cluster = self.cluster
+        if cluster._launcher in LOCAL_LAUNCHERS:
+            self.check_local_gpus(cluster._workers + len(new_tasks))
+        self.warn_if_memory_short(len(new_tasks), stacklevel=stacklevel + 1)
+        progress = make_progress(cluster._progress_option)
+        try:
+            known = self.notices()
+            ids = self.add_engines(len(new_tasks), deadline, progress)
+            self.warn_of_new_notices(known, stacklevel=stacklevel + 1)
+            self.assign_tasks(dict(zip(new_tasks, ids)), deadline, progress)
+            self.check_exposure([cluster._tasks[t] for t in new_tasks], deadline, stacklevel=stacklevel + 1)
+        except BaseException:
+            progress.close("scaling failed", ok=False)
+            self.drop_tasks([t for t in new_tasks if t in cluster._tasks], deadline)
+            raise
+        progress.close(f"cluster {cluster.name!r} now has {cluster._workers + len(new_tasks)} worker task(s)")
+
+    def add_engines(self, n: int, deadline: Deadline, progress: ProgressSink) -> list[int]:
+        """``n`` more engines from the pool (borrowed pools: ones no task uses); their ids."""
+        def report(done: int, total: int) -> None:
+            progress.update("engines registered", done, total)
+
+        pool = self.cluster._pool
+        if not pool.owned:
+            used = [r.engine_id for r in self.cluster._tasks.values()]
+            return pool.add_engines(n, deadline, report, exclude=used)
+        return pool.add_engines(n, deadline, report, in_use=self._tasks_per_host())
+
+    def _tasks_per_host(self) -> dict[str, int]:
+        """Running tasks per host, counted under its name and under its address (a lost task no longer counts)."""
+        counts: dict[str, int] = {}
+        for record in self.cluster._tasks.values():
+            if record.state in (LOST, RECOVERING, STOPPED):
+                continue
+            for key in {record.host, record.address.rpartition(":")[0].strip("[]")} - {""}:
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def drop_tasks(self, tasks: list[TaskId], deadline: Deadline) -> None:
+        """Forget ``tasks`` and stop their engines."""
+        records = [self.cluster._tasks.pop(t) for t in tasks]
+        self.cluster._pool.remove_engines([r.engine_id for r in records], [r.pid for r in records if self.is_local(r)],
+                                          deadline)
 
     # -- re-hosting --------------------------------------------------------------------------
 
     def settle(self, timeout: float) -> bool:
         """Wait until no start, scale or re-hosting is under way (each holds the cluster's lifecycle lock until its
         tasks serve and this kernel's connection knows them); False if one still runs after ``timeout`` s."""
-        if not self._lifecycle.acquire(timeout=timeout):
+        if not self.cluster._lifecycle.acquire(timeout=timeout):
             return False
-        self._lifecycle.release()
+        self.cluster._lifecycle.release()
         return True
 
     def replace_task(self, task: str | TaskId, timeout: float | None = None, refresh_connection: bool = True) -> TaskRecord:
@@ -199,48 +346,48 @@ class TaskHosting:
         ``recovering`` then ``running``; returns its new record. ``refresh_connection=False`` leaves the
         update of this kernel's connection to its next use (for callers that do not use it: all-reduce).
         """
-        with self._lifecycle:
-            self._require_running("re-host a task")
-            if self.attached:
-                raise ClusterStateError(f"cluster {self.name!r} is attached: process {self._owner_pid} owns it and "
+        with self.cluster._lifecycle:
+            self.cluster._require_running("re-host a task")
+            if self.cluster.attached:
+                raise ClusterStateError(f"cluster {self.cluster.name!r} is attached: process {self.cluster._owner_pid} owns it and "
                                         "re-hosts its tasks.")
-            old = self.task(task)
+            old = self.cluster.task(task)
             gone = old.state == LOST and old.note == ENGINE_EXITED  # its lifeline closed: the process is gone
-            deadline = Deadline(self._start_timeout if timeout is None else timeout)
-            self.health.set_state(old, RECOVERING, "starting a new engine")
+            deadline = Deadline(self.cluster._start_timeout if timeout is None else timeout)
+            self.cluster.health.set_state(old, RECOVERING, "starting a new engine")
             added: list[int] = []
             try:
-                if not gone or self._is_local(old):
+                if not gone or self.is_local(old):
                     self._kill_engine(old, deadline)
-                added = self._add_engines(1, deadline, make_progress(False))
-                self._assign_tasks({old.task: added[0]}, deadline, make_progress(False), previous={old.task: old})
-                new = self._tasks[old.task]
-                self.check_exposure([new], deadline, stacklevel=3)
+                added = self.add_engines(1, deadline, make_progress(False))
+                self.assign_tasks({old.task: added[0]}, deadline, make_progress(False), previous={old.task: old})
+                new = self.cluster._tasks[old.task]
+                self.check_exposure([new], deadline, stacklevel=4)  # through Cluster.replace_task
                 if refresh_connection:
-                    connection.refresh(self, new.name, deadline.remaining(5))
+                    connection.refresh(self.cluster, new.name, deadline.remaining(5))
                 else:  # the caller does not use it: the next connect() updates it
-                    connection.defer_refresh(self, new.name)
+                    connection.defer_refresh(self.cluster, new.name)
             except BaseException as exc:
                 self._undo_replacement(old, added)
                 why = str(exc) if isinstance(exc, WorkbenchError) else f"{type(exc).__name__}: {exc}"
-                self.health.set_state(old, LOST, f"re-hosting failed: {why}")
+                self.cluster.health.set_state(old, LOST, f"re-hosting failed: {why}")
                 if not isinstance(exc, Exception):
                     raise
-                raise ClusterStateError(f"re-hosting {old.name} of cluster {self.name!r} failed: {why}") from None
+                raise ClusterStateError(f"re-hosting {old.name} of cluster {self.cluster.name!r} failed: {why}") from None
             new.restarts = old.restarts + 1
-            self._clock_offsets = None  # a new process, maybe on another host: measure again
-            self.health.set_state(new, RUNNING, f"re-hosted on engine {new.engine_id}")
+            self.cluster._clock_offsets = None  # a new process, maybe on another host: measure again
+            self.cluster.health.set_state(new, RUNNING, f"re-hosted on engine {new.engine_id}")
             return new
 
     def _kill_engine(self, record: TaskRecord, deadline: Deadline) -> None:
         """Make sure the engine of ``record`` is gone (SIGKILL: a hung engine handles no gentler request)."""
-        if self._is_local(record):
+        if self.is_local(record):
             try:
                 psutil.Process(record.pid).kill()
             except psutil.Error:
                 pass  # already gone
-        elif record.engine_id in self._pool.client.ids:
-            self._pool.client.send_signal(signal.SIGKILL, targets=[record.engine_id], block=False)  # through its nanny
+        elif record.engine_id in self.cluster._pool.client.ids:
+            self.cluster._pool.client.send_signal(signal.SIGKILL, targets=[record.engine_id], block=False)  # through its nanny
         wait = Deadline(min(KILL_WAIT_SECONDS, deadline.remaining(1)))
         while self._engine_alive(record) and not wait.expired:
             time.sleep(0.02)
@@ -250,8 +397,8 @@ class TaskHosting:
 
     def _engine_alive(self, record: TaskRecord) -> bool:
         """The process itself for a local engine; the controller's view for one elsewhere."""
-        if not self._is_local(record):
-            return record.engine_id in self._pool.client.ids
+        if not self.is_local(record):
+            return record.engine_id in self.cluster._pool.client.ids
         try:
             return psutil.Process(record.pid).status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
@@ -259,11 +406,11 @@ class TaskHosting:
 
     def _undo_replacement(self, old: TaskRecord, added: list[int]) -> None:
         """A re-hosting that failed: stop the engine it started, and keep the old record."""
-        new = self._tasks.get(old.task)
-        self._tasks[old.task] = old
+        new = self.cluster._tasks.get(old.task)
+        self.cluster._tasks[old.task] = old
         if added:
-            pids = [new.pid] if new is not None and new is not old and self._is_local(new) else []
+            pids = [new.pid] if new is not None and new is not old and self.is_local(new) else []
             try:
-                self._pool.remove_engines(added, pids, Deadline(15))
+                self.cluster._pool.remove_engines(added, pids, Deadline(15))
             except Exception:  # noqa: BLE001 - best effort; the engine holds a lifeline and goes with the cluster
                 pass

@@ -1,6 +1,6 @@
-"""``cluster.shape(...)``: the part of ``wb.Cluster`` that owns the emulated links between its tasks.
+"""``cluster.links``: the emulated links between a cluster's tasks, which ``cluster.shape(...)`` reshapes.
 
-A mixin of ``Cluster`` (it uses the cluster's tasks and lifecycle lock). With ``network=`` given, every
+Held by the ``Cluster`` (it reads the cluster's tasks and takes its lifecycle lock). With ``network=`` given, every
 byte between two tasks crosses an emulated link that holds it to the shaping in force: with backend
 ``"user"`` a task's address in the ClusterSpec is the relay's port for it and its TF server listens
 behind it; with ``"netns"`` the task lives in a network namespace of its own and its address is there.
@@ -19,13 +19,18 @@ from .network.netns import NamespaceLinks
 from .network.shaping import Rule, Shaping, UserSpaceLinks, choose_backend, parse_delay, parse_rate
 
 
-class LinkShaping:
-    """Emulated links between tasks (``network=`` of ``wb.Cluster``), reshaped with ``shape()``."""
+class ClusterLinks:
+    """Emulated links between a cluster's tasks (``network=`` of ``wb.Cluster``), reshaped with ``shape()``.
 
-    def _init_network(self, network: Any, local: bool) -> None:
-        self._network_backend: str | None = None
+    ``emulator`` is the back end carrying them while the cluster runs (``UserSpaceLinks``: the relay
+    process; ``NamespaceLinks``: namespaces and tc), None without ``network=`` or when stopped.
+    """
+
+    def __init__(self, cluster, network: Any, local: bool):
+        self.cluster = cluster
+        self.backend: str | None = None  # "netns" or "user"; None: tasks talk directly
         self._first_rule: Rule | None = None
-        self._links: UserSpaceLinks | NamespaceLinks | None = None
+        self.emulator: UserSpaceLinks | NamespaceLinks | None = None
         self._shaping = Shaping()
         if network is None or network is False:
             return
@@ -34,44 +39,45 @@ class LinkShaping:
                 f"network={network!r} needs local engines: the links are emulated on this machine, which must hold "
                 "both ends of every connection. Leave network= out for engines on other hosts (their links are the "
                 "real network).")
-        self._network_backend, self._first_rule = choose_backend(network)
+        self.backend, self._first_rule = choose_backend(network)
 
-    def _open_links(self) -> None:
+    def open(self) -> None:
         """At start: the links, before any task is given its address."""
-        if self._network_backend is None:
+        if self.backend is None:
             return
-        self._links = NamespaceLinks() if self._network_backend == "netns" else UserSpaceLinks()
+        self.emulator = NamespaceLinks() if self.backend == "netns" else UserSpaceLinks()
         self._shaping = Shaping([self._first_rule] if self._first_rule else [])
         if self._first_rule:
-            self.telemetry.append(LinkEvent(time.time(), self._shaping.describe()))
+            self.cluster.telemetry.append(LinkEvent(time.time(), self._shaping.describe()))
 
-    def _close_links(self) -> None:
-        links, self._links = self._links, None
-        if links is not None:
-            links.close()
+    def close(self) -> None:
+        emulator, self.emulator = self.emulator, None
+        if emulator is not None:
+            emulator.close()
 
-    def _link_address(self, task: str, serving: str) -> tuple[str, int | None, dict | None]:
+    def address_for(self, task: str, serving: str) -> tuple[str, int | None, dict | None]:
         """For a task whose server was given the address ``serving``: the address to name in the ClusterSpec,
         the port the server listens on when that differs (None: the named one), and the network namespace it
         joins first (None: none)."""
         port = serving.rpartition(":")[2]
-        if isinstance(self._links, NamespaceLinks):  # the task's own namespace, at its address there
-            link = self._links.attach(task)
+        if isinstance(self.emulator, NamespaceLinks):  # the task's own namespace, at its address there
+            link = self.emulator.attach(task)
             return f"{link.address}:{port}", None, {"path": link.namespace.path, "address": link.address}
-        return self._relink(task, serving), int(port), None
+        return self.relink(task, serving), int(port), None
 
-    def _relink(self, task: str, serving: str) -> str:
+    def relink(self, task: str, serving: str) -> str:
         """The relay's address for ``task``, now forwarding to ``serving``."""
-        return f"127.0.0.1:{self._links.listen(task, serving)}"
+        return f"127.0.0.1:{self.emulator.listen(task, serving)}"
 
-    def _links_follow_tasks(self) -> None:
+    def follow_tasks(self) -> None:
         """Tasks were added or re-hosted: tell the links which process is which, and shape them."""
-        if self._links is None:
+        if self.emulator is None:
             return
-        self._links.follow({r.pid: r.name for r in self._tasks.values()} | {os.getpid(): "client"})
-        self._links.apply(*self._shaping.plan([r.name for r in self.tasks]))
-        if isinstance(self._links, NamespaceLinks):  # the servers are reached through the bridge before anyone uses them
-            self._links.reach({r.name: r.address for r in self.tasks if r.state == RUNNING})
+        tasks = self.cluster.tasks
+        self.emulator.follow({r.pid: r.name for r in tasks} | {os.getpid(): "client"})
+        self.emulator.apply(*self._shaping.plan([r.name for r in tasks]))
+        if isinstance(self.emulator, NamespaceLinks):  # the servers are reached through the bridge before anyone uses them
+            self.emulator.reach({r.name: r.address for r in tasks if r.state == RUNNING})
 
     def shape(self, rate: Any = None, delay: Any = None, between: str = "all") -> str:
         """Set the links between tasks while they run; ``shape(None)`` makes every link unshaped again.
@@ -83,44 +89,45 @@ class LinkShaping:
         and what it receives are each held to it, so a ps serving three workers at 1 Gbit/s gives
         each about a third. A later call overrides an earlier one for the links both set. Traffic
         to and from this kernel is not shaped. Returns the shaping now in force, as in ``status()``.
+        Needs ``network=`` when the cluster is made.
         """
-        with self._lifecycle:
-            self._require_running("shape its links")
-            if self.attached:
-                raise ClusterStateError(f"cluster {self.name!r} is attached: process {self._owner_pid} owns it and its "
-                                        "links; shape them there.")
-            if self._links is None:
+        cluster = self.cluster
+        with cluster._lifecycle:
+            cluster._require_running("shape its links")
+            if cluster.attached:
+                raise ClusterStateError(f"cluster {cluster.name!r} is attached: process {cluster._owner_pid} owns it and "
+                                        "its links; shape them there.")
+            if self.emulator is None:
                 raise ClusterStateError(
-                    f"cluster {self.name!r} was started without emulated links, so they cannot be shaped: start it "
+                    f"cluster {cluster.name!r} was started without emulated links, so they cannot be shaped: start it "
                     "with wb.Cluster(..., network='auto') (or network='1gbit' to start shaped), then call "
                     "cluster.shape(...).")
             shaping = Shaping()
             if rate is not None or delay is not None:
                 rule = Rule(str(between), parse_rate(rate) if rate is not None else None, parse_delay(delay))
                 shaping = Shaping([r for r in self._shaping.rules if r.between != rule.between] + [rule])
-            plan = shaping.plan([r.name for r in self.tasks])  # checks every rule before anything changes
-            self._links.apply(*plan)
+            plan = shaping.plan([r.name for r in cluster.tasks])  # checks every rule before anything changes
+            self.emulator.apply(*plan)
             self._shaping = shaping
-            self.telemetry.append(LinkEvent(time.time(), self._shaping.describe()))  # a band on the timeline
-            self._write_registry()
-            return self.network
+            cluster.telemetry.append(LinkEvent(time.time(), self._shaping.describe()))  # a band on the timeline
+            cluster.shared.write_record()
+            return self.describe()
 
     @property
     def shaped(self) -> bool:
         """True while a ``shape()`` rule is in force (False without emulated links, or after ``shape(None)``)."""
         return bool(self._shaping.rules)
 
-    @property
-    def network(self) -> str:
+    def describe(self) -> str:
         """The links between tasks: the backend and the shaping in force (``""`` without ``network=``)."""
-        if self._network_backend is None:
+        if self.backend is None:
             return ""
-        where = self._links.describe() if self._links is not None else f"{self._network_backend} links"
+        where = self.emulator.describe() if self.emulator is not None else f"{self.backend} links"
         return f"{where}: {self._shaping.describe()}"
 
-    def link_stats(self) -> dict:
+    def stats(self) -> dict:
         """Bytes each task sent and received through its link so far, and the emulator's CPU seconds."""
-        if self._links is None:
-            raise ClusterStateError(f"cluster {self.name!r} has no emulated links (start it with network='auto').")
-        answer = self._links.stats()
+        if self.emulator is None:
+            raise ClusterStateError(f"cluster {self.cluster.name!r} has no emulated links (start it with network='auto').")
+        answer = self.emulator.stats()
         return {"sent": answer["sent"], "cpu_seconds": answer["cpu_seconds"], "seconds": answer["seconds"]}

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from dataclasses import dataclass
 
 from ..errors import ConfigurationError, UnknownTaskError
 
 JOBS = ("ps", "worker")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a cluster's name
 _TASK_RE = re.compile(r"^\s*(?:/job:)?(ps|worker)\s*[:/]\s*(?:task:)?(\d+)\s*$")
 
 
@@ -42,6 +44,25 @@ class TaskId:
                 "(job 'ps' or 'worker', a colon, the task index)."
             )
         return cls(match.group(1), int(match.group(2)))
+
+
+def validate_name(name: str | None) -> str:
+    """A cluster's name: the one given, checked, or ``wb-`` and six random letters."""
+    if name is None:
+        return "wb-" + "".join(secrets.choice("abcdefghijkmnpqrstuvwxyz23456789") for _ in range(6))
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ConfigurationError(
+            f"name={name!r} is not a valid cluster name: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit."
+        )
+    return name
+
+
+def validate_timeout(seconds: object) -> float:
+    """``start_timeout=``: a positive number of seconds."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds <= 0:
+        raise ConfigurationError(f"start_timeout={seconds!r} must be a positive number of seconds.")
+    return float(seconds)
 
 
 def role_layout(ps: int, workers: int) -> list[TaskId]:

@@ -30,6 +30,7 @@ from .summary import JobSummary
 # The kernel's log keeps the newest 100,000 events, and a timeline keeps as many bars, in segments
 # of SEGMENT_ROWS: BokehJS re-indexes a source on every change, and one 100,000-row source made each
 # update a ~0.4 s main-thread task (bench/dashboard.py); a 5,000-row segment is cheap to re-index.
+DEFAULT_INTERVAL = 0.25  # seconds between updates (widget and server apps): a step's bar appears within about this
 TIMELINE_ROLLOVER = 100_000
 SEGMENT_ROWS = 5_000
 THROUGHPUT_ROLLOVER = 3_600  # one-second bins: the last hour

@@ -8,19 +8,9 @@ import time
 import weakref
 
 from ..errors import ConfigurationError
-from .components import PLOTS, make_components
+from .components import DEFAULT_INTERVAL, PLOTS, make_components
 from .data import device_rows
-
-DEFAULT_INTERVAL = 0.25  # seconds between updates: a step's bar appears within about this
-
-
-def _default_cluster():
-    from ..cluster.cluster import running_clusters
-
-    clusters = running_clusters()
-    if not clusters:
-        raise ConfigurationError("no cluster is running in this kernel: start one (wb.Cluster(...).start()) and pass it.")
-    return clusters[-1]
+from .server import default_cluster, serve_dashboard
 
 
 class Dashboard:
@@ -120,8 +110,6 @@ class Dashboard:
 
     def serve(self, port: int = 0, **kwargs):
         """The cluster's Bokeh server apps (started once per cluster); see ``wb.serve_dashboard``."""
-        from .server import serve_dashboard
-
         return serve_dashboard(self.cluster, port=port, **kwargs)
 
     def _ipython_display_(self) -> None:
@@ -197,7 +185,7 @@ def dashboard(cluster=None, *, plots=tuple(PLOTS), interval: float = DEFAULT_INT
     result in a notebook; it follows every job trained on the cluster (``wb.train(..., telemetry=True)``,
     the default), including jobs that ran before it was opened, as far as the telemetry log reaches.
     """
-    cluster = cluster if cluster is not None else _default_cluster()
+    cluster = cluster if cluster is not None else default_cluster()
     if cluster.state != "running" and not cluster.telemetry.cursor:
         raise ConfigurationError(f"cluster {cluster.name!r} is {cluster.state} and recorded nothing: start it first.")
     return Dashboard(cluster, plots, interval)

@@ -14,9 +14,8 @@ from dataclasses import asdict, dataclass
 from ..cluster.registry import Endpoint
 from ..errors import ConfigurationError, WorkbenchError
 from ..serving import ServingThread, local_host
-from .components import PLOTS, make_components
+from .components import DEFAULT_INTERVAL, PLOTS, make_components
 from .data import device_rows
-from .live import DEFAULT_INTERVAL
 from .summary import JobSummary
 
 START_TIMEOUT = 30.0
@@ -172,11 +171,19 @@ class DashboardServer:
         return f"<div>Dashboard of <b>{self.cluster.name}</b>: {links} (<a href='{self.url}/plots.json'>plots.json</a>)</div>"
 
 
+def default_cluster():
+    """The newest cluster running in this process: what ``wb.dashboard()`` and ``wb.serve_dashboard()`` show."""
+    from ..cluster.cluster import running_clusters
+
+    clusters = running_clusters()
+    if not clusters:
+        raise ConfigurationError("no cluster is running in this kernel: start one (wb.Cluster(...).start()) and pass it.")
+    return clusters[-1]
+
+
 def serve_dashboard(cluster=None, port: int = 0, prefix: str = "", **kwargs) -> DashboardServer:
     """Serve ``cluster``'s dashboards as Bokeh apps on 127.0.0.1 (once per cluster; stopped with it)."""
-    from .live import _default_cluster
-
-    cluster = cluster if cluster is not None else _default_cluster()
+    cluster = cluster if cluster is not None else default_cluster()
     existing = cluster.kept(SERVED_KEY)
     if existing is not None:
         return existing

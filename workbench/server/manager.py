@@ -19,6 +19,7 @@ import psutil
 
 from ..cluster import registry
 from ..cluster.registry import ClusterRecord
+from ..cluster.spec import validate_name
 from ..errors import ConfigurationError, WorkbenchError
 from .models import ClusterInfo, JobNow, PlotLink, StartForm
 
@@ -108,7 +109,7 @@ class ClusterManager:
             spec = StartForm.parse(form)
         except ConfigurationError as exc:
             raise BadRequest(str(exc)) from None
-        name = spec.name or Cluster._validate_name(None)
+        name = spec.name or validate_name(None)
         with self._lock:
             taken = {r.name for r in registry.list_clusters()} | set(self._owned) | self._starting
             if name in taken:

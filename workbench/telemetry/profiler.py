@@ -107,7 +107,7 @@ def _start_servers(cluster, timeout: float) -> dict[str, int]:
     with the same port), so a task restarted on a new engine is traced on its new port.
     """
     from ..cluster.launch import engine_side
-    from ..cluster.launch.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
+    from ..cluster.launch.calls import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
 
     records = cluster.tasks
     try:

@@ -1,11 +1,12 @@
 """Distributed training driven from the notebook kernel."""
 
+from ..errors import ParameterServerLost, TrainingError
 from .allreduce import WorkerOutput, run_spmd
 from .api import train
 from .data import DataContext
 from .estimate import Estimate, estimate
 from .fit import CallbackError
-from .job import Job, ParameterServerLost, TrainingError
+from .job import Job
 from .model_parallel import PlacedModel, Placement, place, placement
 
 __all__ = ["CallbackError", "WorkerOutput", "run_spmd", "DataContext", "Estimate", "estimate", "Job", "ParameterServerLost", "Placement",

@@ -19,13 +19,13 @@ from typing import Any
 
 from ..cluster.health import LOST, RECOVERING
 from ..cluster.launch import engine_side
-from ..cluster.launch.pool import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
-from ..errors import ClusterStateError, ConfigurationError, ControllerLost
+from ..cluster.launch.calls import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
+from ..errors import ClusterStateError, ConfigurationError, ControllerLost, TrainingError
 from ..telemetry.events import ALLREDUCE_APPLY
 from . import allreduce_engine
 from .building import learning_rate_of
 from .evaluation import is_dataset
-from .job import Job, TrainingError
+from .job import Job
 from .recovery import TaskLost
 from .steps import resolve_loss
 from .workers import compute_device

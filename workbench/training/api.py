@@ -158,9 +158,9 @@ def train(
     options is raised here; a queued job is set up when its turn comes (its error then comes from
     ``job.wait()``, and ``job.state`` is ``failed``).
     """
-    from .model_parallel import PlacedModel, _placed_job_class
-
-    if isinstance(model, PlacedModel):
+    # a placed model (wb.place) names the job that trains it: no import of the placing code, which calls train()
+    placed_job = getattr(model, "job_class", None)
+    if placed_job is not None:
         if strategy not in ("async-ps", "model-parallel"):
             raise ConfigurationError(
                 f"a placed model (wb.place) trains with its layers on their tasks, not with strategy={strategy!r}: "
@@ -190,7 +190,7 @@ def train(
         from ..errors import ClusterStateError
 
         raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}. Call cluster.start() first.")
-    job_class = {"allreduce": AllReduceJob, "model-parallel": _placed_job_class()}.get(strategy, Job)
+    job_class = placed_job or {"allreduce": AllReduceJob}.get(strategy, Job)
     fit = FitArguments(validation_data=validation_data, callbacks=callbacks, log_dir=log_dir)
     job = job_class(cluster, model, data, loss, optimizer, options, fit).start(queue=queue)
     if job.state != "queued":

@@ -81,7 +81,7 @@ class AsyncRun(WorkerRun):
 
     def _fail_if_stalled(self) -> None:
         """No worker can take work: wait for dropped ones to answer again, for at most ``step_timeout``."""
-        from .job import TrainingError
+        from ..errors import TrainingError
 
         now = time.monotonic()
         self.stalled_since = self.stalled_since or now

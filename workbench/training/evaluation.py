@@ -122,7 +122,7 @@ def validate_on_workers(job, data: Callable, steps: int | None) -> dict[str, flo
     batches (``data.validation_dataset``), on the variables where they live; combined by examples."""
     import tensorflow as tf
 
-    from .job import TrainingError
+    from ..errors import TrainingError
     from .workers import own_executor
 
     up = [i for i, r in enumerate(job._workers) if job.cluster.task(r.name).state == RUNNING_TASK] or [0]

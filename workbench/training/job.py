@@ -21,7 +21,7 @@ from ..cluster.health import LOST, RECOVERING, SILENT
 from ..cluster.health import RUNNING as RUNNING_TASK
 from ..cluster.jobs import CANCELLED, ENDED, FAILED, FINISHED, QUEUED, RUNNING, STOPPING
 from ..cluster.process import connection
-from ..errors import ClusterStateError, ConfigurationError, WorkbenchError
+from ..errors import ClusterStateError, ConfigurationError, ParameterServerLost, TrainingError, WorkbenchError
 from ..telemetry.recorder import StepRecorder
 from .building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
 from .data import DataContext, evaluation_dataset, training_dataset
@@ -40,14 +40,6 @@ PS_CONFIRM_SECONDS = 1.0  # how long a lost connection is re-checked for a ps th
 TASKS_READY_SECONDS = 120.0  # how long a job's start waits for a task being re-hosted
 MAX_RESTORES = 10  # restores from a checkpoint one job may do before it gives up (a task that keeps dying)
 _JOB_NUMBERS = itertools.count(1)
-
-
-class TrainingError(WorkbenchError):
-    """A training job failed; the message names the task and, where there is one, the checkpoint."""
-
-
-class ParameterServerLost(TrainingError):
-    """A ps task became unreachable and the job does not recover (``recover=False``): its variables lived there."""
 
 
 def _caller_dtype_policy():

@@ -20,7 +20,7 @@ from typing import Any
 from ..cluster.process import connection
 from ..errors import ConfigurationError
 from ..tables import html_table, text_table
-from .placement import variable_devices
+from .placement import task_of, variable_devices
 
 
 def resolve_layout(layer_names: list[str], layout: dict[str, str]) -> dict[str, str]:
@@ -157,11 +157,6 @@ def diagram_svg(layers: list[tuple[str, list[str]]]) -> str:
     return "".join(parts)
 
 
-def _task_of(device: str) -> str:
-    parts = dict(p.split(":", 1) for p in device.strip("/").split("/") if ":" in p)
-    return f"{parts['job']}:{parts['task']}" if "job" in parts and "task" in parts else device or "-"
-
-
 def _layer_rows(model) -> list[PlacementRow]:
     rows = []
     for layer in model.layers:
@@ -171,7 +166,7 @@ def _layer_rows(model) -> list[PlacementRow]:
         for weight in weights:
             devices = variable_devices(weight)  # several for a partitioned variable
             rows.append(PlacementRow(layer.name, weight.name, "x".join(map(str, weight.shape)) or "scalar",
-                                     ", ".join(_task_of(d) for d in devices), ", ".join(devices)))
+                                     ", ".join(task_of(d) for d in devices), ", ".join(devices)))
     return rows
 
 
@@ -225,6 +220,18 @@ class PlacedModel:
             if layer is not None and op.device:
                 found.setdefault(layer, set()).add(op.device)
         return {layer: sorted(devices) for layer, devices in found.items()}
+
+    @property
+    def job_class(self) -> type:
+        """The ``Job`` subclass that trains a placed model (``wb.train`` takes it from here)."""
+        from .placed_job import PlacedJob
+
+        return PlacedJob
+
+    def place_again(self) -> None:
+        """Place the model again on the same tasks (after one of them was re-hosted); ``model`` is then the new one."""
+        again = place(self._source, self.layer_tasks, cluster=self.cluster)
+        self.model, self._epoch = again.model, again._epoch
 
     def train(self, data: Callable, loss: Any, optimizer: Any = "adam", **kwargs):
         """Train the placed model; same arguments as ``wb.train`` except strategy (model parallel)."""
@@ -313,68 +320,3 @@ def placement(target: Any) -> Placement:
     if isinstance(target, keras.Model):
         return Placement(_layer_rows(target))
     raise ConfigurationError(f"wb.placement({type(target).__name__}): pass a placed model (wb.place), a Job or a keras.Model.")
-
-
-def _placed_job_class():
-    from .building import build_optimizer, update_where_the_variable_lives
-    from .job import Job
-    from .steps import StepFunctions, resolve_loss, resolve_metrics
-
-    class PlacedJob(Job):
-        """Training of a ``PlacedModel``: one input pipeline, the layers' tasks in turn, several steps per call.
-
-        The tasks holding layers play the part of ps tasks: if one is lost, the job re-hosts it, places the
-        model again (``placed.model`` is then the new one) and restores its newest checkpoint.
-        """
-
-        _holders = "task holding layers of the placed model"
-
-        def _setup(self, cluster, model: PlacedModel, data, loss, optimizer, options) -> None:
-            self._epoch = connection.connect(cluster, holder=self)
-            connection.check_epoch(model._epoch, "this placed model")
-            self._placed = model
-            self._model_source = model._source
-            self._ps_names = list(dict.fromkeys(_task_of(d) for d in model.layer_devices.values()))
-            self._ps_devices = [f"{cluster.task(n).task.device}/device:CPU:0" for n in self._ps_names]
-            first_task = _task_of(model.input_device)
-            self._workers = [r for r in cluster.tasks if r.name == first_task] or self._workers[:1]
-            self._worker_devices = [model.input_device]
-            self._seed = self._probe_data(data, options)
-            self._loss_fn = resolve_loss(loss)
-            self._build_variables()
-            self._setup_checkpoints(resume=options.resume)
-            self._iterators = [self._make_iterator(0)]
-
-        def _build_variables(self) -> None:
-            import tensorflow as tf
-
-            self._model = self._placed.model
-            self._optimizer = build_optimizer(self._optimizer_source)
-            update_where_the_variable_lives(self._optimizer)
-            self._optimizer.build(self._model.trainable_variables)  # slots are created beside their variables
-            with tf.device(self._placed.input_device):
-                self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
-            self._fns = StepFunctions(self._model, self._optimizer, self._loss_fn, resolve_metrics(self.options.metrics))
-
-        def _restore_state(self) -> int:
-            placed = self._placed
-            again = place(placed._source, placed.layer_tasks, cluster=self.cluster)
-            placed.model, placed._epoch = again.model, again._epoch
-            return super()._restore_state()
-
-        def _async_step_options(self) -> dict:
-            return {"output_device": self._placed.output_device}
-
-        def _run(self) -> None:
-            from .async_ps import AsyncRun
-
-            AsyncRun(self).run()
-
-        @property
-        def info(self) -> dict:
-            info = super().info
-            info.update(layers=dict(self._placed.layer_tasks), input_device=self._placed.input_device,
-                        output_device=self._placed.output_device)
-            return info
-
-    return PlacedJob

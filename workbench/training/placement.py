@@ -6,6 +6,12 @@ import math
 from collections import defaultdict
 
 
+def task_of(device: str) -> str:
+    """``"worker:1"`` for ``/job:worker/replica:0/task:1/device:CPU:0``; the device itself (or ``"-"``) if it names no task."""
+    parts = dict(p.split(":", 1) for p in device.strip("/").split("/") if ":" in p)
+    return f"{parts['job']}:{parts['task']}" if "job" in parts and "task" in parts else device or "-"
+
+
 def tf_variable(variable):
     """The ``tf.Variable`` itself, or the one inside a Keras variable (``.value``)."""
     import tensorflow as tf

@@ -231,7 +231,7 @@ class SyncRun(WorkerRun):
 
     def _check_calls(self) -> None:
         """The ps's call past ``step_timeout``: the job fails, naming what to check; stragglers are flagged."""
-        from .job import TrainingError
+        from ..errors import TrainingError
 
         while self.straggling:
             index, detail = self.straggling.pop(0)

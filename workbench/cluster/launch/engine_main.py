@@ -61,7 +61,7 @@ def engine_app_class() -> type:
     """ipyparallel's ``IPEngine``, or a subclass whose nanny is forked by the warm process."""
     from ipyparallel.engine.app import IPEngine
 
-    from .warm import WarmError, start_forked_nanny
+    from .warm_client import WarmError, start_forked_nanny
 
     class ForkedEngine(IPEngine):
         def start_nanny(self, control_url):
@@ -92,7 +92,7 @@ def _fork_siblings(count: int, args: list[str]) -> None:
         return
     import subprocess
 
-    from .warm import fork_problem
+    from .warm_client import fork_problem
 
     problem = "GPUs are chosen per engine"
     if os.environ.get(PREIMPORT_ENV) == "1":

@@ -28,7 +28,7 @@ from traitlets import Bool, Float, Instance, List, Unicode
 
 from ..process.containment import engine_environment
 from .engine_main import ENGINE_MAIN, WARM_SOCKET_ENV
-from .warm import WarmError, adopt_import_time, request
+from .warm_client import WarmError, adopt_import_time, request
 
 STATUS_POLL = 0.05
 

@@ -8,7 +8,6 @@ ipyparallel cluster the user already runs and never stops them.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -16,184 +15,24 @@ import shutil
 import socket
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from ...errors import ClusterStartError, ClusterStateError, ConfigurationError, EngineStartTimeout
+from ...errors import ClusterStartError, EngineStartTimeout
 from ..process.containment import engine_environment
 from . import batch, mpi, placement_hosts
+from .calls import Deadline, LoopThread
 from .engine_main import ENGINE_MAIN, FORKS_ENV
+from .launchers import FORK_LAUNCHER, LOCAL_LAUNCHERS, controller_args, engine_launcher_class, is_mpi, split_launcher_options
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV
 from .reaper import Reaper, kill_process_trees
 
 POLL_SECONDS = 0.02
 CLUSTER_FILE_PREFIX = "workbench-cluster-"  # ipyparallel's cluster file of a workbench cluster, in the profile's security/
-# The controller's options unless the user's controller_args set them (traitlets refuses an option given twice).
-# The hub confirms a new engine on the heartbeat after the one it first answered: one or two periods.
-# Beat every 100 ms (the default 3 s alone added 3-6 s to every start), and allow as many seconds of
-# missed beats (30) as the default before declaring an engine dead. Schedulers run as threads of the
-# hub, not one process each (bench/controller.py: less memory, same throughput).
-CONTROLLER_DEFAULTS = {"--HeartMonitor.period": "100", "--HeartMonitor.max_heartmonitor_misses": "300",
-                       "--IPController.use_threads": "True"}
-# ipyparallel's local launcher, and the workbench's (entry point "workbench-fork") that wb.Cluster(engines="local") uses
-LOCAL_LAUNCHERS = ("local", "workbench-fork")
-FORK_LAUNCHER = "workbench-fork"
-
-
-def controller_args(given: Iterable[str]) -> list[str]:
-    """The controller's command-line options: the workbench's defaults, then the user's, which win."""
-    given = list(given)
-    named = {arg.split("=", 1)[0] for arg in given}
-    return [f"{key}={value}" for key, value in CONTROLLER_DEFAULTS.items() if key not in named] + given
-
-
-class Deadline:
-    """A time budget shared by the steps of one operation."""
-
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-        self._end = time.monotonic() + seconds
-
-    def remaining(self, floor: float = 0.0) -> float:
-        return max(floor, self._end - time.monotonic())
-
-    @property
-    def expired(self) -> bool:
-        return time.monotonic() >= self._end
-
-
-class RemoteCallFailed(Exception):
-    """A function run on an engine raised; ``engine`` and a one-line ``reason`` say which and why."""
-
-    def __init__(self, engine: int, exc: BaseException):
-        self.engine = engine
-        self.reason = f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}"
-        super().__init__(f"engine {engine}: {self.reason}")
-
-
-class RemoteCallsTimedOut(Exception):
-    """Some engines did not answer before the deadline; ``pending`` lists them."""
-
-    def __init__(self, pending: list[int]):
-        self.pending = pending
-        super().__init__(f"engines {pending} did not answer")
-
-
-def run_on_engines(client, calls: dict[int, tuple], deadline: Deadline, on_progress=None, poll: float = 0.01) -> dict:
-    """Run ``{engine_id: (function, *args)}`` on the engines at once; results by engine id.
-
-    The one way the workbench calls its engines: raises ``RemoteCallFailed`` for the first engine
-    that fails and ``RemoteCallsTimedOut`` when the deadline passes; callers turn those into
-    messages about what they were doing.
-    """
-    pending = {eid: client[eid].apply_async(fn, *args) for eid, (fn, *args) in calls.items()}
-    results: dict = {}
-    while pending:
-        for eid in [e for e, ar in pending.items() if ar.ready()]:
-            try:
-                results[eid] = pending.pop(eid).get(timeout=0)
-            except Exception as exc:  # noqa: BLE001 - becomes RemoteCallFailed naming the engine
-                raise RemoteCallFailed(eid, exc) from None
-        if on_progress is not None:
-            on_progress(len(results), len(calls))
-        if pending and deadline.expired:
-            raise RemoteCallsTimedOut(sorted(pending))
-        if pending:
-            time.sleep(poll)
-    return results
-
-
-class LoopThread:
-    """An asyncio loop in a daemon thread, to drive ipyparallel's async cluster API with timeouts.
-
-    Using our own thread works the same in a script and inside Jupyter's running loop.
-    """
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="workbench-loop", daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine, timeout: float) -> Any:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            future.cancel()
-            raise
-
-    def close(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
-        if not self.loop.is_running():
-            self.loop.close()
-
-
-def engine_launcher_class(name: str) -> type:
-    """ipyparallel's engine launcher class for ``name`` ("local", "mpi", "slurm", ...)."""
-    from ipyparallel.cluster.launcher import find_launcher_class
-    from ipyparallel.traitlets import entry_points
-
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError(f"engines={name!r} is not a launcher name: use e.g. engines='local'.")
-    try:
-        return find_launcher_class(name, "engine")
-    except (KeyError, ImportError, AttributeError):
-        pass
-    if "." in name:  # a full class path, as ipyparallel also accepts
-        module, _, cls = name.rpartition(".")
-        try:
-            return getattr(__import__(module, fromlist=[cls]), cls)
-        except (ImportError, AttributeError):
-            pass
-    known = sorted(ep.name for ep in entry_points(group="ipyparallel.engine_launchers"))
-    raise ConfigurationError(
-        f"engines={name!r} is not a known ipyparallel engine launcher: use one of {', '.join(known)} "
-        "(or a full launcher class path)."
-    )
-
-
-def split_launcher_options(launcher_cls: type, options: dict[str, Any]) -> tuple[dict, dict]:
-    """Split ``**launcher_options`` into ipyparallel ``Cluster`` traits and engine-launcher traits."""
-    from ipyparallel import Cluster as IPPCluster
-
-    cluster_traits = set(IPPCluster.class_trait_names(config=True)) | {"profile", "profile_dir", "controller_ip"}
-    launcher_traits = set(launcher_cls.class_trait_names(config=True))
-    reserved = {"n", "cluster_id", "engine_launcher_class", "engines", "shutdown_atexit"}
-    cluster_kwargs, launcher_kwargs, unknown = {}, {}, []
-    options = dict(options)
-    if "hosts" in options:
-        launcher_kwargs["engines"] = placement_hosts.validate(launcher_cls, options.pop("hosts"))
-    for key, value in options.items():
-        if key in reserved:
-            raise ConfigurationError(f"{key!r} is set by the workbench; leave it out of the launcher options.")
-        if key in cluster_traits:
-            cluster_kwargs[key] = value
-        elif key in launcher_traits:
-            launcher_kwargs[key] = value
-        else:
-            unknown.append(key)
-    if unknown:
-        raise ConfigurationError(
-            f"unknown launcher option(s) {', '.join(map(repr, sorted(unknown)))} for engines launched by "
-            f"{launcher_cls.__name__}. Options it accepts: {', '.join(sorted(launcher_traits))}; and "
-            f"ipyparallel Cluster options: {', '.join(sorted(cluster_traits))}."
-        )
-    return cluster_kwargs, launcher_kwargs
-
-
-def _is_mpi(launcher_cls: type) -> bool:
-    from ipyparallel.cluster.launcher import MPILauncher
-
-    return issubclass(launcher_cls, MPILauncher)
-
-
 def _launcher_pids(launcher: Any) -> list[int]:
     """Local process ids behind an ipyparallel launcher (none for batch-system launchers)."""
     pids = []
@@ -368,7 +207,7 @@ class OwnedPool:
     def _check_mpi(self) -> None:
         """engines='mpi': mpiexec and the engines' mpi4py are there, or a ConfigurationError says what to install."""
         cls = engine_launcher_class(self.launcher)
-        if _is_mpi(cls):
+        if is_mpi(cls):
             mpi.check(self._mpi_cmd(cls), engines_use_this_python="engine_cmd" not in self._launcher_kwargs)
 
     def _mpi_cmd(self, cls: type) -> list[str]:
@@ -390,7 +229,7 @@ class OwnedPool:
             else:
                 kwargs["fork"] = False  # refused before: no second warm process, no second notice
         cls = self._ipp.engine_launcher_class
-        if _is_mpi(cls):
+        if is_mpi(cls):
             given = list(kwargs.get("mpi_args", []))
             added, notices = mpi.added_args(self._mpi_cmd(cls), given, n)
             kwargs["mpi_args"] = [*added, *given]
@@ -551,64 +390,23 @@ class OwnedPool:
         return getattr(self._ipp, "profile_dir", "") if self._ipp else ""
 
 
-class AttachedPool:
-    """Engines of an ipyparallel cluster the user runs; the workbench never stops them."""
+def owned_pool_factory(name: str, engines: str, controller_ip: str | None, engine_env: Callable[[], dict[str, str]],
+                       preimport: bool, launcher_options: dict[str, Any]) -> tuple[Callable[[], OwnedPool], bool]:
+    """How a cluster's own engines will start, checked now (a wrong launcher or option fails at construction).
 
-    owned = False
-    lifeline = ""
+    Returns a factory of the ``OwnedPool`` (called by ``start()``) and whether its engines are forked from a
+    warm process (``engines="local"`` unless ``fork=False``). ``engine_env`` is read when the pool is made.
+    """
+    ipp_launcher = FORK_LAUNCHER if engines == "local" else engines  # local engines are forks (fork_launcher.py)
+    cluster_kwargs, launcher_kwargs = split_launcher_options(engine_launcher_class(ipp_launcher), launcher_options)
+    if controller_ip is None:
+        controller_ip = "127.0.0.1" if engines in LOCAL_LAUNCHERS else ""
 
-    def __init__(self, client: Any, *, close_client: bool, launcher: str = "existing", cluster: Any = None):
-        self.client = client
-        self.launcher = launcher
-        self._close_client = close_client
-        self._cluster = cluster
-        self.name = getattr(cluster, "cluster_id", "") or getattr(client, "_cluster_id", "") or ""
-        self.controller_ip = getattr(cluster, "controller_ip", "") or "127.0.0.1"
+    def factory() -> OwnedPool:
+        return OwnedPool(name=name, launcher=ipp_launcher, controller_ip=controller_ip, engine_env=engine_env(),
+                         preimport=preimport, cluster_kwargs=cluster_kwargs, launcher_kwargs=launcher_kwargs)
 
-    def watch(self, pids: Iterable[int]) -> None:
-        pass
-
-    def remove_on_death(self, path: str) -> None:
-        pass
-
-    controller_pids: list[int] = []
-
-    def health_reports(self) -> Iterator[dict]:
-        """Borrowed engines hold no lifeline to this client: their health is read from the controller (``status()``)."""
-        return iter(())
-
-    def start(self, deadline: Deadline) -> None:
-        pass
-
-    def add_engines(self, n: int, deadline: Deadline, on_progress, exclude: Iterable[int] = ()) -> list[int]:
-        """Take ``n`` idle engines, waiting until enough registered."""
-        taken = set(exclude)
-        while True:
-            idle = sorted(set(self.client.ids) - taken)
-            on_progress(min(len(idle), n), n)
-            if len(idle) >= n:
-                return idle[:n]
-            if deadline.expired:
-                raise ClusterStateError(
-                    f"the attached ipyparallel cluster has {len(idle)} idle engine(s) but {n} are needed; "
-                    "start more engines there (e.g. `ipcluster engines -n N` or cluster.start_engines_sync(N)) "
-                    "or ask for fewer tasks."
-                )
-            time.sleep(POLL_SECONDS)
-
-    def remove_engines(self, engine_ids: list[int], pids: list[int], deadline: Deadline) -> None:
-        from . import engine_side
-
-        if engine_ids:
-            self.client[engine_ids].apply_async(engine_side.release).get(timeout=deadline.remaining(1))
-
-    def close(self, timeout: float = 60.0) -> None:
-        if self._close_client and self.client is not None:
-            self.client.close()
-        self.client = None
-
-    cluster_file = ""
-    profile_dir = ""
+    return factory, ipp_launcher == FORK_LAUNCHER and launcher_kwargs.get("fork", True)
 
 
 def local_hostnames() -> set[str]:
@@ -618,30 +416,3 @@ def local_hostnames() -> set[str]:
     except OSError:
         pass
     return names
-
-
-def attach_client(source: Any, profile: str | None, cluster_id: str | None, timeout: float) -> tuple[Any, bool, Any]:
-    """An ipyparallel ``Client`` for ``from_existing``: (client, we_created_it, ipp_cluster_or_None)."""
-    import ipyparallel as ipp
-
-    if isinstance(source, ipp.Client):
-        return source, False, getattr(source, "cluster", None)
-    if isinstance(source, ipp.Cluster):
-        return source.connect_client_sync(), True, source
-    if source is not None:
-        raise ConfigurationError(
-            f"cannot attach to {type(source).__name__}: pass an ipyparallel.Cluster, an ipyparallel.Client, "
-            "or profile=/cluster_id= of a running ipyparallel cluster."
-        )
-    kwargs = {}
-    if profile:
-        kwargs["profile"] = profile
-    if cluster_id is not None:
-        kwargs["cluster_id"] = cluster_id
-    try:
-        return ipp.Client(timeout=timeout, **kwargs), True, None
-    except (OSError, TimeoutError) as exc:
-        raise ClusterStartError(
-            f"could not connect to an ipyparallel cluster (profile={profile!r}, cluster_id={cluster_id!r}): {exc}. "
-            "Start one first (`ipcluster start -n N`) or pass the ipyparallel.Cluster object."
-        ) from exc

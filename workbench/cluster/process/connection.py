@@ -24,7 +24,7 @@ import warnings
 import weakref
 
 from ... import native_logs
-from ...errors import ClusterStateError, ExposedPortsWarning
+from ...errors import ClusterStateError, ConfigurationError, ExposedPortsWarning
 from . import bind_hook, client_files, containment
 
 _LOCK = threading.Lock()
@@ -50,6 +50,23 @@ def connect_problem(address: str, timeout: float) -> str:
             return ""
     except OSError as exc:
         return str(exc) or type(exc).__name__
+
+
+def device_scope(cluster, record, device_type: str, index: int):
+    """``cluster.device(...)``: a ``tf.device`` scope on the task of ``record``, this kernel connected first."""
+    import tensorflow as tf
+
+    device_type = device_type.upper()
+    if device_type not in ("CPU", "GPU"):
+        raise ConfigurationError(f"device_type={device_type!r}: use 'CPU' or 'GPU'.")
+    name = f"{record.task.device}/device:{device_type}:{index}"
+    if record.devices and name not in record.devices:
+        raise ConfigurationError(
+            f"{record.name} has no device {device_type}:{index}: its devices are "
+            f"{', '.join(d.rsplit('/device:', 1)[-1] for d in record.devices)}.")
+    cluster.job_queue.require_idle(f"place work on {record.name}")
+    connect(cluster)
+    return tf.device(name)
 
 
 def connect(cluster, timeout: float = 60.0, holder=None) -> int:

@@ -1,0 +1,170 @@
+"""The package's layout, checked from its own source: no import circles, small modules, rooms that import downward.
+
+Imports are read with ``ast`` (nothing is imported): every ``import`` and ``from ... import`` of a
+``workbench`` module, at module level or inside a function (a lazy import still ties two modules
+together), except those under ``if TYPE_CHECKING:``, which never run. ``from package import name``
+counts as an import of the module ``package.name`` where that is a module, else of the package.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "workbench"
+MAX_LINES = 500
+MAX_CLUSTER_TOP = 10  # modules directly in workbench/cluster/, __init__.py included
+# workbench/cluster/'s rooms, top to bottom: each may import the rooms below it, never one above or beside it
+CLUSTER_ROOMS = {"face": {"launch", "network", "process", "machine"}, "launch": {"process", "machine"},
+                 "network": {"process", "machine"}, "process": {"machine"}, "machine": set()}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "labextension" in path.parts:
+            continue
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _import_nodes(tree: ast.AST):
+    """Every import statement, skipping the bodies of ``if TYPE_CHECKING:``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            yield from (n for child in node.orelse for n in _import_nodes_of(child))
+            continue
+        yield from _import_nodes_of(node)
+
+
+def _import_nodes_of(node: ast.AST):
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        yield node
+    else:
+        yield from _import_nodes(node)
+
+
+def _resolve(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str) -> set[str]:
+    """The workbench modules ``module`` imports."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    targets = set()
+    for node in _import_nodes(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        targets |= {t for t in map(_resolve, (n for n in names if n.split(".")[0] == "workbench")) if t and t != module}
+    return targets
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan), each as a path that closes on itself."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_the_walker_sees_lazy_imports_and_skips_type_checking_ones():
+    # the walker itself, on the package's own files: a function-level import is an edge, a type-only one is not
+    assert "workbench.cluster.launch.engine_side" in GRAPH["workbench.telemetry.profiler"]  # imported in a function
+    assert "workbench.training.model_parallel" not in GRAPH["workbench.training.placed_job"]  # under TYPE_CHECKING
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circles():
+    circles = _circles(GRAPH)
+    detail = "; ".join(" <-> ".join(group) for group in circles)
+    assert not circles, f"import circles (move what both sides need to a module both import): {detail}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_modules_stay_small(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{module} has {lines} lines (at most {MAX_LINES}): split it by what its parts do"
+
+
+def test_cluster_top_level_is_its_face():
+    top = sorted(p.name for p in (PACKAGE / "cluster").glob("*.py"))
+    assert len(top) <= MAX_CLUSTER_TOP, f"workbench/cluster/ holds {len(top)} modules: {top}"
+    rooms = sorted(p.name for p in (PACKAGE / "cluster").iterdir() if (p / "__init__.py").exists())
+    assert rooms == sorted(set(CLUSTER_ROOMS) - {"face"})
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["workbench", "cluster"]:
+        return None
+    if len(parts) > 3 or (len(parts) == 3 and MODULES[module].name == "__init__.py"):
+        return parts[2]
+    return "face"
+
+
+def test_cluster_rooms_import_downward():
+    wrong = [f"{module} -> {target}" for module, targets in sorted(GRAPH.items()) for target in sorted(targets)
+             if _room(module) and _room(target) and _room(target) != _room(module)
+             and _room(target) not in CLUSTER_ROOMS[_room(module)]]
+    assert not wrong, "imports against the direction face -> launch/network -> process -> machine: " + "; ".join(wrong)
+
+
+@pytest.mark.parametrize("room", sorted(set(CLUSTER_ROOMS) - {"face"}))
+def test_each_room_says_what_it_owns(room):
+    doc = ast.get_docstring(ast.parse((PACKAGE / "cluster" / room / "__init__.py").read_text())) or ""
+    assert "import" in doc and len(doc) > 200, f"cluster/{room}/__init__.py must say what it owns and may import"
+
+
+def test_no_submodule_imports_the_package_itself():
+    # `from .. import x` inside workbench ties every module to workbench/__init__.py, which imports them all
+    offenders = sorted(m for m, targets in GRAPH.items() if "workbench" in targets and m != "workbench")
+    assert not offenders, f"import from workbench's own modules instead of the package: {offenders}"
