@@ -1,8 +1,9 @@
 """Giving engines their TensorFlow tasks, and giving a task a new engine when its own was lost.
 
-``TaskHosting`` is the part of ``wb.Cluster`` that talks to the engines about their tasks: probe
-them, import TensorFlow with the right GPUs, start one server per task, check what they listen on,
-and re-host a task on a fresh engine (``replace_task``) after a crash, a hang or a kill.
+``TaskHosting`` (held by the cluster as ``cluster.hosting``) talks to the engines about their tasks:
+brings the pool up (``bring_up``) and down (``tear_down``), adds and drops workers (``scale``), probes
+engines, imports TensorFlow with the right GPUs, starts one server per task, checks what they listen
+on, and re-hosts a task on a fresh engine (``replace_task``) after a crash, a hang or a kill.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from .evaluation import check_validation_data
 from .fit import FitArguments, check_callbacks
 from .job import Job
 from .options import TrainOptions, resolve_epochs, validate
+from .ps_job import PsJob
 
 
 def train(
@@ -190,7 +191,7 @@ def train(
         from ..errors import ClusterStateError
 
         raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}. Call cluster.start() first.")
-    job_class = placed_job or {"allreduce": AllReduceJob}.get(strategy, Job)
+    job_class = placed_job or {"allreduce": AllReduceJob}.get(strategy, PsJob)
     fit = FitArguments(validation_data=validation_data, callbacks=callbacks, log_dir=log_dir)
     job = job_class(cluster, model, data, loss, optimizer, options, fit).start(queue=queue)
     if job.state != "queued":

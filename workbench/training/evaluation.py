@@ -123,6 +123,7 @@ def validate_on_workers(job, data: Callable, steps: int | None) -> dict[str, flo
     import tensorflow as tf
 
     from ..errors import TrainingError
+    from .recovery import classify
     from .workers import own_executor
 
     up = [i for i, r in enumerate(job._workers) if job.cluster.task(r.name).state == RUNNING_TASK] or [0]
@@ -155,5 +156,5 @@ def validate_on_workers(job, data: Callable, steps: int | None) -> dict[str, flo
             raise TrainingError(f"validation on {name} did not finish within step_timeout={job.options.step_timeout:.0f} s: "
                                 "lower validation_steps, or raise step_timeout.")
         if isinstance(part, Exception):
-            raise job._classify(part, f"{name} (validating)")
+            raise classify(job, part, f"{name} (validating)")
     return combine_parts([parts[i] for i in up], job.metric_names)

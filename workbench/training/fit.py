@@ -115,7 +115,7 @@ class EpochLoop:
         import keras
 
         arguments = arguments or FitArguments()
-        self._job = weakref.ref(job)  # not a cycle: an ended job nobody holds is freed at once (see Job._drive)
+        self._job = weakref.ref(job)  # not a cycle: an ended job nobody holds is freed at once (see driver.drive)
         self.validation_data = arguments.validation_data
         self.user_callbacks = list(arguments.callbacks)
         users_history = [c for c in self.user_callbacks if isinstance(c, keras.callbacks.History)]

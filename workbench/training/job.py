@@ -1,10 +1,10 @@
-"""A training job on a cluster: set-up in the kernel, steps on the workers, variables on the ps tasks.
+"""A training job on a cluster (``wb.Job``): its life from submission to its end, whatever the strategy.
 
-The kernel schedules; it never carries the data or the per-step parameters. Each worker has a
-thread in the kernel bound to it, so the job knows which worker ran each step, gives each worker
-its own shard of the data, and can treat the workers differently (backup workers in sync-ps).
-The loops themselves are in ``async_ps.py`` and ``sync_ps.py``; what happens when a task fails,
-in ``recovery.py``.
+The job waits its turn in the cluster's queue, runs in a thread of its own (``driver.py``), keeps
+one record per step (``history``), the faults of its tasks (``faults``, from ``recovery.py``) and
+the checkpoints due, and reports progress to the dashboards. What a strategy builds and runs is
+its subclass's: ``ps_job.PsJob`` (variables on the ps tasks, loops in ``async_ps.py`` and
+``sync_ps.py``), ``placed_job.PlacedJob``, ``allreduce.AllReduceJob``.
 """
 
 from __future__ import annotations
@@ -13,32 +13,20 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
-from .. import native_logs
-from ..cluster.health import LOST, RECOVERING, SILENT
-from ..cluster.health import RUNNING as RUNNING_TASK
-from ..cluster.jobs import CANCELLED, ENDED, FAILED, FINISHED, QUEUED, RUNNING, STOPPING
-from ..cluster.process import connection
-from ..errors import ClusterStateError, ConfigurationError, ParameterServerLost, TrainingError, WorkbenchError
+from ..cluster.health import SILENT
+from ..cluster.jobs import CANCELLED, ENDED, QUEUED, RUNNING, STOPPING
+from ..errors import TrainingError
 from ..telemetry.recorder import StepRecorder
-from .building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
-from .data import DataContext, evaluation_dataset, training_dataset
-from .evaluation import batch_function, check_evaluation_data, evaluate_dataset, is_dataset, validate_on_workers
+from .driver import TASKS_READY_SECONDS, drive
+from .evaluation import batch_function, check_evaluation_data, evaluate_dataset, is_dataset
 from .fit import EpochLoop, FitArguments
-from .options import TrainOptions, validate
-from .packing import packing_for
-from .placement import PsPlacer, optimizer_targets, shards_of, tf_variable
-from .recovery import Supervisor, TaskLost
-from .steps import StepFunctions, resolve_loss, resolve_metrics
-from .workers import compute_device, input_device
+from .options import TrainOptions
+from .placement import PsPlacer
+from .recovery import Supervisor, TaskLost, classify
+from .steps import resolve_metrics
 
-# Errors that mean "a task went away", as opposed to a bug in the model or data functions.
-_INFRASTRUCTURE_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError", "InternalError")
-PS_CONFIRM_SECONDS = 1.0  # how long a lost connection is re-checked for a ps that is going away
-TASKS_READY_SECONDS = 120.0  # how long a job's start waits for a task being re-hosted
-MAX_RESTORES = 10  # restores from a checkpoint one job may do before it gives up (a task that keeps dying)
 _JOB_NUMBERS = itertools.count(1)
 
 
@@ -46,18 +34,6 @@ def _caller_dtype_policy():
     import keras
 
     return keras.config.dtype_policy()
-
-
-def _use_dtype_policy(policy) -> None:
-    """Keras's global dtype policy (mixed precision) lives per thread: the job's thread takes its caller's."""
-    import keras
-
-    keras.config.set_dtype_policy(policy)
-
-
-def is_infrastructure_error(exc: BaseException) -> bool:
-    """An error that says a task went away (or cannot be reached), not a bug in the model or data."""
-    return type(exc).__name__ in _INFRASTRUCTURE_ERRORS
 
 
 class Job:
@@ -71,6 +47,12 @@ class Job:
     ``history`` holds one record per step; ``evaluate(data)`` runs on the trained variables; ``model``
     is a local Keras model with the trained weights; ``faults`` lists the tasks lost, hung or
     straggling during the job and what was done about it.
+
+    The life of a job (queue, thread, records, faults, checkpoints due, waiting and stopping) is here;
+    each strategy's class builds and runs it: ``PsJob`` (async-ps, sync-ps; ``PlacedJob`` for a placed
+    model) and ``AllReduceJob``. They provide ``_setup`` (called in the job's thread when its turn
+    comes), ``_run`` (the steps), ``_save`` and ``_restore_state`` (checkpoints), and ``model`` and
+    the evaluation hooks (``_evaluate_data_function``, ``_example_rank``, ``_callback_model``, ``_validate``).
     """
 
     _holders = "parameter server"  # what the tasks whose loss needs a restore are, in messages
@@ -115,93 +97,7 @@ class Job:
                                       cluster.clock_offsets() if options.telemetry else None)
         self._started = time.time()
         self._loop = EpochLoop(self, fit)  # epochs, validation, Keras callbacks, TensorBoard
-        self._thread = threading.Thread(target=self._drive, name=f"workbench-job-{self.name}", daemon=True)
-
-    def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions) -> None:
-        """Parameter-server strategies: variables on the ps tasks, steps driven from this kernel."""
-        self._epoch = connection.connect(cluster, holder=self)
-        ps_tasks = [r for r in cluster.tasks if r.job == "ps"]
-        if not ps_tasks:
-            raise ConfigurationError(
-                f"strategy={options.strategy!r} keeps the variables on ps tasks, and cluster {cluster.name!r} has none: "
-                "start it with ps=1 or more."
-            )
-        self._ps_devices = [f"{r.task.device}/device:CPU:0" for r in ps_tasks]
-        self._ps_names = [r.name for r in ps_tasks]
-        self._worker_devices = [compute_device(r) for r in self._workers]  # a worker's GPU where it has one
-        self._seed = self._probe_data(data, options)
-        self._loss_fn = resolve_loss(loss)
-        self._build_variables()
-        self._setup_checkpoints(resume=options.resume)
-        self._iterators = [self._make_iterator(i) for i in range(len(self._worker_devices))]
-
-    def _build_variables(self) -> None:
-        """The model, the optimizer and the step counter, with their variables on the ps tasks; the step functions."""
-        import tensorflow as tf
-
-        self.placer = PsPlacer(self._ps_devices, self.options.partition_bytes)
-        with tf.variable_creator_scope(self.placer):
-            self._model = build_model(self._model_source, tf.zeros(self._example_shape, self._example_dtype))
-            targets, splits = optimizer_targets(self._model.trainable_variables)
-            self._optimizer = build_optimizer(self._optimizer_source)
-            update_where_the_variable_lives(self._optimizer)
-            self._optimizer.build(targets)
-            with tf.device(self._ps_devices[0]):
-                self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
-        self._fns = StepFunctions(self._model, self._optimizer, self._loss_fn, resolve_metrics(self.options.metrics),
-                                  targets, splits, packing_for(self._model, targets, self.options.transfer))
-        if self.options.transfer != "fp32" and self._fns.packing is None:
-            raise ConfigurationError(
-                f"transfer={self.options.transfer!r} needs a model whose trainable variables are all Keras "
-                "variables (it runs on the received values through keras.StatelessScope); this one has others. "
-                "Build it from Keras layers, or leave transfer='fp32'.")
-
-    def _probe_data(self, data: Callable, options: TrainOptions) -> int:
-        """Seed Keras, learn the example shape from the data function; return the data seed."""
-        seed = 0 if options.seed is None else options.seed
-        if options.seed is not None:
-            seed_initializers(options.seed)
-        probe = data(DataContext(0, options.num_workers, options.per_worker_batch, seed))
-        example = training_dataset(lambda _ctx: probe, DataContext(0, 1, 1, seed)).element_spec[0]
-        self._example_shape, self._example_dtype = [1, *example.shape[1:]], example.dtype
-        return seed
-
-    def _setup_checkpoints(self, resume: bool) -> None:
-        import tensorflow as tf
-
-        self._checkpoint = None
-        if self.options.checkpoint_dir:
-            if self.placer is not None and self.placer.partitioned:
-                # a Keras model cannot checkpoint a partitioned variable itself: save the shards
-                weights = [shard for w in self._model.weights for shard in shards_of(w)]
-                self._checkpoint = tf.train.Checkpoint(weights=weights, optimizer=self._optimizer, step=self._step)
-            else:
-                self._checkpoint = tf.train.Checkpoint(model=self._model, optimizer=self._optimizer, step=self._step)
-            with tf.device(self._ps_devices[0]):
-                self._checkpoint.save_counter  # noqa: B018 - made now, on the ps (see _save)
-            self._manager = tf.train.CheckpointManager(self._checkpoint, self.options.checkpoint_dir, max_to_keep=3)
-            if resume:
-                self._restore(self._manager.latest_checkpoint)
-                self.start_step = int(self._step.numpy())
-
-    def _restore(self, path: str) -> None:
-        self._checkpoint.restore(path).expect_partial()
-        self.last_checkpoint = path
-
-    def _make_iterator(self, index: int):
-        """The input pipeline of worker ``index``, built and run on that worker."""
-        import tensorflow as tf
-
-        ctx = DataContext(index, len(self._worker_devices), self.options.per_worker_batch, self._seed)
-        make = tf.function(lambda: training_dataset(self._data, ctx), autograph=False).get_concrete_function()
-        with tf.device(input_device(self._workers[index])):
-            return iter(make())
-
-    def rebuild_worker(self, index: int) -> None:
-        """Worker ``index`` was re-hosted: what the job kept on it (its input pipeline) is made again there."""
-        self._iterators[index] = self._make_iterator(index)
-        if getattr(self, "_fns", None) is not None:
-            self._fns.forget_worker(self._worker_devices[index])
+        self._thread = threading.Thread(target=drive, args=(self,), name=f"workbench-job-{self.name}", daemon=True)
 
     # -- public ------------------------------------------------------------------------------
 
@@ -385,44 +281,16 @@ class Job:
         check_evaluation_data(data)
         return self._evaluate_data_function(data or self._data, batch_size)
 
-    def _evaluate_data_function(self, data: Callable, batch_size: int) -> dict[str, float]:
-        """One pass of ``data(ctx)`` on ``worker:0``, on the trained variables where they live."""
-        import tensorflow as tf
-
-        connection.check_epoch(self._epoch, "this job")
-        seed = 0 if self.options.seed is None else self.options.seed
-        self._fns.build_evaluate(tf.autograph.experimental.do_not_convert(lambda: evaluation_dataset(data, batch_size, seed)))
-        with tf.device(self._worker_devices[0]):
-            values, count = self._fns.evaluate()
-        values = values.numpy().tolist()
-        return {"loss": values[0], **dict(zip(self.metric_names, values[1:])), "examples": int(count.numpy())}
-
     def _evaluate_here(self, dataset, batch_size: int) -> dict[str, float]:
         return evaluate_dataset(self.model, dataset, self._loss_fn, resolve_metrics(self.options.metrics),
                                 self._example_rank(), batch_size)
 
-    def _example_rank(self) -> int:
-        return len(self._example_shape)
-
     # -- what the epoch loop asks (fit.py) -----------------------------------------------------
 
-    def _callback_model(self):
-        """The callbacks' model: the job's own, whose variables live on the tasks, compiled like the job (on the
-        first ps: its loss tracker's variables too), so that what a callback reads or sets is read or set there."""
-        import tensorflow as tf
-
-        model = self._model
-        if not getattr(model, "compiled", False):
-            with tf.device(self._ps_devices[0]):
-                model.compile(optimizer=self._optimizer, loss=self._loss_source, metrics=list(self.options.metrics))
-        return model, None
-
-    def _validate(self, data: Any, steps: int | None) -> dict[str, float]:
-        """Validation at an epoch's end, on the trained variables where they live: a data function on every
-        worker at once (each its share of the batches), a dataset in this kernel."""
-        if is_dataset(data):
-            return self._evaluate_on(self._model, data, steps)
-        return validate_on_workers(self, data, steps)
+    @property
+    def model(self):
+        """A local Keras model (in this kernel, no cluster needed) holding the trained weights."""
+        raise NotImplementedError(f"{type(self).__name__} says how its model is built")
 
     def _evaluate_on(self, model, dataset, steps: int | None = None) -> dict[str, float]:
         cached = getattr(self, "_dataset_batch", None)
@@ -448,25 +316,6 @@ class Job:
         its last step, at the end of epoch ``job.epoch``."""
         return self._loop.stopped_early
 
-    @property
-    def model(self):
-        """A local Keras model (in this kernel, no cluster needed) holding the trained weights."""
-        import tensorflow as tf
-
-        weights = self._local_weights
-        if weights is None:
-            connection.check_epoch(self._epoch, "this job")
-            weights = self._read_weights()
-        with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
-            local = build_model(self._model_source, tf.zeros(self._example_shape, self._example_dtype))
-        local.set_weights(weights)
-        return local
-
-    def _read_weights(self) -> list:
-        import tensorflow as tf
-
-        return [tf.convert_to_tensor(tf_variable(w)).numpy() for w in self._model.weights]
-
     # -- the kernel's connection ---------------------------------------------------------------
 
     def settle(self, timeout: float) -> str | None:
@@ -479,118 +328,10 @@ class Job:
             self._thread.join(timeout)
         return f"job {self.name} runs" if self._thread.is_alive() and self.state not in ENDED else None
 
-    def release_remote(self) -> None:
-        """The kernel connects elsewhere: keep the trained weights here (``job.model``), drop what lived on the tasks."""
-        if self._local_weights is None and getattr(self, "_model", None) is not None:
-            try:
-                self._local_weights = self._read_weights()
-            except Exception:  # noqa: BLE001 - the tasks are gone (a stopped cluster): job.model then says so
-                pass
-        for name in ("_model", "_optimizer", "_step", "_fns", "_iterators", "_checkpoint", "_manager"):
-            if hasattr(self, name):
-                setattr(self, name, None)
-
     def __repr__(self) -> str:
         return f"<workbench.Job {self.name} {self.state}: {self.steps_done}/{self.options.steps - self.start_step} steps>"
 
     # -- the driver --------------------------------------------------------------------------
-
-    def _async_step_options(self) -> dict:
-        return {}
-
-    def _run(self) -> None:
-        from .async_ps import AsyncRun
-        from .sync_ps import SyncRun
-
-        (AsyncRun if self.options.strategy == "async-ps" else SyncRun)(self).run()
-
-    def _drive(self) -> None:
-        """The job's thread: set up (now that the cluster is this job's), train, end, hand the cluster on."""
-        self._supervisor = Supervisor(self)
-        state = FAILED
-        try:
-            try:
-                self._prepare()
-                self._loop.begin()  # the callbacks' on_train_begin: a mistake there is raised by wb.train too
-            except BaseException as exc:
-                self._setup_error = exc if isinstance(exc, Exception) else self._as_error(exc)
-                raise
-            self._set_up.set()
-            self._train_with_recovery()
-            stopped = self._stop.is_set()
-            self._loop.end(finished=not stopped)  # on_train_end: a callback raising there fails the job
-            state = CANCELLED if stopped else FINISHED
-        except BaseException as exc:  # noqa: BLE001 - kept for wait() to raise in the caller's thread
-            if self._stop.is_set():
-                state = CANCELLED  # what a stop interrupted is not the job's error
-            else:
-                self.error = self._setup_error or self._as_error(exc)
-        finally:
-            if state != FINISHED:
-                self._end_loop_quietly()
-            self._supervisor.close()
-            self._supervisor = None  # no cycle left: an ended job nobody holds is freed at once, TF state and all
-            try:
-                self._report_progress(state)
-                self._trim_engines()
-            finally:
-                self.state = state
-                self.cluster.job_queue.ended(self)  # before waiters wake: the cluster is free, or the next job's
-                self._end(state)
-
-    def _end_loop_quietly(self) -> None:
-        """A job that failed or was stopped: no ``on_train_end`` (as ``model.fit`` on an error), files closed."""
-        try:
-            self._loop.end(finished=False)
-        except Exception:  # noqa: BLE001 - the job's own error is the one to report
-            pass
-
-    def _prepare(self) -> None:
-        """The set-up of ``wb.train``, done when the job's turn comes: the cluster's workers are those of now."""
-        cluster, options = self.cluster, self.options
-        if cluster.state != "running":
-            raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}.")
-        self._tasks_ready()
-        if options.strategy != "model-parallel":
-            self._workers = [r for r in cluster.tasks if r.job == "worker"]
-            if len(self._workers) != options.num_workers:  # scaled while the job waited in the queue
-                self.options = options = validate(replace(options, num_workers=len(self._workers)))
-        _use_dtype_policy(self._dtype_policy)
-        self._setup(cluster, self._model_source, self._data, self._loss_source, self._optimizer_source, options)
-
-    def _tasks_ready(self) -> None:
-        """Begin on tasks that serve: wait for a re-hosting still under way (the previous job lost a worker and
-        ended before it was back), and re-host a task found lost (``recover``) or say which one is."""
-        if not self.cluster.settle(TASKS_READY_SECONDS):
-            raise ClusterStateError(f"cluster {self.cluster.name!r} was still starting, scaling or re-hosting a task after "
-                                    f"{TASKS_READY_SECONDS:.0f} s: check cluster.status().")
-        down = [r for r in self.cluster.tasks if r.state in (LOST, RECOVERING)
-                or (r.state == RUNNING_TASK and connection.connect_problem(r.address, 2.0))]
-        for record in down:
-            if not self.options.recover:
-                raise ClusterStateError(
-                    f"{record.name} of cluster {self.cluster.name!r} is lost ({record.note or 'its server refuses connections'})"
-                    f": re-host it with cluster.replace_task({record.name!r}), or train with recover=True.")
-            self.cluster.replace_task(record.name, refresh_connection=self._uses_connection)
-
-    def _train_with_recovery(self) -> None:
-        while True:
-            try:
-                self._run()
-                if self.options.checkpoint_dir and not self._stop.is_set():
-                    self._save_or_lost()
-                return
-            except TaskLost as lost:
-                if not self.options.recover or self._stop.is_set():
-                    raise lost.error from None
-                self._recover_state(lost)
-
-    def _as_error(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, WorkbenchError):
-            return exc
-        if isinstance(exc, Exception):
-            return self._classify(exc, "the job's driver")
-        return TrainingError(f"training failed: {type(exc).__name__}: {exc}")
 
     def _trim_engines(self) -> None:
         """Return what the job's engines freed to the system (a memory-capped container counts it); no waiting."""
@@ -606,21 +347,6 @@ class Job:
 
     # -- checkpoints, faults and records -------------------------------------------------------
 
-    def _save(self) -> None:
-        import tensorflow as tf
-
-        with self._lock:
-            done = len(self._history)  # the records (in the order they came) that this checkpoint includes
-        self._step.assign(self.start_step + done)
-        with tf.device(self._ps_devices[0]):
-            # TensorFlow saves a checkpoint that spans two tasks with a new tf.function each time, and
-            # registers it on every task, holding the GIL: a stopped worker froze the whole kernel. Its
-            # bookkeeping ("/cpu:0": the save counter, the object graph) goes on the first ps here, so
-            # that with one ps a save is plain ops on that ps; with more, no save starts while a task
-            # is silent (checkpoint_due).
-            self.last_checkpoint = self._manager.save(checkpoint_number=self.start_step + done)
-        self._saved_records[self.last_checkpoint] = done
-
     def _save_or_lost(self) -> None:
         """``_save()``; a save that found a ps gone raises ``TaskLost`` (the job then restores, or fails)."""
         try:
@@ -628,7 +354,7 @@ class Job:
         except TaskLost:
             raise
         except Exception as exc:  # noqa: BLE001 - classified
-            raise self._classify(exc, "the job's checkpointing") from None
+            raise classify(self, exc, "the job's checkpointing") from None
 
     def checkpoint_due(self, next_at: int) -> int:
         """Save if ``next_at`` steps are done (then return the next multiple to save at); else return ``next_at``."""
@@ -649,82 +375,6 @@ class Job:
         with self._lock:
             done = {r["step"] for r in self._history}
         return [step for step in range(self.start_step, self.options.steps) if step not in done]
-
-    def lost_ps(self) -> list[str]:
-        """The ps tasks that are gone: their engines exited (health), or their servers refuse connections."""
-        records = {r.name: r for r in self.cluster.tasks}
-        return [name for name in self._ps_names if name not in records or records[name].state in (LOST, RECOVERING)
-                or connection.connect_problem(records[name].address, 2.0)]
-
-    def _classify(self, exc: BaseException, where: str) -> BaseException:
-        """A remote call's error: ``TaskLost`` if a ps is gone, a ``ClusterStateError`` for a lost worker, else a bug."""
-        if not is_infrastructure_error(exc):
-            return TrainingError(f"a step on {where} failed: {type(exc).__name__}: {getattr(exc, 'message', exc)}"
-                                 f"{native_logs.hint()}")
-        lost = self.lost_ps()
-        deadline = time.monotonic() + PS_CONFIRM_SECONDS
-        while not lost and time.monotonic() < deadline and not self._engine_exited(where):
-            # A ps being killed drops its connections a moment before its listening port closes (and
-            # before its engine counts as exited): look again before calling it something else.
-            time.sleep(0.1)
-            lost = self.lost_ps()
-        if lost:
-            return self._ps_lost(lost)
-        return ClusterStateError(f"{where} was lost: {type(exc).__name__}.{native_logs.hint()}")
-
-    def _engine_exited(self, task: str) -> bool:
-        """The health monitor saw ``task``'s engine exit: its own loss explains the failed call (no ps to confirm)."""
-        records = {r.name: r for r in self.cluster.tasks}
-        return task in records and records[task].state == LOST
-
-    def _ps_lost(self, lost: list[str]) -> TaskLost:
-        step = self.start_step + self.steps_done
-        where = (f"resume from {self.last_checkpoint} with wb.train(..., resume=True) on a new cluster"
-                 if self.last_checkpoint else "no checkpoint was written (pass checkpoint_dir= and checkpoint_every=)")
-        names = ", ".join(lost)
-        error = ParameterServerLost(
-            f"the {self._holders} {names} ({', '.join(self._where(n) for n in lost)}) is unreachable, so "
-            f"the model's variables are lost at step {step}: {where}.")
-        return TaskLost(lost, "was lost (the model's variables lived there)", error)
-
-    def _where(self, name: str) -> str:
-        record = self.cluster.task(name)
-        return f"{record.task.device} at {record.address}"
-
-    def _recover_state(self, lost: TaskLost) -> None:
-        """Re-host the lost tasks, rebuild the job's variables, restore this job's newest checkpoint, go on from it."""
-        if self.recoveries >= MAX_RESTORES:
-            raise TrainingError(f"{', '.join(lost.tasks)} {lost.why}, after {self.recoveries} restores already in this job: "
-                                "giving up (check what kills the task: cluster.status(), the engines' memory).")
-        label = lost.label
-        source = self.last_checkpoint or "the initial weights (no checkpoint yet: pass checkpoint_every= to redo less)"
-        fault = self._supervisor.fault(label, "lost", lost.why, "restored")
-        fault.detail += f"; restoring {source}"
-        # the dead first: re-hosting a live task updates this kernel's connection, which needs every other task up
-        for task in sorted(lost.tasks, key=lambda name: not self._engine_exited(name)):
-            self.cluster.replace_task(task, refresh_connection=self._uses_connection)
-        kept = self._restore_state()
-        self._loop.model_replaced()
-        with self._lock:
-            fault.redone = len(self._history) - kept
-            self._history = self._history[:kept]  # what the restored variables include; the rest runs again
-        fault.resumed_from = self.start_step + kept
-        self.recoveries += 1
-        self._report_progress()
-        self._supervisor.settle(label, "restored", f"resumed from step {fault.resumed_from}; {fault.redone} step(s) to run again")
-
-    def _restore_state(self) -> int:
-        """Build the job's variables again, on the re-hosted tasks, from its newest checkpoint.
-
-        Returns how many of the history's records (in the order they came) the restored variables include.
-        """
-        if self.options.seed is not None:
-            seed_initializers(self.options.seed)  # without a checkpoint, the same initial weights as at the start
-        self._build_variables()
-        self._setup_checkpoints(resume=False)
-        if self.last_checkpoint:
-            self._restore(self.last_checkpoint)
-        return self._saved_records.get(self.last_checkpoint, 0)
 
     def _record(self, step: int, loss: float, metrics, worker: str, start: float, end: float, examples: int,
                 last_of_call: bool = False, **extra) -> None:

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING
 from ..cluster.process import connection
 from .async_ps import AsyncRun
 from .building import build_optimizer, update_where_the_variable_lives
-from .job import Job
 from .placement import task_of
+from .ps_job import PsJob
 from .steps import StepFunctions, resolve_loss, resolve_metrics
 
 if TYPE_CHECKING:  # for the annotation only: model_parallel imports this module
     from .model_parallel import PlacedModel
 
 
-class PlacedJob(Job):
+class PlacedJob(PsJob):
     """Training of a ``PlacedModel``: one input pipeline, the layers' tasks in turn, several steps per call.
 
     The tasks holding layers play the part of ps tasks: if one is lost, the job re-hosts it, places the

@@ -9,7 +9,8 @@ timeline, and one ``TaskFaultWarning`` in the notebook.
 
 Tasks whose loss the job cannot absorb in place (a ps: the variables lived there; an all-reduce
 worker: the group must be formed again) end the current run with ``TaskLost``; the job then
-re-hosts them and restores the newest checkpoint (``Job._recover_state``).
+re-hosts them and restores the newest checkpoint (``restore_after_loss``). ``classify`` tells such a loss
+from a bug in the user's functions, for every error a remote call raises.
 """
 
 from __future__ import annotations
@@ -22,11 +23,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from ..cluster.health import LOST, SILENT
-from ..errors import TaskFaultWarning
+from .. import native_logs
+from ..cluster.health import LOST, RECOVERING, SILENT
+from ..cluster.process import connection
+from ..errors import ClusterStateError, ParameterServerLost, TaskFaultWarning, TrainingError
 from ..native_logs import notice
 from ..telemetry.events import TaskEvent
 
+# Errors that mean "a task went away", as opposed to a bug in the model or data functions.
+_INFRASTRUCTURE_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError", "InternalError")
+PS_CONFIRM_SECONDS = 1.0  # how long a lost connection is re-checked for a ps that is going away
+MAX_RESTORES = 10  # restores from a checkpoint one job may do before it gives up (a task that keeps dying)
 MIN_STRAGGLER_SECONDS = 1.0  # a call shorter than this is never a straggler, whatever its peers do
 STRAGGLER_SAMPLES = 8  # completed calls needed before calls are compared with their median
 
@@ -194,3 +201,77 @@ class Supervisor:
         thread = threading.Thread(target=run, daemon=True, name=f"workbench-rehost-{task}")
         self._rehosting[task] = thread
         thread.start()
+
+
+def is_infrastructure_error(exc: BaseException) -> bool:
+    """An error that says a task went away (or cannot be reached), not a bug in the model or data."""
+    return type(exc).__name__ in _INFRASTRUCTURE_ERRORS
+
+
+def lost_ps(job) -> list[str]:
+    """The ps tasks that are gone: their engines exited (health), or their servers refuse connections."""
+    records = {r.name: r for r in job.cluster.tasks}
+    return [name for name in job._ps_names if name not in records or records[name].state in (LOST, RECOVERING)
+            or connection.connect_problem(records[name].address, 2.0)]
+
+
+def classify(job, exc: BaseException, where: str) -> BaseException:
+    """A remote call's error: ``TaskLost`` if a ps is gone, a ``ClusterStateError`` for a lost worker, else a bug."""
+    if not is_infrastructure_error(exc):
+        return TrainingError(f"a step on {where} failed: {type(exc).__name__}: {getattr(exc, 'message', exc)}"
+                             f"{native_logs.hint()}")
+    lost = lost_ps(job)
+    deadline = time.monotonic() + PS_CONFIRM_SECONDS
+    while not lost and time.monotonic() < deadline and not engine_exited(job, where):
+        # A ps being killed drops its connections a moment before its listening port closes (and
+        # before its engine counts as exited): look again before calling it something else.
+        time.sleep(0.1)
+        lost = lost_ps(job)
+    if lost:
+        return ps_lost(job, lost)
+    return ClusterStateError(f"{where} was lost: {type(exc).__name__}.{native_logs.hint()}")
+
+
+def engine_exited(job, task: str) -> bool:
+    """The health monitor saw ``task``'s engine exit: its own loss explains the failed call (no ps to confirm)."""
+    records = {r.name: r for r in job.cluster.tasks}
+    return task in records and records[task].state == LOST
+
+
+def ps_lost(job, lost: list[str]) -> TaskLost:
+    step = job.start_step + job.steps_done
+    where = (f"resume from {job.last_checkpoint} with wb.train(..., resume=True) on a new cluster"
+             if job.last_checkpoint else "no checkpoint was written (pass checkpoint_dir= and checkpoint_every=)")
+    names = ", ".join(lost)
+    error = ParameterServerLost(
+        f"the {job._holders} {names} ({', '.join(_where(job, n) for n in lost)}) is unreachable, so "
+        f"the model's variables are lost at step {step}: {where}.")
+    return TaskLost(lost, "was lost (the model's variables lived there)", error)
+
+
+def _where(job, name: str) -> str:
+    record = job.cluster.task(name)
+    return f"{record.task.device} at {record.address}"
+
+
+def restore_after_loss(job, lost: TaskLost) -> None:
+    """Re-host the lost tasks, rebuild the job's variables, restore this job's newest checkpoint, go on from it."""
+    if job.recoveries >= MAX_RESTORES:
+        raise TrainingError(f"{', '.join(lost.tasks)} {lost.why}, after {job.recoveries} restores already in this job: "
+                            "giving up (check what kills the task: cluster.status(), the engines' memory).")
+    label = lost.label
+    source = job.last_checkpoint or "the initial weights (no checkpoint yet: pass checkpoint_every= to redo less)"
+    fault = job._supervisor.fault(label, "lost", lost.why, "restored")
+    fault.detail += f"; restoring {source}"
+    # the dead first: re-hosting a live task updates this kernel's connection, which needs every other task up
+    for task in sorted(lost.tasks, key=lambda name: not engine_exited(job, name)):
+        job.cluster.replace_task(task, refresh_connection=job._uses_connection)
+    kept = job._restore_state()
+    job._loop.model_replaced()
+    with job._lock:
+        fault.redone = len(job._history) - kept
+        job._history = job._history[:kept]  # what the restored variables include; the rest runs again
+    fault.resumed_from = job.start_step + kept
+    job.recoveries += 1
+    job._report_progress()
+    job._supervisor.settle(label, "restored", f"resumed from step {fault.resumed_from}; {fault.redone} step(s) to run again")

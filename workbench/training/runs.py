@@ -20,7 +20,7 @@ import time
 
 from ..cluster.health import CONTROLLER_LOST, LOST, RUNNING
 from ..errors import ControllerLost
-from .recovery import CallTimes, TaskLost
+from .recovery import CallTimes, TaskLost, classify, ps_lost
 from .workers import ACTIVE, DROPPED, RECOVERING, THREAD_JOIN_SECONDS, TICK_SECONDS
 from .workers import LOST as SLOT_LOST
 
@@ -104,10 +104,10 @@ class WorkerRun:
             if isinstance(exc, TaskLost):
                 raise exc
             if index is None:  # the token names what failed
-                raise self.job._classify(exc, token or "the job's checkpointing")
+                raise classify(self.job, exc, token or "the job's checkpointing")
             if not self._current(index, token):
                 continue  # work given up on already, failing late: it was done elsewhere
-            error = self.job._classify(exc, self.names[index])
+            error = classify(self.job, exc, self.names[index])
             if not isinstance(error, ClusterStateError):
                 raise error
             self.worker_lost(index, f"failed a call ({type(exc).__name__}: {_first_line(exc)})")
@@ -142,7 +142,7 @@ class WorkerRun:
             back = event.kind == RUNNING and event.detail == "answering again"
             if event.task in self.job._ps_names:
                 if event.kind == LOST:
-                    raise self.job._ps_lost([event.task])
+                    raise ps_lost(self.job, [event.task])
                 if back:
                     self.supervisor.settle(event.task, "waited", "answering again")
             if event.task not in self.names:
@@ -161,7 +161,7 @@ class WorkerRun:
         detail = f"answered nothing for {seconds:.0f} s"
         for name in self.supervisor.hung(self.job._ps_names):
             if policy == "replace":
-                raise TaskLost([name], detail, self.job._ps_lost([name]).error)
+                raise TaskLost([name], detail, ps_lost(self.job, [name]).error)
             self.supervisor.fault(name, "silent", detail, "waited")  # a ps cannot be left out
         active = [n for i, n in enumerate(self.names) if self.slots[i] == ACTIVE]
         for name in self.supervisor.hung(active):

@@ -1,0 +1,120 @@
+"""A job's own thread: set up when its turn comes, train (restoring after a lost ps), end, hand the cluster on.
+
+``Job.start`` submits the job to its cluster's queue; when its turn comes the queue starts the thread
+that runs ``drive(job)``. Everything strategy-specific is the job's: ``job._setup`` and ``job._run``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..cluster.health import LOST, RECOVERING
+from ..cluster.health import RUNNING as RUNNING_TASK
+from ..cluster.jobs import CANCELLED, FAILED, FINISHED
+from ..cluster.process import connection
+from ..errors import ClusterStateError, TrainingError, WorkbenchError
+from .options import validate
+from .recovery import Supervisor, TaskLost, classify, restore_after_loss
+
+TASKS_READY_SECONDS = 120.0  # how long a job's start waits for a task being re-hosted
+
+
+def _use_dtype_policy(policy) -> None:
+    """Keras's global dtype policy (mixed precision) lives per thread: the job's thread takes its caller's."""
+    import keras
+
+    keras.config.set_dtype_policy(policy)
+
+
+def drive(job) -> None:
+    """The job's thread: set up (now that the cluster is this job's), train, end, hand the cluster on."""
+    job._supervisor = Supervisor(job)
+    state = FAILED
+    try:
+        try:
+            _prepare(job)
+            job._loop.begin()  # the callbacks' on_train_begin: a mistake there is raised by wb.train too
+        except BaseException as exc:
+            job._setup_error = exc if isinstance(exc, Exception) else _as_error(job, exc)
+            raise
+        job._set_up.set()
+        _train_with_recovery(job)
+        stopped = job._stop.is_set()
+        job._loop.end(finished=not stopped)  # on_train_end: a callback raising there fails the job
+        state = CANCELLED if stopped else FINISHED
+    except BaseException as exc:  # noqa: BLE001 - kept for wait() to raise in the caller's thread
+        if job._stop.is_set():
+            state = CANCELLED  # what a stop interrupted is not the job's error
+        else:
+            job.error = job._setup_error or _as_error(job, exc)
+    finally:
+        if state != FINISHED:
+            _end_loop_quietly(job)
+        job._supervisor.close()
+        job._supervisor = None  # no cycle left: an ended job nobody holds is freed at once, TF state and all
+        try:
+            job._report_progress(state)
+            job._trim_engines()
+        finally:
+            job.state = state
+            job.cluster.job_queue.ended(job)  # before waiters wake: the cluster is free, or the next job's
+            job._end(state)
+
+
+def _end_loop_quietly(job) -> None:
+    """A job that failed or was stopped: no ``on_train_end`` (as ``model.fit`` on an error), files closed."""
+    try:
+        job._loop.end(finished=False)
+    except Exception:  # noqa: BLE001 - the job's own error is the one to report
+        pass
+
+
+def _prepare(job) -> None:
+    """The set-up of ``wb.train``, done when the job's turn comes: the cluster's workers are those of now."""
+    cluster, options = job.cluster, job.options
+    if cluster.state != "running":
+        raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}.")
+    _tasks_ready(job)
+    if options.strategy != "model-parallel":
+        job._workers = [r for r in cluster.tasks if r.job == "worker"]
+        if len(job._workers) != options.num_workers:  # scaled while the job waited in the queue
+            job.options = options = validate(replace(options, num_workers=len(job._workers)))
+    _use_dtype_policy(job._dtype_policy)
+    job._setup(cluster, job._model_source, job._data, job._loss_source, job._optimizer_source, options)
+
+
+def _tasks_ready(job) -> None:
+    """Begin on tasks that serve: wait for a re-hosting still under way (the previous job lost a worker and
+    ended before it was back), and re-host a task found lost (``recover``) or say which one is."""
+    if not job.cluster.settle(TASKS_READY_SECONDS):
+        raise ClusterStateError(f"cluster {job.cluster.name!r} was still starting, scaling or re-hosting a task after "
+                                f"{TASKS_READY_SECONDS:.0f} s: check cluster.status().")
+    down = [r for r in job.cluster.tasks if r.state in (LOST, RECOVERING)
+            or (r.state == RUNNING_TASK and connection.connect_problem(r.address, 2.0))]
+    for record in down:
+        if not job.options.recover:
+            raise ClusterStateError(
+                f"{record.name} of cluster {job.cluster.name!r} is lost ({record.note or 'its server refuses connections'})"
+                f": re-host it with cluster.replace_task({record.name!r}), or train with recover=True.")
+        job.cluster.replace_task(record.name, refresh_connection=job._uses_connection)
+
+
+def _train_with_recovery(job) -> None:
+    while True:
+        try:
+            job._run()
+            if job.options.checkpoint_dir and not job._stop.is_set():
+                job._save_or_lost()
+            return
+        except TaskLost as lost:
+            if not job.options.recover or job._stop.is_set():
+                raise lost.error from None
+            restore_after_loss(job, lost)
+
+
+def _as_error(job, exc: BaseException) -> BaseException:
+    if isinstance(exc, WorkbenchError):
+        return exc
+    if isinstance(exc, Exception):
+        return classify(job, exc, "the job's driver")
+    return TrainingError(f"training failed: {type(exc).__name__}: {exc}")

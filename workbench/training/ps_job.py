@@ -1,0 +1,213 @@
+"""The job of the parameter-server strategies (async-ps, sync-ps): variables on the ps tasks, steps from the kernel.
+
+``PsJob`` builds the model, optimizer and step counter with their variables placed on the ps tasks
+(``placement.PsPlacer``), one input pipeline per worker, the step functions, and the checkpoints; the
+loops that run the steps are ``async_ps.AsyncRun`` and ``sync_ps.SyncRun``. A placed model's job
+(``placed_job.PlacedJob``) is one too, with the layers' tasks in the part of the ps tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..cluster.process import connection
+from ..errors import ConfigurationError
+from .async_ps import AsyncRun
+from .building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
+from .data import DataContext, evaluation_dataset, training_dataset
+from .evaluation import is_dataset, validate_on_workers
+from .job import Job
+from .options import TrainOptions
+from .packing import packing_for
+from .placement import PsPlacer, optimizer_targets, shards_of, tf_variable
+from .steps import StepFunctions, resolve_loss, resolve_metrics
+from .sync_ps import SyncRun
+from .workers import compute_device, input_device
+
+
+class PsJob(Job):
+    """A job of ``strategy="async-ps"`` or ``"sync-ps"`` (``wb.train`` makes it); the interface is ``Job``'s."""
+
+    def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions) -> None:
+        """Parameter-server strategies: variables on the ps tasks, steps driven from this kernel."""
+        self._epoch = connection.connect(cluster, holder=self)
+        ps_tasks = [r for r in cluster.tasks if r.job == "ps"]
+        if not ps_tasks:
+            raise ConfigurationError(
+                f"strategy={options.strategy!r} keeps the variables on ps tasks, and cluster {cluster.name!r} has none: "
+                "start it with ps=1 or more."
+            )
+        self._ps_devices = [f"{r.task.device}/device:CPU:0" for r in ps_tasks]
+        self._ps_names = [r.name for r in ps_tasks]
+        self._worker_devices = [compute_device(r) for r in self._workers]  # a worker's GPU where it has one
+        self._seed = self._probe_data(data, options)
+        self._loss_fn = resolve_loss(loss)
+        self._build_variables()
+        self._setup_checkpoints(resume=options.resume)
+        self._iterators = [self._make_iterator(i) for i in range(len(self._worker_devices))]
+
+    def _build_variables(self) -> None:
+        """The model, the optimizer and the step counter, with their variables on the ps tasks; the step functions."""
+        import tensorflow as tf
+
+        self.placer = PsPlacer(self._ps_devices, self.options.partition_bytes)
+        with tf.variable_creator_scope(self.placer):
+            self._model = build_model(self._model_source, tf.zeros(self._example_shape, self._example_dtype))
+            targets, splits = optimizer_targets(self._model.trainable_variables)
+            self._optimizer = build_optimizer(self._optimizer_source)
+            update_where_the_variable_lives(self._optimizer)
+            self._optimizer.build(targets)
+            with tf.device(self._ps_devices[0]):
+                self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
+        self._fns = StepFunctions(self._model, self._optimizer, self._loss_fn, resolve_metrics(self.options.metrics),
+                                  targets, splits, packing_for(self._model, targets, self.options.transfer))
+        if self.options.transfer != "fp32" and self._fns.packing is None:
+            raise ConfigurationError(
+                f"transfer={self.options.transfer!r} needs a model whose trainable variables are all Keras "
+                "variables (it runs on the received values through keras.StatelessScope); this one has others. "
+                "Build it from Keras layers, or leave transfer='fp32'.")
+
+    def _probe_data(self, data: Callable, options: TrainOptions) -> int:
+        """Seed Keras, learn the example shape from the data function; return the data seed."""
+        seed = 0 if options.seed is None else options.seed
+        if options.seed is not None:
+            seed_initializers(options.seed)
+        probe = data(DataContext(0, options.num_workers, options.per_worker_batch, seed))
+        example = training_dataset(lambda _ctx: probe, DataContext(0, 1, 1, seed)).element_spec[0]
+        self._example_shape, self._example_dtype = [1, *example.shape[1:]], example.dtype
+        return seed
+
+    def _setup_checkpoints(self, resume: bool) -> None:
+        import tensorflow as tf
+
+        self._checkpoint = None
+        if self.options.checkpoint_dir:
+            if self.placer is not None and self.placer.partitioned:
+                # a Keras model cannot checkpoint a partitioned variable itself: save the shards
+                weights = [shard for w in self._model.weights for shard in shards_of(w)]
+                self._checkpoint = tf.train.Checkpoint(weights=weights, optimizer=self._optimizer, step=self._step)
+            else:
+                self._checkpoint = tf.train.Checkpoint(model=self._model, optimizer=self._optimizer, step=self._step)
+            with tf.device(self._ps_devices[0]):
+                self._checkpoint.save_counter  # noqa: B018 - made now, on the ps (see _save)
+            self._manager = tf.train.CheckpointManager(self._checkpoint, self.options.checkpoint_dir, max_to_keep=3)
+            if resume:
+                self._restore(self._manager.latest_checkpoint)
+                self.start_step = int(self._step.numpy())
+
+    def _restore(self, path: str) -> None:
+        self._checkpoint.restore(path).expect_partial()
+        self.last_checkpoint = path
+
+    def _make_iterator(self, index: int):
+        """The input pipeline of worker ``index``, built and run on that worker."""
+        import tensorflow as tf
+
+        ctx = DataContext(index, len(self._worker_devices), self.options.per_worker_batch, self._seed)
+        make = tf.function(lambda: training_dataset(self._data, ctx), autograph=False).get_concrete_function()
+        with tf.device(input_device(self._workers[index])):
+            return iter(make())
+
+    def rebuild_worker(self, index: int) -> None:
+        """Worker ``index`` was re-hosted: what the job kept on it (its input pipeline) is made again there."""
+        self._iterators[index] = self._make_iterator(index)
+        if getattr(self, "_fns", None) is not None:
+            self._fns.forget_worker(self._worker_devices[index])
+
+    def _evaluate_data_function(self, data: Callable, batch_size: int) -> dict[str, float]:
+        """One pass of ``data(ctx)`` on ``worker:0``, on the trained variables where they live."""
+        import tensorflow as tf
+
+        connection.check_epoch(self._epoch, "this job")
+        seed = 0 if self.options.seed is None else self.options.seed
+        self._fns.build_evaluate(tf.autograph.experimental.do_not_convert(lambda: evaluation_dataset(data, batch_size, seed)))
+        with tf.device(self._worker_devices[0]):
+            values, count = self._fns.evaluate()
+        values = values.numpy().tolist()
+        return {"loss": values[0], **dict(zip(self.metric_names, values[1:])), "examples": int(count.numpy())}
+
+    def _example_rank(self) -> int:
+        return len(self._example_shape)
+
+    def _callback_model(self):
+        """The callbacks' model: the job's own, whose variables live on the tasks, compiled like the job (on the
+        first ps: its loss tracker's variables too), so that what a callback reads or sets is read or set there."""
+        import tensorflow as tf
+
+        model = self._model
+        if not getattr(model, "compiled", False):
+            with tf.device(self._ps_devices[0]):
+                model.compile(optimizer=self._optimizer, loss=self._loss_source, metrics=list(self.options.metrics))
+        return model, None
+
+    def _validate(self, data: Any, steps: int | None) -> dict[str, float]:
+        """Validation at an epoch's end, on the trained variables where they live: a data function on every
+        worker at once (each its share of the batches), a dataset in this kernel."""
+        if is_dataset(data):
+            return self._evaluate_on(self._model, data, steps)
+        return validate_on_workers(self, data, steps)
+
+    @property
+    def model(self):
+        """A local Keras model (in this kernel, no cluster needed) holding the trained weights."""
+        import tensorflow as tf
+
+        weights = self._local_weights
+        if weights is None:
+            connection.check_epoch(self._epoch, "this job")
+            weights = self._read_weights()
+        with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+            local = build_model(self._model_source, tf.zeros(self._example_shape, self._example_dtype))
+        local.set_weights(weights)
+        return local
+
+    def _read_weights(self) -> list:
+        import tensorflow as tf
+
+        return [tf.convert_to_tensor(tf_variable(w)).numpy() for w in self._model.weights]
+
+    def release_remote(self) -> None:
+        """The kernel connects elsewhere: keep the trained weights here (``job.model``), drop what lived on the tasks."""
+        if self._local_weights is None and getattr(self, "_model", None) is not None:
+            try:
+                self._local_weights = self._read_weights()
+            except Exception:  # noqa: BLE001 - the tasks are gone (a stopped cluster): job.model then says so
+                pass
+        for name in ("_model", "_optimizer", "_step", "_fns", "_iterators", "_checkpoint", "_manager"):
+            if hasattr(self, name):
+                setattr(self, name, None)
+
+    def _async_step_options(self) -> dict:
+        return {}
+
+    def _run(self) -> None:
+        (AsyncRun if self.options.strategy == "async-ps" else SyncRun)(self).run()
+
+    def _save(self) -> None:
+        import tensorflow as tf
+
+        with self._lock:
+            done = len(self._history)  # the records (in the order they came) that this checkpoint includes
+        self._step.assign(self.start_step + done)
+        with tf.device(self._ps_devices[0]):
+            # TensorFlow saves a checkpoint that spans two tasks with a new tf.function each time, and
+            # registers it on every task, holding the GIL: a stopped worker froze the whole kernel. Its
+            # bookkeeping ("/cpu:0": the save counter, the object graph) goes on the first ps here, so
+            # that with one ps a save is plain ops on that ps; with more, no save starts while a task
+            # is silent (checkpoint_due).
+            self.last_checkpoint = self._manager.save(checkpoint_number=self.start_step + done)
+        self._saved_records[self.last_checkpoint] = done
+
+    def _restore_state(self) -> int:
+        """Build the job's variables again, on the re-hosted tasks, from its newest checkpoint.
+
+        Returns how many of the history's records (in the order they came) the restored variables include.
+        """
+        if self.options.seed is not None:
+            seed_initializers(self.options.seed)  # without a checkpoint, the same initial weights as at the start
+        self._build_variables()
+        self._setup_checkpoints(resume=False)
+        if self.last_checkpoint:
+            self._restore(self.last_checkpoint)
+        return self._saved_records.get(self.last_checkpoint, 0)
