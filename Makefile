@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # a command's environment with the bind shim preloaded (its TensorFlow ports, and its children's, on loopback)
 WITH_SHIM = LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}"
 
-.PHONY: install chromium lab test docs dist screenshots bench bench-training bench-gpu bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak demo clean
+.PHONY: install chromium lab test docs dist screenshots bench bench-training bench-gpu bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak bench-elastic demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 # the editable build compiles the bind shim into workbench/cluster/ (hatch_build.py)
@@ -83,6 +83,9 @@ bench-network: install
 
 bench-soak: install
 	$(PY) bench/soak.py
+
+bench-elastic: install
+	$(WITH_SHIM) $(PY) bench/elastic.py
 
 bench-dashboard: install chromium
 	$(PY) bench/dashboard.py

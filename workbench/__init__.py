@@ -46,6 +46,7 @@ from .errors import (  # noqa: E402
     UnknownTaskError,
     VersionMismatchError,
     WorkbenchError,
+    WorkersChangedWarning,
 )
 
 __all__ = [
@@ -84,6 +85,7 @@ __all__ = [
     "ServerStartError",
     "TaskId",
     "TaskFaultWarning",
+    "WorkersChangedWarning",
     "TaskRecord",
     "TensorFlowImportError",
     "UnknownTaskError",

@@ -39,7 +39,7 @@ def test_bind_shim_prints_the_installed_library_that_keeps_wildcard_binds_on_loo
                           timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     shim = proc.stdout.strip()
-    assert shim == str(Path(workbench.__file__).parent / "cluster" / "workbench-bind-shim.so")  # built with the package
+    assert shim == str(Path(workbench.__file__).parent / "cluster" / "process" / "workbench-bind-shim.so")  # built with the package
     probe = """
 import socket
 for family, wildcard in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):

@@ -72,7 +72,7 @@ def test_a_killed_clients_autograph_files_are_swept_by_the_next_client(cluster, 
 
 def test_an_engine_started_by_another_launcher_writes_under_a_directory_of_its_own(tmp_path):
     """As Slurm, MPI or SSH start it: the engine bootstrap gives the engine a temporary directory of its own."""
-    probe = ("import os, tempfile\nfrom workbench.cluster import client_files\n"
+    probe = ("import os, tempfile\nfrom workbench.cluster.process import client_files\n"
              "print(client_files.adopt_temporary_directory()); print(tempfile.gettempdir()); print(os.environ['TMPDIR'])")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                          env={k: v for k, v in os.environ.items() if k != "TMPDIR"})

@@ -117,6 +117,6 @@ def test_the_sdist_installs_without_node_with_panel_server_extension_and_shim(di
     server = run([str(fresh), "-m", "jupyter_server.extension.serverextension", "list"])
     assert "workbench" in server and "enabled" in server and "OK" in server, server
     shim = run([str(fresh), "-m", "workbench.cli", "bind-shim"]).strip()
-    assert shim == str(fresh_site / "workbench" / "cluster" / "workbench-bind-shim.so"), shim
+    assert shim == str(fresh_site / "workbench" / "cluster" / "process" / "workbench-bind-shim.so"), shim
     kernels = json.loads(run([str(fresh), "-m", "jupyter_client.kernelspecapp", "list", "--json"]))
     assert kernels["kernelspecs"]["workbench"]["resource_dir"].startswith(str(venv)), kernels

@@ -311,12 +311,7 @@ class Cluster:
             )
         workers = self._workers if workers is None else workers
         validate_counts(self._ps, workers)
-        deadline = Deadline(self._start_timeout)
-        if workers > self._workers:  # user -> scale -> _scale -> add_workers: warnings point at the user's line
-            self.hosting.add_workers([TaskId("worker", i) for i in range(self._workers, workers)], deadline, stacklevel=4)
-        elif workers < self._workers:
-            self.hosting.drop_tasks([TaskId("worker", i) for i in range(workers, self._workers)], deadline)
-        self._workers = workers
+        self.hosting.scale_workers(workers, Deadline(self._start_timeout))
         self._clock_offsets = None  # new tasks: measure again
         self.shared.write_record()
         return self

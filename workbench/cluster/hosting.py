@@ -279,6 +279,31 @@ class TaskHosting:
         for added in getattr(pool, "launcher_notices", [])[known[1]:]:
             warnings.warn(f"cluster {name!r}: {added}", LauncherOptionsWarning, stacklevel=stacklevel)
 
+    def scale_workers(self, workers: int, deadline: Deadline) -> None:
+        """``Cluster.scale``'s work: start or stop worker tasks. A job that runs follows at its next step boundary
+        (``job.rescale``: it takes new workers, and lets leaving ones go before their engines stop); without one,
+        this kernel's TensorFlow connection grows or shrinks in place (what it made on the tasks stays valid)."""
+        cluster = self.cluster
+        job, now = cluster.job_queue.current, cluster._workers
+        if job is not None and workers != now:
+            job.check_rescale(workers)  # refuses what it cannot follow, before anything starts or stops
+        if workers > now:  # user -> scale -> _scale -> scale_workers -> add_workers: warnings point at the user's line
+            self.add_workers([TaskId("worker", i) for i in range(now, workers)], deadline, stacklevel=5)
+            cluster._workers = workers
+            if job is not None:
+                job.rescale()
+            else:
+                connection.resize(cluster, timeout=deadline.remaining(5))
+        elif workers < now:
+            leaving = [TaskId("worker", i) for i in range(workers, now)]
+            names = tuple(str(t) for t in leaving)
+            if job is not None:
+                job.rescale(leaving=names)  # returns once the job no longer uses them
+            else:
+                connection.resize(cluster, names, timeout=deadline.remaining(5))
+            self.drop_tasks(leaving, deadline)
+            cluster._workers = workers
+
     def add_workers(self, new_tasks: list[TaskId], deadline: Deadline, stacklevel: int = 3) -> None:
         """Start an engine for each of ``new_tasks`` and give it its task; if that fails, none of them stays."""
         cluster = self.cluster

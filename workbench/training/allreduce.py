@@ -201,6 +201,12 @@ class AllReduceJob(Job):
 
     _uses_connection = False
 
+    def check_rescale(self, workers: int) -> None:
+        raise ClusterStateError(
+            f"cannot scale cluster {self.cluster.name!r} while {self.describe()} trains: its all-reduce group "
+            "(TensorFlow's collective ops) is formed when the job starts and cannot take or lose members mid-job. Wait "
+            "for the job (job.wait()) or stop it, then scale; async-ps and sync-ps jobs follow a scale at their next step.")
+
     def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options) -> None:
         self._epoch = None
         self._ps_names: list[str] = []

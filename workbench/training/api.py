@@ -42,6 +42,7 @@ def train(
     straggler_factor: float = 10.0,
     on_straggler: str = "wait",
     transfer: str = "fp32",
+    elastic_batch: str = "per-worker",
     validation_data: Any = None,
     validation_steps: int | None = None,
     validation_freq: int = 1,
@@ -146,6 +147,14 @@ def train(
         quarter; each variable scaled by its largest magnitude, and what rounding loses of a gradient
         kept on its worker and added to the next one). Values are restored on arrival; variables
         and updates stay in their own precision. ``job.info["bytes_per_step"]`` says what a step moves.
+    elastic_batch:
+        async-ps and sync-ps follow ``cluster.scale(workers=N)`` while they train (at the next step
+        boundary; ``job.events`` records each change). ``"per-worker"`` (default) keeps each worker's
+        batch (``batch_size`` / workers at the start), so the global batch follows the number of
+        workers; ``"global"`` keeps ``batch_size`` and splits it over the new number of workers (a scale
+        to a number it does not divide by is refused). Either way every worker's input pipeline is made
+        again with its new index and count: worker ``i`` of ``n`` reads shard ``i`` of ``n`` from its
+        start. allreduce and placed models refuse a scale while they train.
     wait:
         block until the job ends (else it trains in the background; see ``job.wait()``). An interrupt
         (Jupyter's stop button) ends the wait, never the job: ``job.stop()`` stops it.
@@ -183,7 +192,7 @@ def train(
         steps_per_call=steps_per_call, metrics=tuple(metrics), checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, resume=resume, seed=seed, step_timeout=step_timeout, partition_bytes=partition_bytes,
         telemetry=bool(telemetry), recover=recover, hang_timeout=hang_timeout, on_hang=on_hang,
-        straggler_factor=straggler_factor, on_straggler=on_straggler, transfer=transfer,
+        straggler_factor=straggler_factor, on_straggler=on_straggler, transfer=transfer, elastic_batch=elastic_batch,
         num_workers=(len([t for t in cluster.tasks if t.job == "worker"])
                      if cluster.state == "running" and strategy != "model-parallel" else 1),
     ))

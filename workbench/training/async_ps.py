@@ -66,13 +66,17 @@ class AsyncRun(WorkerRun):
         finally:  # a run that ends early (a lost ps) does not wait: its workers' calls may hang on that ps
             self.halt.set()
         self._join()
+        changed = self._changed_workers()
+        if changed is not None:
+            raise changed
 
     def _finished(self) -> bool:
         with self.job._lock:
             if self.in_flight or any(self.threads[i].is_alive() for i, s in self.slots.items() if s == ACTIVE):
                 return False
-            if self.job._stop.is_set() or self.job._loop.finished:  # stopped; or the last epoch ended (or a callback
-                return True  # stopped the training). Else the loop ends the epoch, or threads take work, next tick
+            if self.job._stop.is_set() or self.job._loop.finished or self.draining:  # stopped; the last epoch ended
+                return True  # (or a callback stopped the training); or a scale. Else the loop ends the epoch, or threads
+                # take work, next tick
             if not self.pending:
                 return False
         if not any(s in (ACTIVE, RECOVERING) for s in self.slots.values()):
@@ -98,7 +102,7 @@ class AsyncRun(WorkerRun):
         def over() -> bool:
             with job._lock:
                 return (not self.pending or self.halt.is_set() or job._stop.is_set() or self.slots[index] != ACTIVE
-                        or job._loop.finished)
+                        or job._loop.finished or self.draining)
 
         def released() -> bool:
             with job._lock:
@@ -128,7 +132,8 @@ class AsyncRun(WorkerRun):
         """The next chunk of the current epoch, in flight from now (one step under the lock: see ``_parked``)."""
         job = self.job
         with job._lock:
-            if self.halt.is_set() or job._stop.is_set() or self.slots[index] != ACTIVE or not self._released():
+            if (self.halt.is_set() or job._stop.is_set() or self.slots[index] != ACTIVE or self.draining
+                    or not self._released()):
                 return None
             first, n = chunk = self.pending.pop()
             # A worker's first call also sets its function up on the worker and the ps (about a second,

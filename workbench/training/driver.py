@@ -15,6 +15,7 @@ from ..cluster.process import connection
 from ..errors import ClusterStateError, TrainingError, WorkbenchError
 from .options import validate
 from .recovery import Supervisor, TaskLost, classify, restore_after_loss
+from .workers import WorkersChanged
 
 TASKS_READY_SECONDS = 120.0  # how long a job's start waits for a task being re-hosted
 
@@ -106,6 +107,8 @@ def _train_with_recovery(job) -> None:
             if job.options.checkpoint_dir and not job._stop.is_set():
                 job._save_or_lost()
             return
+        except WorkersChanged as changed:
+            job._adopt_workers(changed.drained)  # the cluster was scaled: the next run has its new workers
         except TaskLost as lost:
             if not job.options.recover or job._stop.is_set():
                 raise lost.error from None

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..cluster.health import SILENT
 from ..cluster.jobs import CANCELLED, ENDED, QUEUED, RUNNING, STOPPING
-from ..errors import TrainingError
+from ..errors import ClusterStateError, TrainingError
 from ..telemetry.recorder import StepRecorder
 from .driver import TASKS_READY_SECONDS, drive
 from .evaluation import batch_function, check_evaluation_data, evaluate_dataset, is_dataset
@@ -76,6 +76,8 @@ class Job:
         self.start_step = 0
         self.recoveries = 0  # restores from a checkpoint so far (a ps, or an all-reduce worker, was lost)
         self._faults: list = []
+        self._events: list[dict] = []  # changes of the job's workers (cluster.scale while it trains)
+        self._rescales: list[tuple[tuple[str, ...], threading.Event, float]] = []  # (leaving, done, asked at) not yet followed
         self._supervisor: Supervisor | None = None
         self.placer: PsPlacer | None = None  # ps strategies: where each variable went
         self._workers = [r for r in cluster.tasks if r.job == "worker"]
@@ -268,6 +270,60 @@ class Job:
         self.state = state
         self._set_up.set()
         self._ended.set()
+        for _leaving, done, _asked in self._take_rescales():  # an ended job uses no worker: scale() goes on
+            done.set()
+
+    # -- the cluster scaled while the job trains (Cluster.scale -> TaskHosting.scale_workers) -----------
+
+    @property
+    def events(self) -> list[dict]:
+        """Each change of the job's workers while it trained (``cluster.scale``): ``kind`` ("scale"), ``time`` (when
+        the old workers' last calls were back), ``step`` (steps done then), ``workers`` (from then on), ``joined``,
+        ``left``, ``drain_seconds`` (from the scale's request until those calls were back) and ``pause_seconds`` (from
+        then until the new workers' first calls: rebuilding the input pipelines and the connection)."""
+        with self._lock:
+            return [dict(event) for event in self._events]
+
+    def check_rescale(self, workers: int) -> None:
+        """Raise (``ClusterStateError``, ``ConfigurationError``) if this job cannot follow a scale to ``workers``."""
+
+    def rescale(self, leaving: tuple[str, ...] = (), timeout: float | None = None) -> None:
+        """The cluster's workers changed: follow at the next step boundary (new workers join the next run).
+
+        With ``leaving`` (workers about to stop), return once the job no longer uses them: its calls on them came
+        back and its next run goes on without them (``ClusterStateError`` if that takes over ``timeout``, by default
+        ``step_timeout`` plus a minute; the request is then withdrawn and the workers stay).
+        """
+        if self.state in ENDED or self.state == QUEUED:
+            return  # a queued job takes the cluster's workers when its turn comes
+        if leaving and threading.current_thread() is self._thread:
+            raise ClusterStateError(f"cannot remove workers from inside {self.describe()} (a callback): the job would "
+                                    "wait for itself. Scale from the notebook while it trains, or after job.wait().")
+        request = (tuple(leaving), threading.Event(), time.time())
+        with self._lock:
+            self._rescales.append(request)
+        if not leaving:
+            return
+        timeout = self.options.step_timeout + 60.0 if timeout is None else timeout
+        if request[1].wait(timeout):
+            return
+        with self._lock:
+            withdrawn = request in self._rescales
+            if withdrawn:
+                self._rescales.remove(request)
+        if withdrawn:
+            raise ClusterStateError(
+                f"{self.describe()} did not let {', '.join(leaving)} go within {timeout:.0f} s (a call on it has not come "
+                "back): the workers stay. Check cluster.status(), then scale again, or stop the job first.")
+
+    def rescale_pending(self) -> bool:
+        """Whether a scale waits to be followed (a run then stops handing out work and ends when its calls are back)."""
+        return bool(self._rescales)
+
+    def _take_rescales(self) -> list[tuple[tuple[str, ...], threading.Event, float]]:
+        with self._lock:
+            taken, self._rescales = self._rescales, []
+        return taken
 
     def evaluate(self, data: Callable | None = None, batch_size: int = 256) -> dict[str, float]:
         """Loss and metrics of the trained variables over one pass of ``data``.

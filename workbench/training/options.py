@@ -10,6 +10,7 @@ from ..errors import ConfigurationError
 
 STRATEGIES = ("async-ps", "sync-ps", "allreduce", "model-parallel")
 POLICIES = ("wait", "drop", "replace")  # what a job does about a hung task or a straggling call
+ELASTIC_BATCHES = ("per-worker", "global")  # what a job keeps when the cluster is scaled while it trains
 TRANSFERS = ("fp32", "bf16", "fp16", "int8")  # precision of parameters and gradients between ps and workers
 
 
@@ -42,6 +43,7 @@ class TrainOptions:
     straggler_factor: float = 10.0  # a call this many times its peers' median (and >= 1 s) straggles
     on_straggler: str = "wait"  # wait | drop | replace
     transfer: str = "fp32"  # ps strategies: fp32 | bf16 | fp16 | int8 on the wire
+    elastic_batch: str = "per-worker"  # after cluster.scale mid-job: keep the per-worker batch, or the "global" one
     num_workers: int = field(default=1)
     epochs: int = 1  # steps = epochs x steps_per_epoch (``resolve_epochs``)
     steps_per_epoch: int | None = None  # None: one epoch of ``steps``
@@ -152,6 +154,9 @@ def validate(options: TrainOptions) -> TrainOptions:
     if not isinstance(options.step_timeout, (int, float)) or options.step_timeout <= 0:
         raise ConfigurationError(f"step_timeout={options.step_timeout!r} must be a positive number of seconds.")
     _validate_fault_handling(options)
+    if options.elastic_batch not in ELASTIC_BATCHES:
+        raise ConfigurationError(f"elastic_batch={options.elastic_batch!r}: use 'per-worker' (each worker's batch stays "
+                                 "as it is when the cluster is scaled mid-job) or 'global' (batch_size stays).")
     if options.transfer not in TRANSFERS:
         raise ConfigurationError(f"transfer={options.transfer!r} is not a precision: use one of "
                                  f"{', '.join(map(repr, TRANSFERS))}.")

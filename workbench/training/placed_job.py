@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..cluster.process import connection
+from ..errors import ClusterStateError
 from .async_ps import AsyncRun
 from .building import build_optimizer, update_where_the_variable_lives
 from .placement import task_of
@@ -57,6 +58,11 @@ class PlacedJob(PsJob):
     def _restore_state(self) -> int:
         self._placed.place_again()
         return super()._restore_state()
+
+    def check_rescale(self, workers: int) -> None:
+        raise ClusterStateError(
+            f"cannot scale cluster {self.cluster.name!r} while {self.describe()} trains a placed model: its layers "
+            "live on the tasks wb.place chose. Wait for the job (job.wait()) or stop it, then scale and place again.")
 
     def _async_step_options(self) -> dict:
         return {"output_device": self._placed.output_device}

@@ -8,17 +8,20 @@ loops that run the steps are ``async_ps.AsyncRun`` and ``sync_ps.SyncRun``. A pl
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ..cluster.process import connection
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, WorkersChangedWarning
+from ..native_logs import notice
 from .async_ps import AsyncRun
 from .building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
 from .data import DataContext, evaluation_dataset, training_dataset
 from .evaluation import is_dataset, validate_on_workers
 from .job import Job
-from .options import TrainOptions
+from .options import TrainOptions, validate
 from .packing import packing_for
 from .placement import PsPlacer, optimizer_targets, shards_of, tf_variable
 from .steps import StepFunctions, resolve_loss, resolve_metrics
@@ -211,3 +214,53 @@ class PsJob(Job):
         if self.last_checkpoint:
             self._restore(self.last_checkpoint)
         return self._saved_records.get(self.last_checkpoint, 0)
+
+    # -- the cluster scaled while the job trains ---------------------------------------------------
+
+    def check_rescale(self, workers: int) -> None:
+        options = self.options
+        if options.strategy == "sync-ps" and options.backup_workers >= workers:
+            raise ConfigurationError(
+                f"{self.describe()} waits for all but backup_workers={options.backup_workers} gradients a step: "
+                f"with {workers} worker(s) none would be left. Keep at least {options.backup_workers + 1} workers.")
+        if options.elastic_batch == "global" and options.batch_size % workers:
+            raise ConfigurationError(
+                f"{self.describe()} keeps its global batch_size={options.batch_size} (elastic_batch='global'), which "
+                f"does not split evenly over {workers} workers: scale to a number of workers that divides it.")
+
+    def _adopt_workers(self, drained: float) -> None:
+        """At a step boundary (no call in flight): the job's workers become the cluster's, less those leaving.
+
+        The kernel's connection grows or shrinks in place, each worker gets its input pipeline again (its new
+        index and count), the options follow (``elastic_batch``), and ``job.events`` records the change.
+        """
+        requests = self._take_rescales()
+        leaving = {name for names, _done, _asked in requests for name in names}
+        before = [r.name for r in self._workers]
+        connection.resize(self.cluster, tuple(sorted(leaving)), timeout=self.options.step_timeout)
+        workers = [r for r in self.cluster.tasks if r.job == "worker" and r.name not in leaving]
+        per_worker = self.options.per_worker_batch
+        batch = per_worker * len(workers) if self.options.elastic_batch == "per-worker" else self.options.batch_size
+        self.options = validate(replace(self.options, num_workers=len(workers), batch_size=batch))
+        devices = [compute_device(r) for r in workers]
+        for device in set(self._worker_devices) - set(devices):
+            self._fns.forget_worker(device)
+        self._workers, self._worker_devices = workers, devices
+        self._iterators = [self._make_iterator(i) for i in range(len(workers))]
+        names = [r.name for r in workers]
+        event = {"kind": "scale", "time": drained, "step": self.start_step + self.steps_done, "workers": names,
+                 "joined": [n for n in names if n not in before], "left": [n for n in before if n not in names],
+                 "drain_seconds": max(0.0, drained - min((asked for _n, _d, asked in requests), default=drained)),
+                 "pause_seconds": time.time() - drained}
+        with self._lock:
+            self._events.append(event)
+        self._report_progress()
+        for _names, done, _asked in requests:
+            done.set()
+        notice(f"job {self.name}: {len(names)} worker(s) from step {event['step']} "
+               f"({'; '.join(p for p in (_listed('joined', event['joined']), _listed('left', event['left'])) if p)}; "
+               f"paused {event['pause_seconds']:.1f} s)", WorkersChangedWarning, f"job {self.name}")
+
+
+def _listed(what: str, names: list[str]) -> str:
+    return f"{what}: {', '.join(names)}" if names else ""

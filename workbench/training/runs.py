@@ -21,7 +21,7 @@ import time
 from ..cluster.health import CONTROLLER_LOST, LOST, RUNNING
 from ..errors import ControllerLost
 from .recovery import CallTimes, TaskLost, classify, ps_lost
-from .workers import ACTIVE, DROPPED, RECOVERING, THREAD_JOIN_SECONDS, TICK_SECONDS
+from .workers import ACTIVE, DROPPED, RECOVERING, THREAD_JOIN_SECONDS, TICK_SECONDS, WorkersChanged
 from .workers import LOST as SLOT_LOST
 
 
@@ -38,6 +38,7 @@ class WorkerRun:
         self.errors: queue.SimpleQueue = queue.SimpleQueue()  # (worker index, token, error); index None: token names it
         self.times = CallTimes()
         self.halt = threading.Event()
+        self.draining = False  # the cluster was scaled: no new work; the run ends once its calls are back
 
     # -- to be provided by each strategy -------------------------------------------------------
 
@@ -71,7 +72,7 @@ class WorkerRun:
         thread.start()
 
     def _relaunch(self) -> None:
-        if not self._has_work() or self.job._stop.is_set():
+        if not self._has_work() or self.job._stop.is_set() or self.draining:
             return
         for index, slot in list(self.slots.items()):
             if slot == ACTIVE and not self.threads[index].is_alive():
@@ -89,7 +90,16 @@ class WorkerRun:
         self._handle_health()
         self._check_calls()
         self._handle_rehosted()
+        if self.job.rescale_pending():
+            self.draining = True  # the job follows at this step boundary: the next run has the new workers
         self._relaunch()
+
+    def _changed_workers(self) -> WorkersChanged | None:
+        """After a drained run: what tells the job to adopt the new workers; None when nothing is left to run."""
+        job = self.job
+        if self.draining and not job._stop.is_set() and not job._loop.finished and job.missing_steps():
+            return WorkersChanged(time.time())
+        return None
 
     # -- failures ------------------------------------------------------------------------------
 

@@ -69,13 +69,16 @@ class SyncRun(WorkerRun):
         finally:
             self.halt.set()
             self._end(finished)
+        changed = self._changed_workers()
+        if changed is not None:
+            raise changed
 
     def _end(self, finished: bool) -> None:
         """Count what came late, then close the queues: calls still blocked on them (a hung worker's) end."""
         try:
-            if finished and (self.job._stop.is_set() or self.job._loop.stopped_early):
-                # stopped (by the user, or by a callback mid-epoch): the workers' calls wait for tokens that will
-                # not come; end them now
+            if finished and (self.job._stop.is_set() or self.job._loop.stopped_early or self.draining):
+                # stopped (by the user, or by a callback mid-epoch), or drained for a scale: the workers' calls of the
+                # next chunk wait for tokens that will not come; end them now (its steps run in the next run)
                 self.barrier.close()
                 self._join()
                 return
@@ -99,7 +102,7 @@ class SyncRun(WorkerRun):
             self.required = needed
 
     def _has_work(self) -> bool:
-        return not self.halt.is_set() and self.chunk < len(self.chunks)
+        return not self.halt.is_set() and self.chunk < len(self.chunks) and not self.draining
 
     def _rebuild(self, index: int) -> None:
         super()._rebuild(index)
@@ -122,8 +125,8 @@ class SyncRun(WorkerRun):
         job = self.job
         next_checkpoint = job.first_checkpoint_at()
         for number, (first, n) in enumerate(self.chunks):
-            if not self._wait_for_release(first):
-                return
+            if self.draining or not self._wait_for_release(first):
+                return  # a scale: the chunk runs in the next run, on the new workers
             self.chunk = number
             self.excluded.clear()
             following = self.chunks[number + 1][0] if number + 1 < len(self.chunks) else first + n
@@ -161,7 +164,7 @@ class SyncRun(WorkerRun):
 
     def _over(self) -> bool:
         """A thread waiting for the next epoch gives up: the loop finished, the run ended, or the job was stopped."""
-        return self.job._loop.finished or self.halt.is_set() or self.job._stop.is_set()
+        return self.job._loop.finished or self.halt.is_set() or self.job._stop.is_set() or self.draining
 
     def _record(self, first: int, rows: list[tuple]) -> None:
         """Steps ``first, first + 1, ...``, one ``SyncBarrier.unpack``-ed row each, into the history and the timeline."""
@@ -188,6 +191,8 @@ class SyncRun(WorkerRun):
         job, name, device = self.job, self.names[index], self.job._worker_devices[index]
         number = self.chunk  # a worker back from a re-hosting starts where the ps is
         while number < len(self.chunks) and not self.halt.is_set() and self.slots[index] in (ACTIVE, DROPPED):
+            if self.draining and number > self.chunk:
+                return  # the aggregator stops after its chunk: one the ps will not drive is not started
             first, n = self.chunks[number]
             if not wait_until(functools.partial(job._loop.claimable, first), self._over, None):
                 return  # the training ended (a callback stopped it) before this epoch

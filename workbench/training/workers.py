@@ -17,6 +17,15 @@ TICK_SECONDS = 0.05  # how often a job's loop looks at its calls, its tasks' hea
 THREAD_JOIN_SECONDS = 30.0  # how long a finished run waits for its workers' threads (hung calls are not waited for)
 
 
+class WorkersChanged(Exception):
+    """A run stopped at a step boundary because the cluster was scaled (``Job.rescale``); the job adopts the new
+    workers and starts the next run. ``drained``: when the last call of the old workers was back (time.time())."""
+
+    def __init__(self, drained: float):
+        super().__init__("the cluster's workers changed")
+        self.drained = drained
+
+
 def compute_device(record) -> str:
     """Where a worker task's steps run: its first GPU if its server offers one (``gpus_per_worker``), else its CPU."""
     gpus = [d for d in record.devices if "/device:GPU:" in d]

@@ -87,7 +87,7 @@ def connect(cluster, timeout: float = 60.0, holder=None) -> int:
     for name in _take_deferred(cluster, spec):
         refresh(cluster, name, timeout)
     with _LOCK:
-        if _STATE["spec"] == spec:
+        if _STATE["spec"] == spec or _resize_locked(cluster, spec, time.monotonic() + timeout):
             _hold(holder)
             return _STATE["epoch"]
         _STATE.pop("deferred", None)
@@ -109,6 +109,48 @@ def connect(cluster, timeout: float = 60.0, holder=None) -> int:
         _STATE.update(spec=spec, cluster=cluster.name, cluster_object=cluster, epoch=_STATE["epoch"] + 1)
         _hold(holder)
         return _STATE["epoch"]
+
+
+def resize(cluster, leaving: tuple[str, ...] = (), timeout: float = 60.0) -> bool:
+    """The cluster's worker tasks changed (``cluster.scale``): update this process's connection in place.
+
+    Workers added since the connection join it, and those named in ``leaving`` (the highest indices,
+    as ``scale`` removes them) leave it, with TensorFlow's ``update_server_def``: what this process made
+    on the other tasks (the ps tasks' variables, a job's functions) stays valid, as after a re-hosting.
+    Call it with no remote op in flight (a job does, at a step boundary). Returns False, doing nothing,
+    when this process is not connected to ``cluster`` or more than the workers changed (the next
+    ``connect()`` then connects anew).
+    """
+    spec = cluster.spec_dict
+    if leaving:
+        spec = {**spec, "worker": [r.address for r in cluster.tasks if r.job == "worker" and r.name not in leaving]}
+    with _LOCK:
+        return _STATE.get("spec") == spec or _resize_locked(cluster, spec, time.monotonic() + timeout)
+
+
+def _resize_locked(cluster, spec: dict, deadline: float) -> bool:
+    """``resize`` with ``_LOCK`` held: the connected spec grows or shrinks to ``spec`` if only its workers differ."""
+    connected = _STATE.get("spec")
+    if _STATE.get("cluster_object") is not cluster or not connected or _STATE.get("broken"):
+        return False
+    old, new = connected.get("worker", []), spec.get("worker", [])
+    kept = min(len(old), len(new))
+    if {j: a for j, a in connected.items() if j != "worker"} != {j: a for j, a in spec.items() if j != "worker"} \
+            or old[:kept] != new[:kept] or not new:
+        return False
+    from tensorflow.python.eager import context
+
+    server_def = type(context.context().get_server_def())()
+    server_def.CopyFrom(context.context().get_server_def())
+    for job in server_def.cluster.job:
+        if job.name == "worker":
+            job.tasks.clear()
+            for index, address in enumerate(new):
+                job.tasks[index] = address
+    _bounded(lambda: _update_server_def(context.context(), server_def, deadline), max(1.0, deadline - time.monotonic()),
+             f"telling this kernel that cluster {cluster.name!r} now has {len(new)} worker task(s)")
+    _STATE["spec"] = spec
+    return True
 
 
 def _hold(holder) -> None:
