@@ -305,16 +305,26 @@ class Job:
         if not leaving:
             return
         timeout = self.options.step_timeout + 60.0 if timeout is None else timeout
-        if request[1].wait(timeout):
+        try:
+            if request[1].wait(timeout):
+                return
+        except KeyboardInterrupt:  # the scale is given up: its workers stay, and the job keeps them if it can
+            self._withdraw(request)
+            raise
+        if not self._withdraw(request):  # taken while the wait ended: the job is letting them go now
+            request[1].wait(60.0)
             return
+        raise ClusterStateError(
+            f"{self.describe()} did not let {', '.join(leaving)} go within {timeout:.0f} s (a call on it has not come "
+            "back): the workers stay. Check cluster.status(), then scale again, or stop the job first.")
+
+    def _withdraw(self, request) -> bool:
+        """Take back a scale the job has not followed yet; False if it is being (or was) followed."""
         with self._lock:
-            withdrawn = request in self._rescales
-            if withdrawn:
+            if request in self._rescales:
                 self._rescales.remove(request)
-        if withdrawn:
-            raise ClusterStateError(
-                f"{self.describe()} did not let {', '.join(leaving)} go within {timeout:.0f} s (a call on it has not come "
-                "back): the workers stay. Check cluster.status(), then scale again, or stop the job first.")
+                return True
+        return False
 
     def rescale_pending(self) -> bool:
         """Whether a scale waits to be followed (a run then stops handing out work and ends when its calls are back)."""
