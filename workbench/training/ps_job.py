@@ -235,10 +235,20 @@ class PsJob(Job):
         index and count), the options follow (``elastic_batch``), and ``job.events`` records the change.
         """
         requests = self._take_rescales()
+        try:
+            self._follow(requests, drained)
+        finally:  # the scale waits for this, done or failed (the job's own error then says why)
+            for _names, done, _asked in requests:
+                done.set()
+
+    def _follow(self, requests: list, drained: float) -> None:
         leaving = {name for names, _done, _asked in requests for name in names}
         before = [r.name for r in self._workers]
-        connection.resize(self.cluster, tuple(sorted(leaving)), timeout=self.options.step_timeout)
         workers = [r for r in self.cluster.tasks if r.job == "worker" and r.name not in leaving]
+        names = [r.name for r in workers]
+        if names == before:  # followed already (the job set up after the scale): nothing changed
+            return
+        connection.resize(self.cluster, tuple(sorted(leaving)), timeout=self.options.step_timeout)
         per_worker = self.options.per_worker_batch
         batch = per_worker * len(workers) if self.options.elastic_batch == "per-worker" else self.options.batch_size
         self.options = validate(replace(self.options, num_workers=len(workers), batch_size=batch))
@@ -247,7 +257,6 @@ class PsJob(Job):
             self._fns.forget_worker(device)
         self._workers, self._worker_devices = workers, devices
         self._iterators = [self._make_iterator(i) for i in range(len(workers))]
-        names = [r.name for r in workers]
         event = {"kind": "scale", "time": drained, "step": self.start_step + self.steps_done, "workers": names,
                  "joined": [n for n in names if n not in before], "left": [n for n in before if n not in names],
                  "drain_seconds": max(0.0, drained - min((asked for _n, _d, asked in requests), default=drained)),
@@ -255,10 +264,8 @@ class PsJob(Job):
         with self._lock:
             self._events.append(event)
         self._report_progress()
-        for _names, done, _asked in requests:
-            done.set()
-        notice(f"job {self.name}: {len(names)} worker(s) from step {event['step']} "
-               f"({'; '.join(p for p in (_listed('joined', event['joined']), _listed('left', event['left'])) if p)}; "
+        changes = "; ".join(p for p in (_listed("joined", event["joined"]), _listed("left", event["left"])) if p)
+        notice(f"job {self.name}: {len(names)} worker(s) from step {event['step']} ({changes}; "
                f"paused {event['pause_seconds']:.1f} s)", WorkersChangedWarning, f"job {self.name}")
 
 
