@@ -28,6 +28,7 @@ def _scale_twice(cluster, job, up: int, down: int) -> None:
 def test_scale_up_and_down_while_a_job_trains(strategy, no_leftover_processes):
     with wb.Cluster(ps=1, workers=1, name=f"wb-test-elastic-{strategy}", progress=False) as cluster:
         job = train(cluster, strategy=strategy, steps=STEPS, steps_per_call=5)
+        board = wb.dashboard(cluster, plots=("timeline", "throughput"))  # opened on one worker
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             _scale_twice(cluster, job, up=3, down=2)
@@ -56,6 +57,10 @@ def test_scale_up_and_down_while_a_job_trains(strategy, no_leftover_processes):
         assert job.info["per_worker_batch_size"] == 64 and job.info["global_batch_size"] == 128
         assert job.info["workers"] == ["worker:0", "worker:1"]
         assert any("from step" in str(w.message) and issubclass(w.category, wb.WorkersChangedWarning) for w in said)
+        board.update()  # the new workers' rows appear in the timeline opened before they existed
+        rows = board.components["timeline"].rows
+        assert all(any(f"task:{i}" in row and "job:worker" in row for row in rows) for i in range(3)), rows
+        board.close()
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.90
         assert [r.state for r in cluster.tasks] == ["running"] * 3
         assert [r.name for r in cluster.tasks] == ["ps:0", "worker:0", "worker:1"]
