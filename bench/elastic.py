@@ -19,7 +19,7 @@ with every worker's link shaped to ``--rate``: each worker waits on its own link
 with the workers until the ps's link or the CPUs are the limit). Needs root for the netns links;
 otherwise the user-space relay carries them (``network="auto"``).
 
-    python bench/elastic.py [--repeats 3] [--window 6] [--rate 50mbit] [--json bench/results/elastic.json]
+    python bench/elastic.py [--repeats 3] [--window 6] [--rate 10mbit] [--json bench/results/elastic.json]
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--window", type=float, default=6.0)
     parser.add_argument("--settle", type=float, default=2.0)
-    parser.add_argument("--rate", default="50mbit", help="each worker's link for the link-bound model (tc's notation)")
+    parser.add_argument("--rate", default="10mbit", help="each worker's link for the link-bound model (tc's notation)")
     parser.add_argument("--only", nargs="*", default=[], help="cases as strategy/model, e.g. async-ps/link")
     parser.add_argument("--json", help="write every repeat's figures here")
     args = parser.parse_args()
