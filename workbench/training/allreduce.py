@@ -204,8 +204,9 @@ class AllReduceJob(Job):
     def check_rescale(self, workers: int) -> None:
         raise ClusterStateError(
             f"cannot scale cluster {self.cluster.name!r} while {self.describe()} trains: its all-reduce group "
-            "(TensorFlow's collective ops) is formed when the job starts and cannot take or lose members mid-job. Wait "
-            "for the job (job.wait()) or stop it, then scale; async-ps and sync-ps jobs follow a scale at their next step.")
+            "(TensorFlow's collective ops, one fixed group of workers) cannot take or lose members mid-job, and the "
+            "workbench forms a new group only from a checkpoint, after a lost worker, not for a scale. Wait for the job "
+            "(job.wait()) or stop it, then scale; async-ps and sync-ps jobs follow a scale at their next step.")
 
     def _setup(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options) -> None:
         self._epoch = None
