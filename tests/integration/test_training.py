@@ -125,15 +125,18 @@ def test_throughput_counts_the_steps_after_warmup_on_the_workers_clocks(cluster)
 
 
 def test_a_new_connection_keeps_finished_jobs_weights_and_waits_for_no_running_job(no_leftover_processes):
-    """scale() changes the cluster's shape, so the next job connects the kernel anew: what the old
-    connection made is let go first (freed later, it crashed the kernel), finished jobs keep their
-    trained weights here, and a job still running on the old connection is not broken: the next job waits for it."""
-    with wb.Cluster(ps=1, workers=1, name="wb-test-reconnect", progress=False) as cluster:
+    """Another cluster needs a new connection, so the kernel connects anew: what the old connection made is let go
+    first (freed later, it crashed the kernel), finished jobs keep their trained weights here, and a job still running
+    on the old connection is not broken: connecting elsewhere is refused while it runs. scale() keeps the connection
+    (resized in place), so what it made stays usable."""
+    with wb.Cluster(ps=1, workers=1, name="wb-test-reconnect", progress=False) as cluster, \
+            wb.Cluster(ps=1, workers=1, name="wb-test-reconnect-2", progress=False) as other:
         first = train(cluster, steps=100).wait(300)
         weights = first.model.get_weights()
         reference = first.evaluate(wb.datasets.digits_test)
-        cluster.scale(workers=2)
-        train(cluster, strategy="sync-ps", steps=50).wait(300)  # a new connection
+        cluster.scale(workers=2)  # the same connection, one worker more: the job's variables are still there
+        assert first.evaluate(wb.datasets.digits_test)["accuracy"] == pytest.approx(reference["accuracy"], abs=1e-6)
+        train(other, strategy="sync-ps", steps=50).wait(300)  # another cluster: a new connection
 
         assert all(np.array_equal(a, b) for a, b in zip(first.model.get_weights(), weights))
         x, y = wb.datasets.digits_arrays("test")
@@ -144,11 +147,13 @@ def test_a_new_connection_keeps_finished_jobs_weights_and_waits_for_no_running_j
         with pytest.raises(wb.ClusterStateError, match="replaced.*job.model"):
             first.evaluate(wb.datasets.digits_test)  # on the tasks: out of reach now
 
-        running = train(cluster, steps=1_000_000)
-        cluster.scale(workers=3)  # worker:2 is new; the running job does not use it
+        running = train(cluster, steps=1_000_000)  # back on the first cluster: a new connection again
+        with pytest.raises(wb.ClusterStateError, match=rf"while job {running.name} runs"):
+            train(other, steps=20)  # connecting elsewhere would end the running job: refused, and it goes on
+        assert running.state == "running"
         with pytest.raises(wb.ClusterStateError, match=rf"is training job {running.name} \(running"):
             train(cluster, steps=20, batch_size=60, queue=False)
-        following = train(cluster, steps=20, batch_size=60)  # connects anew once the running job ended
+        following = train(cluster, steps=20, batch_size=60)  # begins once the running job ended
         assert following.state == "queued" and running.state == "running"
         running.stop()
-        assert following.wait(120).state == "finished" and following.info["workers"] == ["worker:0", "worker:1", "worker:2"]
+        assert following.wait(120).state == "finished" and following.info["workers"] == ["worker:0", "worker:1"]
