@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import keras
-from training_helpers import LOSS, make_model
+from training_helpers import LOSS, make_model, wait_for
 
 import workbench as wb
 
@@ -57,14 +57,6 @@ def rate_between(history: list[dict], start: float, end: float) -> float:
     return sum(r["examples"] for r in steps) / max(span, 1e-9)
 
 
-def _wait(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {seconds:.0f} s")
-        time.sleep(0.05)
-
-
 def one_case(strategy: str, model: str, args) -> dict:
     network = None if model == "compute" else "auto"
     with wb.Cluster(ps=1, workers=1, progress=False, network=network, name=f"wb-bench-elastic-{strategy}") as cluster:
@@ -74,13 +66,13 @@ def one_case(strategy: str, model: str, args) -> dict:
                        keras.optimizers.Adam(0.001), strategy=strategy, steps=STEPS, batch_size=32, steps_per_call=5,
                        seed=1)
         try:
-            _wait(lambda: job.steps_done > 0 or job.state != "running", 180, "the first step")
+            wait_for(lambda: job.steps_done > 0 or job.state != "running", 180, "the first step")
             time.sleep(args.warmup + args.window)
             asked = time.time()
             cluster.scale(workers=3)
-            _wait(lambda: job.events or job.state != "running", 120, "the job to follow the scale")
+            wait_for(lambda: job.events or job.state != "running", 120, "the job to follow the scale")
             joined = {"worker:1", "worker:2"}
-            _wait(lambda: any(joined & set(r["worker"].split(",")) for r in job.history), 120, "the new workers' first step")
+            wait_for(lambda: any(joined & set(r["worker"].split(",")) for r in job.history), 120, "the new workers' first step")
             first_new = min(r["start"] for r in job.history if joined & set(r["worker"].split(",")))
             time.sleep(args.settle + args.window + 1.0)
         finally:
