@@ -42,20 +42,14 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _import_nodes(tree: ast.AST):
-    """Every import statement, skipping the bodies of ``if TYPE_CHECKING:``."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            yield from (n for child in node.orelse for n in _import_nodes_of(child))
-            continue
-        yield from _import_nodes_of(node)
-
-
-def _import_nodes_of(node: ast.AST):
+def _import_nodes(node: ast.AST):
+    """Every import statement under ``node``, skipping the bodies of ``if TYPE_CHECKING:`` (their ``else`` runs)."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         yield node
-    else:
-        yield from _import_nodes(node)
+        return
+    children = node.orelse if isinstance(node, ast.If) and _is_type_checking(node) else ast.iter_child_nodes(node)
+    for child in children:
+        yield from _import_nodes(child)
 
 
 def _resolve(name: str) -> str | None:

@@ -138,19 +138,23 @@ def _resize_locked(cluster, spec: dict, deadline: float) -> bool:
     if {j: a for j, a in connected.items() if j != "worker"} != {j: a for j, a in spec.items() if j != "worker"} \
             or old[:kept] != new[:kept] or not new:
         return False
+    _apply_spec(spec, deadline, f"telling this kernel that cluster {cluster.name!r} now has {len(new)} worker task(s)")
+    return True
+
+
+def _apply_spec(spec: dict, deadline: float, what: str) -> None:
+    """Point this process's connection at ``spec``'s addresses in place (``update_server_def``); ``_LOCK`` held."""
     from tensorflow.python.eager import context
 
     server_def = type(context.context().get_server_def())()
     server_def.CopyFrom(context.context().get_server_def())
     for job in server_def.cluster.job:
-        if job.name == "worker":
+        if job.name in spec:  # not this process's own job ("localhost")
             job.tasks.clear()
-            for index, address in enumerate(new):
+            for index, address in enumerate(spec[job.name]):
                 job.tasks[index] = address
-    _bounded(lambda: _update_server_def(context.context(), server_def, deadline), max(1.0, deadline - time.monotonic()),
-             f"telling this kernel that cluster {cluster.name!r} now has {len(new)} worker task(s)")
+    _bounded(lambda: _update_server_def(context.context(), server_def, deadline), max(1.0, deadline - time.monotonic()), what)
     _STATE["spec"] = spec
-    return True
 
 
 def _hold(holder) -> None:
@@ -276,18 +280,9 @@ def refresh(cluster, rehosted: str, timeout: float = 60.0) -> bool:
         if _STATE.get("cluster_object") is not cluster or {j: len(a) for j, a in connected.items()} != {
                 j: len(a) for j, a in spec.items()}:
             return False
-        from tensorflow.python.eager import context
-
         if _STATE.get("broken"):
             raise ClusterStateError(_STATE["broken"])
-        server_def = type(context.context().get_server_def())()
-        server_def.CopyFrom(context.context().get_server_def())
-        for job in server_def.cluster.job:
-            for index, address in enumerate(spec.get(job.name, ())):
-                job.tasks[index] = address
-        _bounded(lambda: _update_server_def(context.context(), server_def, deadline), timeout,
-                 f"telling this kernel that {rehosted} of cluster {cluster.name!r} was re-hosted")
-        _STATE["spec"] = spec
+        _apply_spec(spec, deadline, f"telling this kernel that {rehosted} of cluster {cluster.name!r} was re-hosted")
     _await_links(cluster, rehosted, deadline)
     return True
 
