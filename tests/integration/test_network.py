@@ -360,7 +360,7 @@ def test_estimate_profiles_once_and_predicts_links(linked):
     assert fast.bottleneck == "the workers' steps" and fast.steps_per_s > 0
     slow = wb.estimate(make_model, linked, 64, link="1mbit", profile=fast.profile)
     assert slow.bottleneck.startswith("the ps's link")
-    assert slow.steps_per_s == pytest.approx(1e6 / 8 / parameters)
+    assert 0.9 * 1e6 / 8 / parameters <= slow.steps_per_s < 1e6 / 8 / parameters  # the link, the workers add a little
     more = wb.estimate(make_model, linked, 64, link="10gbit", profile=fast.profile, workers=8)
     assert more.workers == 8 and more.batch_size == 256 and "limited by" in str(more)
     with pytest.raises(ConfigurationError, match="measured for strategy='async-ps', transfer='fp32'"):

@@ -7,7 +7,10 @@ The link then adds its transfer times, in the shape of the strategy:
 
 * async-ps: a worker step is ``compute + push + read`` (``max(compute + push, read)`` when reads
   overlap pushes, the default); the workers' steps/s are capped by each direction of the ps's own
-  link, which carries every worker's parameters out and gradients in.
+  link, which carries every worker's parameters out and gradients in. The two bounds do not simply
+  take turns: where they are close, workers wait for each other's transfers on the shared card and
+  the card idles while they compute, so a step takes their p-norm (``COMBINE``: p = 3), which is the
+  larger bound where one clearly limits, and 2^(1/3) = 1.26 times it where both are equal.
 * sync-ps: a step reads every worker's parameters through the ps's link, computes, then takes every
   worker's gradient back through it.
 
@@ -26,6 +29,9 @@ from ..errors import ConfigurationError
 from .options import overlap_transfers
 
 PROFILE_STEPS = 120
+# p of the norm that joins the workers' bound and the ps link's: fitted on one run of ``bench/network.py
+# --part cost`` (2026-11-25: 8 points, 1 ps + 2 workers), checked on later ones (docs/benchmarks.md)
+COMBINE = 3.0
 STEADY = (0.25, 0.9)  # the part of the profile's steps used (start-up and the last call left out)
 
 
@@ -38,7 +44,7 @@ class Profile:
     batch_size: int  # global
     workers: int
     ps: int
-    worker_step_seconds: float  # async-ps: median time of one worker's step
+    worker_step_seconds: float  # async-ps: one worker's mean cycle (a step and its share of the calls' gaps)
     global_step_seconds: float  # 1 / steps per second of the whole job
     parameter_bytes: int  # what one step reads from the ps tasks
     gradient_bytes: int  # what one step pushes to them
@@ -92,7 +98,8 @@ def predict(profile: Profile, link_bits: float, workers: int | None = None) -> t
         "the ps's link, incoming": per_ps * push,
     }
     bottleneck = max(candidates, key=candidates.get)
-    return candidates[bottleneck], bottleneck
+    link = per_ps * max(read, push)  # each direction of the card is its own bound: the busier one counts
+    return (candidates["the workers' steps"] ** COMBINE + link ** COMBINE) ** (1 / COMBINE), bottleneck
 
 
 def estimate(model: Any, cluster, batch_size: int = 64, strategy: str = "async-ps", transfer: str = "fp32",
@@ -151,9 +158,11 @@ def measure_profile(model: Any, cluster, batch_size: int, strategy: str, transfe
     steady = history[int(STEADY[0] * len(history)):int(STEADY[1] * len(history))]
     if len(steady) < 10:
         raise ConfigurationError(f"profile_steps={steps} leaves too few steady steps to time: use 100 or more.")
-    per_step = statistics.median(r["end"] - r["start"] for r in steady)
     rate = (len(steady) - 1) / (steady[-1]["end"] - steady[0]["end"])
     info = job.info
+    per_step = statistics.median(r["end"] - r["start"] for r in steady)
+    if strategy == "async-ps":  # a worker's mean cycle: the gaps between its calls count too (the rate sees them)
+        per_step = max(per_step, len(info["workers"]) / rate)
     moved = info["bytes_per_step"] or {"parameters": 0, "gradients": 0}
     overlap = strategy == "async-ps" and overlap_transfers()
     return Profile(strategy, transfer, batch_size, len(info["workers"]), len(info["ps_bytes"]) or 1, per_step,

@@ -5,16 +5,21 @@ What TensorFlow 1's ``SyncReplicasOptimizer`` kept on the ps (gradient accumulat
 queue), rebuilt here with TF2 queues and functions:
 
 * ``gradients``: one queue on the first ps. A worker's step ends by enqueueing
-  ``(step, worker, loss, metrics, stamps, *gradients)`` there: that enqueue is the push. The
-  gradients travel packed, one tensor per ps and dtype (``packing``), as the parameters do.
+  ``(meta, *gradients)`` there: that enqueue is the push. ``meta`` is one float64 vector
+  ``[step, worker, loss, started, ready, *metrics]`` (``META``): every tensor that crosses from a
+  worker to the ps is a transfer of its own, with its CPU cost on both sides, so the small values
+  travel together. The gradients travel packed, one tensor per ps and dtype (``packing``), as the
+  parameters do.
 * ``tokens[w]``: one queue per worker, on the first ps. A worker computes step ``s`` once it
   dequeued the token ``s``, i.e. once step ``s - 1`` is applied; it then reads the parameters
   (from the ps, in its forward pass). A worker that fell behind drains its queue and jumps to the
   newest token: its old gradients come late and are dropped.
 * ``aggregate(first, end, next_token)`` runs on the first ps, steps ``first..end-1`` in one call:
   for each step it dequeues gradients until ``required`` of them belong to this step (older ones
-  are counted late), averages them in worker order (the same sum whatever the arrival order),
-  applies the average, and hands every worker the next token.
+  are counted late), writes each into its worker's row of ``slots`` (variables on the ps, written
+  in place; late ones into a spare row), averages the rows of the step's workers in worker order
+  (the same sum whatever the arrival order), applies the average, and hands every worker the next
+  token.
 * ``work[w](iterator, end)`` runs on worker ``w``: steps from its token until the token reaches
   ``end``; it puts its last token back for its next call. Every worker calls one function, traced
   once, with its own token queue, index and error-feedback variables as arguments.
@@ -32,6 +37,7 @@ from .packing import Packing
 from .steps import StepFunctions, _written, stamp_after
 
 WAKE = -1  # the worker index of an element that only makes ``aggregate`` look at ``required`` again
+META = 5  # step, worker, loss, started, ready; then the metrics
 _QUEUE_CAPACITY = 1 << 16
 
 
@@ -48,8 +54,11 @@ class SyncBarrier:
         with tf.device(ps_device):
             self.required = tf.Variable(required, dtype=tf.int32, trainable=False, name="sync_required")
             self.gradients = tf.queue.FIFOQueue(
-                _QUEUE_CAPACITY, [tf.int64, tf.int32, tf.float32, tf.float32, tf.float64, *(d for d, _ in self._specs)],
-                [[], [], [], [n_metrics], [2], *(s for _, s in self._specs)], name="sync_gradients")
+                _QUEUE_CAPACITY, [tf.float64, *(d for d, _ in self._specs)],
+                [[META + n_metrics], *(s for _, s in self._specs)], name="sync_gradients")
+            # a step's gradients as they came, decoded: row w is worker w's, row n takes what came late
+            self.slots = [tf.Variable(tf.zeros([n_workers + 1, *s], d), trainable=False, name="sync_slots")
+                          for d, s in self.packing.specs(wire=False)]
             self.tokens = [tf.queue.FIFOQueue(_QUEUE_CAPACITY, [tf.int64], [[]], name=f"sync_tokens_{w}")
                            for w in range(n_workers)]
         self._work = self._make_work()
@@ -88,9 +97,8 @@ class SyncBarrier:
 
         with tf.device(self.ps_device):
             self.required.assign(required)
-            self.gradients.enqueue([tf.constant(-1, tf.int64), tf.constant(WAKE, tf.int32), tf.constant(0.0),
-                                    tf.zeros([self.n_metrics]), tf.zeros([2], tf.float64),
-                                    *(tf.zeros(s, d) for d, s in self._specs)])
+            meta = tf.concat([tf.constant([-1.0, WAKE], tf.float64), tf.zeros([META - 2 + self.n_metrics], tf.float64)], 0)
+            self.gradients.enqueue([meta, *(tf.zeros(s, d) for d, s in self._specs)])
 
     def rebuild_worker(self, index: int) -> None:
         """Worker ``index`` was re-hosted: its error-feedback state went with it (made again on its next call)."""
@@ -170,6 +178,8 @@ class SyncBarrier:
 
         @tf.function(autograph=False)
         def work(iterator, end, index, tokens, residuals):
+            worker = tf.cast(index, tf.float64)
+
             def more(step, steps, stamps):
                 return step < end
 
@@ -182,8 +192,9 @@ class SyncBarrier:
                 grads = self.packing.encode(self.packing.pack([tf.convert_to_tensor(g, t.dtype) for g, t in zip(grads, targets)]),
                                             residuals or None)
                 times = tf.stack([start, stamp_after([loss, *grads])])
-                values = tf.stack(metrics) if metrics else tf.zeros([0])
-                pushed = gradients.enqueue([step, index, loss, values, times, *grads])
+                meta = tf.concat([tf.stack([tf.cast(step, tf.float64), worker, tf.cast(loss, tf.float64)]), times,
+                                  tf.cast(tf.stack(metrics), tf.float64) if metrics else tf.zeros([0], tf.float64)], 0)
+                pushed = gradients.enqueue([meta, *grads])  # two transfers to the ps: the small values, the gradients
                 at = steps.size()
                 steps, stamps = steps.write(at, step), stamps.write(at, times)
                 with tf.control_dependencies([pushed]):
@@ -203,42 +214,48 @@ class SyncBarrier:
         import tensorflow as tf
 
         fns, n, m, gradients, tokens = self.fns, self.n, self.n_metrics, self.gradients, self.tokens
-        specs, required = self.packing.specs(wire=False), self.required  # slots hold decoded gradients
+        slots, required = self.slots, self.required
 
         def gather(step):
-            """Dequeue until ``required`` gradients of ``step`` came: their sum per worker slot, who, and how many late."""
-            def more(count, late, mask, losses, metrics, stamps, slots):
+            """Dequeue until ``required`` gradients of ``step`` came, each into its worker's slot: who, and how many late.
+
+            Only the small per-worker values are carried through the loop; a gradient is written once,
+            in place, into its row of ``slots`` (a late one, or a wake element, into the spare row ``n``).
+            """
+            def more(count, late, mask, meta):
                 return count < required.read_value()
 
-            def take(count, late, mask, losses, metrics, stamps, slots):
+            def take(count, late, mask, meta):
                 item = gradients.dequeue()
-                worker = tf.maximum(item[1], 0)
-                fresh = tf.logical_and(item[1] >= 0, tf.equal(item[0], step))
+                index = tf.cast(item[0][1], tf.int32)
+                known = index >= 0
+                worker = tf.maximum(index, 0)
+                fresh = tf.logical_and(known, tf.equal(tf.cast(item[0][0], tf.int64), step))
                 fresh = tf.logical_and(fresh, tf.gather(mask, worker) == 0.0)  # once per worker and step
+                row = tf.where(fresh, worker, n)
+                written = [s.scatter_update(tf.IndexedSlices(tf.expand_dims(g, 0), tf.reshape(row, [1])))
+                           for s, g in zip(slots, self.packing.decode(list(item[1:])))]
+                late += tf.cast(tf.logical_and(known, tf.logical_not(fresh)), tf.int32)
                 weight = tf.cast(fresh, tf.float32)
-                at = [[worker]]
-                late += tf.cast(tf.logical_and(item[1] >= 0, tf.logical_not(fresh)), tf.int32)
-                mask = tf.tensor_scatter_nd_add(mask, at, [weight])
-                losses = tf.tensor_scatter_nd_add(losses, at, [item[2] * weight])
-                if m:  # no metrics: nothing to add (an empty update is an error)
-                    metrics = tf.tensor_scatter_nd_add(metrics, at, [item[3] * weight])
-                stamps = tf.tensor_scatter_nd_add(stamps, at, [item[4] * tf.cast(weight, tf.float64)])
-                grads = self.packing.decode(list(item[5:]))
-                slots = [tf.tensor_scatter_nd_add(s, at, [g * tf.cast(weight, g.dtype)]) for s, g in zip(slots, grads)]
-                return count + tf.cast(fresh, tf.int32), late, mask, losses, metrics, stamps, slots
+                mask = tf.tensor_scatter_nd_add(mask, [[worker]], [weight])
+                meta = tf.tensor_scatter_nd_add(meta, [[worker]], [item[0] * tf.cast(weight, tf.float64)])
+                with tf.control_dependencies(written):
+                    return count + tf.cast(fresh, tf.int32), late, mask, meta
 
-            start = (tf.constant(0), tf.constant(0), tf.zeros([n]), tf.zeros([n]), tf.zeros([n, m]),
-                     tf.zeros([n, 2], tf.float64), [tf.zeros([n, *s], d) for d, s in specs])
+            start = (tf.constant(0), tf.constant(0), tf.zeros([n]), tf.zeros([n, META + m], tf.float64))
             return tf.while_loop(more, take, start, parallel_iterations=1)
 
         @tf.function(autograph=False)
         def aggregate(first, end, next_token):
             def step_body(step, out):
-                count, late, mask, losses, metrics, stamps, slots = gather(step)
+                count, late, mask, meta = gather(step)
                 with tf.control_dependencies([count]):
                     applied = tf.timestamp()
                 share = tf.cast(tf.maximum(count, 1), tf.float32)
-                mean = [tf.reduce_sum(s, axis=0) / tf.cast(share, s.dtype) for s in slots]  # worker order: exact
+                rows = tf.reshape(tf.where(mask > 0), [-1])  # the step's workers, in worker order: the same sum always
+                mean = [tf.reduce_sum(tf.gather(s, rows), axis=0) / tf.cast(share, s.dtype) for s in slots]
+                losses, stamps = tf.cast(meta[:, 2], tf.float32), meta[:, 3:5]
+                metrics = tf.cast(meta[:, META:], tf.float32)
                 with tf.control_dependencies([applied]):
                     fns.optimizer.apply_gradients(zip(self.packing.unpack(mean), fns.targets))
                 with tf.control_dependencies([_written(fns.model.weights)]):
