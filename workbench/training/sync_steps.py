@@ -184,11 +184,13 @@ class SyncBarrier:
                 return step < end
 
             def one(step, steps, stamps):
-                with tf.control_dependencies([step]):  # the parameters are read once the previous step is applied
+                with tf.control_dependencies([step]):  # the previous step is applied
                     start = tf.timestamp()
                 with tf.control_dependencies([start]):
                     x, y = next(iterator)
-                    loss, metrics, grads = fns._loss_and_grads(x, y)
+                # no edge from ``start`` to the reads on the ps: they run in this iteration of the loop there, which
+                # begins once the loop's condition on ``step`` crossed over, i.e. after the token came
+                loss, metrics, grads = fns._loss_and_grads(x, y)
                 grads = self.packing.encode(self.packing.pack([tf.convert_to_tensor(g, t.dtype) for g, t in zip(grads, targets)]),
                                             residuals or None)
                 times = tf.stack([start, stamp_after([loss, *grads])])
