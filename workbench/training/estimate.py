@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import ConfigurationError
 from .options import overlap_transfers
 
-PROFILE_STEPS = 120
+PROFILE_STEPS = 200  # 120 left the workers' cycle to ~1 s of steps: 10 % apart between two profiles
 # p of the norm that joins the workers' bound and the ps link's: fitted on one run of ``bench/network.py
 # --part cost`` (2026-11-25: 8 points, 1 ps + 2 workers), checked on later ones (docs/benchmarks.md)
 COMBINE = 3.0
