@@ -116,7 +116,10 @@ def stamp_after(tensors) -> Any:
 # TensorFlow counts traces per code object, not per function, so a few short jobs in a row read to it as
 # one function retraced ("5 out of the last 12 calls to <function steps_in_one_call.<locals>.train_steps
 # ...> triggered tf.function retracing"), a warning that would send the user hunting for a loop of theirs.
-OWN_STEP_FUNCTIONS = ("steps_in_one_call.<locals>.train_steps", "StepFunctions.evaluation_function.<locals>.evaluate")
+OWN_STEP_FUNCTIONS = ("steps_in_one_call.<locals>.make.<locals>.train_steps",
+                      "StepFunctions.evaluation_function.<locals>.evaluate")
+# Steps laid out one after the other in each pass of a call's loop (see ``steps_in_one_call``)
+UNROLL = 2
 
 
 class _OwnRetracing(logging.Filter):
@@ -148,37 +151,60 @@ def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | No
     one's arrived: they leave the ps only after this step's update, so no signal has to come
     back from the ps per step to say so. The last step ends at ``settled()``, a tensor that
     exists once every update landed.
+
+    Each pass of the call's loop makes ``UNROLL`` steps, laid out one after the other in the
+    graph (a call of ``n`` steps that ``UNROLL`` does not divide takes a second function, one step
+    a pass, traced on first use). A loop spanning the worker and the ps costs transfers of its own
+    at every pass (its condition to the ps, the start of its body there, the end of the ps's part
+    back: three of an async-ps step's five, in the partitioned graphs), so two steps a pass leave
+    a step 3.5 instead of 5 (``bench/training.py``: async-ps 1.18 -> 1.29-1.35x PSS). Each step
+    laid out is one more trace of it at the start (about 0.25 s here): ten a pass measured 1.68x
+    PSS in the steady state but started 2.4 s later.
     """
     import tensorflow as tf
 
     quiet_own_retracing()
 
-    @tf.function
-    def train_steps(iterator, n, state):
-        losses = tf.TensorArray(tf.float32, size=n)
-        metric_values = tf.TensorArray(tf.float32, size=n, element_shape=[n_metrics])
-        stamps = tf.TensorArray(tf.float64, size=n + 1)
-        marks = tf.TensorArray(tf.float64, size=n)
-        if settled is None:
-            stamps = stamps.write(0, tf.timestamp())
-        for i in tf.range(n):
-            # Steps are strictly sequential: without this, iterations overlap and timestamps lie.
-            tf.autograph.experimental.set_loop_options(parallel_iterations=1)
-            x, y = next(iterator)
-            loss, metrics, done, mark, began = one_step(x, y, state)
-            losses = losses.write(i, loss)
-            metric_values = metric_values.write(i, metrics)
-            marks = marks.write(i, mark)
+    def make(unroll: int):
+        @tf.function
+        def train_steps(iterator, n, state):
+            losses = tf.TensorArray(tf.float32, size=n)
+            metric_values = tf.TensorArray(tf.float32, size=n, element_shape=[n_metrics])
+            stamps = tf.TensorArray(tf.float64, size=n + 1)
+            marks = tf.TensorArray(tf.float64, size=n)
             if settled is None:
-                with tf.control_dependencies([loss, *done]):
-                    stamps = stamps.write(i + 1, tf.timestamp())
-            else:
-                stamps = stamps.write(i, began)
-        if settled is not None:
-            with tf.control_dependencies([settled()]):
-                stamps = stamps.write(n, tf.timestamp())
-        return losses.stack(), metric_values.stack(), stamps.stack(), marks.stack()
+                stamps = stamps.write(0, tf.timestamp())
+            for group in tf.range(n // unroll):
+                # Steps are strictly sequential: without this, iterations overlap and timestamps lie.
+                tf.autograph.experimental.set_loop_options(parallel_iterations=1)
+                for j in range(unroll):  # a Python loop: the steps laid out in the graph
+                    i = group * unroll + j
+                    x, y = next(iterator)
+                    loss, metrics, done, mark, began = one_step(x, y, state)
+                    losses = losses.write(i, loss)
+                    metric_values = metric_values.write(i, metrics)
+                    marks = marks.write(i, mark)
+                    if settled is None:
+                        with tf.control_dependencies([loss, *done]):
+                            stamps = stamps.write(i + 1, tf.timestamp())
+                    else:
+                        stamps = stamps.write(i, began)
+            if settled is not None:
+                with tf.control_dependencies([settled()]):
+                    stamps = stamps.write(n, tf.timestamp())
+            return losses.stack(), metric_values.stack(), stamps.stack(), marks.stack()
 
+        return train_steps
+
+    grouped, single = make(UNROLL), make(1)
+
+    def train_steps(iterator, n, state):
+        return (grouped if int(n) % UNROLL == 0 else single)(iterator, n, state)
+
+    def tracing_count() -> int:  # as a ``tf.function``'s: traces of both
+        return grouped.experimental_get_tracing_count() + single.experimental_get_tracing_count()
+
+    train_steps.experimental_get_tracing_count = tracing_count
     return train_steps
 
 
