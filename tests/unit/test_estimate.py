@@ -3,6 +3,7 @@
 import pytest
 
 from workbench.training.estimate import COMBINE, Profile, predict
+from workbench.training.steps import UNROLL
 
 MB = 1_000_000
 
@@ -15,32 +16,46 @@ def joined(*bounds):
     return sum(b ** COMBINE for b in bounds) ** (1 / COMBINE)
 
 
+def per_step(compute, push):
+    """A worker's pass of UNROLL steps: each push overlaps the next step's compute, the last one's does not."""
+    return (compute + (UNROLL - 1) * max(compute, push) + push) / UNROLL
+
+
+def test_pushes_overlap_the_next_steps_compute_within_a_pass():
+    assert UNROLL == 2  # the figures below are for two steps a pass
+    # one worker, four ps tasks, a fast link: 10 ms compute, 4 MB at 10 Gbit/s = 3.2 ms each way
+    seconds, bottleneck = predict(profile(ps=4, workers=1), 10e9, workers=1)
+    assert bottleneck == "the workers' steps"
+    assert seconds == pytest.approx(joined((0.010 + 0.010 + 0.0032) / 2, 0.0008))  # 11.6 ms: one push in two shows
+
+
 def test_a_slow_link_makes_the_ps_card_the_bottleneck():
     seconds, bottleneck = predict(profile(), 1e9)  # 4 MB each way at 125 MB/s: 32 ms per step through the ps
     assert bottleneck.startswith("the ps's link")
-    assert seconds == pytest.approx(joined(4 * MB / 125e6, (0.010 + 0.032) / 2))  # the workers' 21 ms add a little
+    assert seconds == pytest.approx(joined(0.032, per_step(0.010, 0.032) / 2))  # the workers' 18.5 ms add a little
     alone, _ = predict(profile(step=0.001, workers=8), 1e8)  # the workers far below the link: the link, nearly
     assert alone == pytest.approx(4 * MB / 12.5e6, rel=0.01)
 
 
 def test_equal_bounds_join_rather_than_take_turns():
-    # 2 workers, 4 MB at 1 Gbit/s: each direction 32 ms; a 32 ms compute with overlap: (32 + 32) / 2 per step
-    seconds, _ = predict(profile(step=0.032), 1e9)
+    # 2 workers, 4 MB at 1 Gbit/s: each direction 32 ms; a 48 ms compute: (48 + 48 + 32) / 2 = 64 ms a step per
+    # worker, 32 for both: the same as the link's 32
+    seconds, _ = predict(profile(step=0.048), 1e9)
     assert seconds == pytest.approx(0.032 * 2 ** (1 / COMBINE))
 
 
 def test_a_fast_link_leaves_the_workers_as_the_limit():
     seconds, bottleneck = predict(profile(parameter_bytes=10_000), 10e9)
     assert bottleneck == "the workers' steps"
-    assert seconds == pytest.approx((0.010 + 10_000 / 1.25e9) / 2, rel=1e-6)
+    assert seconds == pytest.approx(per_step(0.010, 10_000 / 1.25e9) / 2, rel=1e-6)
 
 
-def test_overlap_hides_the_shorter_of_compute_plus_push_and_read():
+def test_overlap_hides_the_read():
     link = 10e9  # 4 MB: 3.2 ms each way; one worker and four ps tasks: the worker's own steps limit
     serial, _ = predict(profile(overlap=False, ps=4), link, workers=1)
     overlapped, _ = predict(profile(overlap=True, ps=4), link, workers=1)
-    assert serial == pytest.approx(joined(0.010 + 2 * 3.2e-3, 0.8e-3))
-    assert overlapped == pytest.approx(joined(0.010 + 3.2e-3, 0.8e-3))
+    assert serial == pytest.approx(joined(per_step(0.010, 3.2e-3) + 3.2e-3, 0.8e-3))
+    assert overlapped == pytest.approx(joined(per_step(0.010, 3.2e-3), 0.8e-3))
     assert overlapped < serial
 
 
@@ -48,7 +63,7 @@ def test_more_ps_tasks_share_the_bytes():
     one, _ = predict(profile(workers=4), 1e9)  # four workers: the ps's card limits, not the workers' own
     two, bottleneck = predict(profile(workers=4, ps=2), 1e9)
     assert bottleneck.startswith("the ps's link")
-    workers = (0.010 + 0.032) / 4
+    workers = per_step(0.010, 0.032) / 4
     assert (one, two) == (pytest.approx(joined(0.032, workers)), pytest.approx(joined(0.016, workers)))
 
 

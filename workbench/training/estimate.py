@@ -6,7 +6,9 @@ time a worker takes for one step when transfers cost nothing but CPU, and the by
 The link then adds its transfer times, in the shape of the strategy:
 
 * async-ps: a worker step is ``compute + push + read`` (``max(compute + push, read)`` when reads
-  overlap pushes, the default); the workers' steps/s are capped by each direction of the ps's own
+  overlap pushes, the default), where a worker's call lays out ``UNROLL`` steps a pass and a step's
+  push overlaps the next step's compute within a pass: a pass of U steps takes
+  ``compute + (U - 1) max(compute, push) + push``; the workers' steps/s are capped by each direction of the ps's own
   link, which carries every worker's parameters out and gradients in. The two bounds do not simply
   take turns: where they are close, workers wait for each other's transfers on the shared card and
   the card idles while they compute, so a step takes their p-norm (``COMBINE``: p = 3), which is the
@@ -27,6 +29,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .options import overlap_transfers
+from .steps import UNROLL
 
 PROFILE_STEPS = 200  # 120 left the workers' cycle to ~1 s of steps: 10 % apart between two profiles
 # p of the norm that joins the workers' bound and the ps link's: fitted on one run of ``bench/network.py
@@ -91,7 +94,8 @@ def predict(profile: Profile, link_bits: float, workers: int | None = None) -> t
         through_ps = workers * per_ps * (read + push)
         return fixed + through_ps, ("the ps's link" if through_ps > fixed else "compute and coordination")
     compute = profile.worker_step_seconds
-    worker = max(compute + push, read) if profile.overlap else compute + push + read
+    pushed = (compute + (UNROLL - 1) * max(compute, push) + push) / UNROLL  # per step: compute, then its push
+    worker = max(pushed, read) if profile.overlap else pushed + read
     candidates = {
         "the workers' steps": worker / workers,
         "the ps's link, outgoing": per_ps * read,
