@@ -8,6 +8,7 @@ import pytest
 from training_helpers import LOSS, wait_for
 
 import workbench as wb
+from workbench.training.steps import UNROLL
 
 pytestmark = pytest.mark.cluster
 
@@ -17,8 +18,12 @@ def three_layers():
                              keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
 
 
-def tensors_per_step(profile) -> dict[str, int]:
-    """Per ps task: how many tensors it sends worker:0 at every step (the edges that fire as often as the busiest)."""
+def tensors_per_step(profile) -> dict[str, float]:
+    """Per ps task: how many tensors it sends worker:0 at every step.
+
+    The edges that fire as often as the busiest, per step laid out in a pass of the worker's call (each of
+    the ``UNROLL`` steps of a pass is its own copy in the graph, with edges of its own).
+    """
     edges: dict[str, Counter] = {}
     for send, receive in profile.transfers:
         if send.task.startswith("ps:") and receive.task == "worker:0":
@@ -26,7 +31,7 @@ def tensors_per_step(profile) -> dict[str, int]:
     assert set(edges) == {"ps:0", "ps:1"}, f"no transfers traced from both ps tasks: {edges}"
     busiest = max(n for counts in edges.values() for n in counts.values())
     assert busiest >= 20, f"too few steps traced to count: {edges}"
-    return {task: sum(n > busiest / 2 for n in counts.values()) for task, counts in edges.items()}
+    return {task: sum(n > busiest / 2 for n in counts.values()) / UNROLL for task, counts in edges.items()}
 
 
 def traced_sends(cluster) -> dict[str, float]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tornado.httpclient
+import tornado.iostream
 import tornado.web
 import tornado.websocket
 from jupyter_core.utils import ensure_async
@@ -211,16 +212,36 @@ class DashboardSocketProxy(JupyterHandler, tornado.websocket.WebSocketHandler):
 
     def on_message(self, message: str | bytes) -> None:
         if self.upstream is not None:
-            self.upstream.write_message(message, binary=isinstance(message, bytes))
+            self._relay(self.upstream.write_message, message)
 
     def _from_upstream(self, message: str | bytes | None) -> None:
         if message is None:  # the owner closed the session (or stopped)
             self.close()
             return
+        self._relay(self.write_message, message)
+
+    def _relay(self, write, message: str | bytes) -> None:
+        """Send ``message`` on with ``write``; a side that closed meanwhile ends the session, quietly.
+
+        A write returns a future that fails if the socket closes before the bytes left (the browser's
+        tab went, the owner stopped): it is looked at here, or asyncio would log its traceback as
+        "Task exception was never retrieved" in the server's log.
+        """
         try:
-            self.write_message(message, binary=isinstance(message, bytes))
+            sent = write(message, binary=isinstance(message, bytes))
         except tornado.websocket.WebSocketClosedError:
             self.on_close()
+            return
+        sent.add_done_callback(self._sent)
+
+    def _sent(self, sent) -> None:
+        if sent.cancelled():
+            return
+        error = sent.exception()
+        if isinstance(error, (tornado.websocket.WebSocketClosedError, tornado.iostream.StreamClosedError)):
+            self.on_close()
+        elif error is not None:
+            self.log.warning("workbench: relaying a dashboard message failed: %r", error)
 
     def on_close(self) -> None:
         upstream, self.upstream = self.upstream, None
