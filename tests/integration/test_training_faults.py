@@ -73,6 +73,20 @@ def test_sync_loss_curve_is_the_same_with_one_or_two_workers(cluster3):
     assert curve_one[-1] < curve_one[0] / 3
 
 
+def test_async_steps_laid_out_in_pairs_compute_what_single_steps_do(cluster3, monkeypatch):
+    # A worker's call lays out UNROLL steps per pass of its loop, ordered only by the state they share. With one
+    # worker nothing else moves the parameters: the loss curve must be the one of one step per pass, bit for bit.
+    import workbench.training.steps as steps
+
+    cluster3.scale(workers=1)
+    curves = {}
+    for unroll in (1, 2):
+        monkeypatch.setattr(steps, "UNROLL", unroll)
+        job = train(cluster3, steps=100, seed=3).wait(300)
+        curves[unroll] = [r["loss"] for r in job.history]
+    assert len(curves[2]) == 100 and curves[2] == curves[1]
+
+
 def test_without_recovery_a_killed_worker_does_not_stop_async_training(no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-killworker", progress=False) as cluster:
         job = train(cluster, strategy="async-ps", steps=1500, steps_per_call=5, recover=False)
