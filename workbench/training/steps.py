@@ -196,10 +196,11 @@ def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | No
 
         return train_steps
 
-    grouped, single = make(UNROLL), make(1)
+    unroll = UNROLL  # as this job's functions were made, whatever the module's value later
+    grouped, single = make(unroll), make(1)
 
     def train_steps(iterator, n, state):
-        return (grouped if int(n) % UNROLL == 0 else single)(iterator, n, state)
+        return (grouped if int(n) % unroll == 0 else single)(iterator, n, state)
 
     def tracing_count() -> int:  # as a ``tf.function``'s: traces of both
         return grouped.experimental_get_tracing_count() + single.experimental_get_tracing_count()

@@ -141,7 +141,7 @@ class SyncBarrier:
         Only the first dequeue waits for ``after`` (both on the ps): a control edge to an op on the
         worker would be one more transfer per step. The rest stays where TensorFlow places it: pinning
         the maximum to the ps moved the loop's own bookkeeping across the link (12 transfers a step
-        instead of 8, in the partitioned graphs).
+        instead of 9, in the partitioned graphs).
         """
         import tensorflow as tf
 
