@@ -154,7 +154,7 @@ class AsyncRun(WorkerRun):
             first, n = call.chunk
             try:
                 with tf.device(device):
-                    outputs = job._fns.train_steps_on(device)(job._iterators[index], tf.constant(n, tf.int32))
+                    outputs = job._fns.train_steps_on(device)(job._iterators[index], n)
                 losses, metrics, stamps, marks = (o.numpy() for o in outputs)
             except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
                 self.errors.put((index, call, exc))

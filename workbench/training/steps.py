@@ -200,7 +200,8 @@ def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | No
     grouped, single = make(unroll), make(1)
 
     def train_steps(iterator, n, state):
-        return (grouped if int(n) % unroll == 0 else single)(iterator, n, state)
+        n = int(n)  # the steps of this call: which function, then its argument (a tensor: no trace per count)
+        return (grouped if n % unroll == 0 else single)(iterator, tf.constant(n, tf.int32), state)
 
     def tracing_count() -> int:  # as a ``tf.function``'s: traces of both
         return grouped.experimental_get_tracing_count() + single.experimental_get_tracing_count()

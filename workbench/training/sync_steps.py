@@ -134,7 +134,8 @@ class SyncBarrier:
 
     # -- the functions -------------------------------------------------------------------------
 
-    def _newest(self, tokens, after: list):
+    @staticmethod
+    def _newest(tokens, after: list):
         """Once ``after`` ran, dequeue a token (waiting for one), then any others queued behind it: the newest step.
 
         ``tokens`` is the queue's handle (a function argument: one trace serves every worker's queue).
