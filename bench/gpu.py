@@ -14,6 +14,8 @@ lists), one ``wb.Cluster(ps=1, workers=N, gpus_per_worker=1)``:
   rate of the job's history (20%-90% of its steps) times the images a step consumes; scaling: images/s at N
   over images/s at 1 worker; the devices the workers' steps ran on: the job's telemetry. Goal: every strategy
   computes on the GPUs. A job still running after bench/training.py's ``TIMEOUT`` (900 s) is stopped and failed.
+- reference: the same model, per-worker batch, data and optimizer in one process on the first GPU, stepped by a
+  ``tf.function``; each strategy's images/s at 1 worker over it (what distributing costs on one GPU).
 
 Where there is nothing to measure (no NVIDIA GPU, TensorFlow not importable, or a TensorFlow that lists no GPU,
 e.g. the CPU-only build) it says which in one line, writes ``{"skipped": reason}`` and exits 0. Otherwise it
@@ -183,6 +185,54 @@ def train_line(cluster, args: argparse.Namespace, strategy: str, workers: int) -
             "devices": devices, "on_gpu": bool(devices) and all("/device:GPU:" in d for d in devices)}
 
 
+def local_run(args: argparse.Namespace) -> dict:
+    """The reference the jobs are read against: the same model, per-worker batch, data and optimizer in one process,
+    stepped by a ``tf.function`` (TensorFlow's custom training loop), on the one GPU this process sees. Images/s over
+    ``--steps`` timed steps after 10 warm-up steps; runs in a child process (``local_line``)."""
+    import time
+
+    import keras
+    import tensorflow as tf
+
+    model = model_function(args.model, args.image_size)()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+    batches = iter(synthetic_images(args.image_size)(argparse.Namespace(seed=0, worker_index=0))
+                   .repeat().batch(args.per_worker_batch).prefetch(tf.data.AUTOTUNE))
+
+    @tf.function
+    def step(images, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    for _ in range(10):
+        step(*next(batches)).numpy()
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        loss = step(*next(batches))
+    loss.numpy()
+    seconds = time.perf_counter() - started
+    return {"images_per_s": args.steps * args.per_worker_batch / seconds, "steps_per_s": args.steps / seconds,
+            "device": [d.name for d in tf.config.list_logical_devices("GPU")]}
+
+
+def local_line(args: argparse.Namespace, gpu: str) -> dict:
+    """``local_run`` in a child process that sees only ``gpu`` (this process has TensorFlow loaded already)."""
+    command = [sys.executable, __file__, "--local-run", "--model", args.model, "--image-size", str(args.image_size),
+               "--per-worker-batch", str(args.per_worker_batch), "--steps", str(args.steps)]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    try:
+        child = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the one-process run did not finish within {TIMEOUT} s"}
+    if child.returncode != 0:  # TensorFlow's last line names the op; the line before it the error
+        lines = child.stderr.strip().splitlines() or ["no output"]
+        return {"error": next((line for line in reversed(lines) if "Error" in line), lines[-1]).strip()}
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
 def worker_counts(most: int) -> list[int]:
     """1, 2, 4, ... and ``most``."""
     return sorted({min(2**k, most) for k in range(most.bit_length() + 1)})
@@ -225,7 +275,11 @@ def main() -> int:
     parser.add_argument("--max-workers", type=int, default=None, help="default: one worker per GPU")
     parser.add_argument("--strategies", default="async-ps,sync-ps,allreduce")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "gpu.json")
+    parser.add_argument("--local-run", action="store_true", help=argparse.SUPPRESS)  # the child of local_line
     args = parser.parse_args()
+    if args.local_run:
+        print(json.dumps(local_run(args)))
+        return 0
     if args.max_workers is not None and args.max_workers < 1:
         parser.error("--max-workers must be 1 or more")
     strategies = args.strategies.split(",")
@@ -270,6 +324,15 @@ def main() -> int:
             gc.collect()  # the jobs' remote resources are freed while their tasks still run, not at exit
     result["scaling"] = scaling(result["runs"])
     print_scaling(result["runs"], result["scaling"], counts)
+    local = result["local"] = local_line(args, gpus[0])
+    if "error" in local:
+        print(f"one process, one GPU: FAILED {local['error']}")
+        failed.append(f"one-process run: {local['error'][:200]}")
+    else:
+        result["per_local"] = {s: by_n["1"]["images_per_s"] / local["images_per_s"]
+                               for s, by_n in result["runs"].items() if "images_per_s" in by_n.get("1", {})}
+        print(f"one process, one GPU (tf.function steps): {local['images_per_s']:.0f} images/s; 1 worker over it: "
+              + ", ".join(f"{s} {r:.2f}" for s, r in result["per_local"].items()))
     result["failed"] = failed
     write(args.json, result)
     return 1 if failed else 0

@@ -27,6 +27,9 @@ from .training import (
 attach = Cluster.attach
 
 from . import native_logs  # noqa: E402
+from .cluster.machine.gpus import let_kernel_memory_grow  # noqa: E402
+
+let_kernel_memory_grow()  # before the user's first TensorFlow op: the kernel must not reserve its GPUs' memory
 
 native_logs.route()  # in a notebook kernel, TensorFlow's and gRPC's C++ log lines go to a log file, not into cells
 

@@ -51,3 +51,21 @@ def test_using_a_cluster_that_never_started_says_what_to_do():
         cluster.task("worker:0")
     cluster.stop()  # stopping what never started is harmless
     assert cluster.state == "new"
+
+
+def test_a_checkout_imported_without_installing_says_to_install(monkeypatch):
+    """From a folder on PYTHONPATH ipyparallel has no entry point for the workbench's launcher (seen on a GPU machine)."""
+    import ipyparallel.cluster.launcher as ipp_launcher
+
+    real = ipp_launcher.find_launcher_class
+
+    def without_workbench_entry_points(name, kind):
+        if name == "workbench-fork":
+            raise KeyError(name)
+        return real(name, kind)
+
+    monkeypatch.setattr(ipp_launcher, "find_launcher_class", without_workbench_entry_points)
+    before = descendants()
+    with pytest.raises(wb.ConfigurationError, match=r"imported from a folder .* pip install -e \."):
+        wb.Cluster(workers=1)
+    assert descendants() == before

@@ -1,8 +1,18 @@
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 
-from workbench.cluster.machine.gpus import ORIGINAL_VISIBLE_ENV, assign_gpus, discover_gpus, parse_visible_devices
+from workbench.cluster.machine.gpus import (
+    GROWTH_ENV,
+    ORIGINAL_VISIBLE_ENV,
+    assign_gpus,
+    discover_gpus,
+    let_kernel_memory_grow,
+    parse_visible_devices,
+)
 from workbench.cluster.spec import TaskId
 from workbench.errors import ConfigurationError
 
@@ -64,3 +74,22 @@ def test_a_worker_computes_on_its_gpu_and_reads_its_input_on_its_cpu():
     assert compute_device(with_gpu) == gpu
     assert input_device(with_gpu) == cpu
     assert compute_device(_worker([cpu])) == cpu
+
+
+def test_the_kernel_lets_its_gpu_memory_grow_unless_the_user_chose():
+    environ: dict[str, str] = {}
+    let_kernel_memory_grow(environ)
+    assert environ == {GROWTH_ENV: "true"}
+    chosen = {GROWTH_ENV: "false"}
+    let_kernel_memory_grow(chosen)
+    assert chosen == {GROWTH_ENV: "false"}
+
+
+def test_importing_the_workbench_sets_growth_before_any_tensorflow_op():
+    """In a fresh Python, as a notebook's first cell would: import, then the user's first op (a Keras optimizer)."""
+    code = ("import os; import workbench, keras; from tensorflow.python.eager import context; "
+            "print(os.environ.get('TF_FORCE_GPU_ALLOW_GROWTH'), context.context()._context_handle is None); "
+            "keras.optimizers.SGD(0.1)")
+    env = {k: v for k, v in os.environ.items() if k != GROWTH_ENV}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, check=True)
+    assert out.stdout.split()[-2:] == ["true", "True"]  # set while TensorFlow had not yet set up any device

@@ -10,7 +10,7 @@ import glob
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TypeVar
 
 from ...errors import ConfigurationError
@@ -19,6 +19,23 @@ Task = TypeVar("Task")  # a task id with ``job`` ("ps"/"worker"), sortable: ``cl
 
 # The engine bootstrap hides GPUs early for CPU-only pools; it keeps what it hid here.
 ORIGINAL_VISIBLE_ENV = "WORKBENCH_ORIGINAL_CUDA_VISIBLE_DEVICES"
+
+
+# Read by TensorFlow when it sets up a process's GPUs (its first op): "true" makes each GPU's memory grow as ops need it
+GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
+
+
+def let_kernel_memory_grow(environ: MutableMapping[str, str] | None = None) -> None:
+    """Make this process's TensorFlow take GPU memory as its ops need it, unless the user chose (``GROWTH_ENV`` set).
+
+    The kernel runs nothing of its own on a GPU (the work runs on the tasks), but TensorFlow's default reserves nearly
+    all of a GPU at the process's first allocation there, and a Keras optimizer or model made in a cell is one: workers
+    on this machine given that GPU were then left ~2 GB of an H200's 140 and ran out of memory (bench/gpu.py, ResNet-50).
+    Called when the workbench is imported, i.e. before the user's first op in the usual notebook; engines started from
+    the kernel inherit it (a worker's memory then grows too, to all of its GPU if its steps need it).
+    """
+    environ = os.environ if environ is None else environ
+    environ.setdefault(GROWTH_ENV, "true")
 
 
 def parse_visible_devices(value: str | None) -> list[str] | None:
