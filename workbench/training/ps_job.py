@@ -206,10 +206,14 @@ class PsJob(Job):
         """Build the job's variables again, on the re-hosted tasks, from its newest checkpoint.
 
         Returns how many of the history's records (in the order they came) the restored variables include.
+        Every worker's input pipeline is made again too: the loss cancelled the calls in flight, and an iterator
+        whose ``IteratorGetNext`` was cancelled can answer "End of sequence" ever after, although it repeats
+        forever (seen once in the suite: async-ps, a killed ps, worker:1's first call after the restore).
         """
         if self.options.seed is not None:
             seed_initializers(self.options.seed)  # without a checkpoint, the same initial weights as at the start
         self._build_variables()
+        self._iterators = [self._make_iterator(i) for i in range(len(self._worker_devices))]
         self._setup_checkpoints(resume=False)
         if self.last_checkpoint:
             self._restore(self.last_checkpoint)
