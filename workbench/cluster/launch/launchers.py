@@ -49,13 +49,13 @@ def engine_launcher_class(name: str) -> type:
             return getattr(__import__(module, fromlist=[cls]), cls)
         except (ImportError, AttributeError):
             pass
-    known = sorted(ep.name for ep in entry_points(group="ipyparallel.engine_launchers"))
     if name == FORK_LAUNCHER:  # the workbench's own, registered by installing the package
         raise ConfigurationError(
             f"the workbench's local engine launcher ({FORK_LAUNCHER!r}) is not registered with ipyparallel: the workbench "
             "is imported from a folder (PYTHONPATH, a checkout) rather than installed in this Python. Install it: "
             "pip install jupyter-tf-workbench, or in a checkout pip install -e ."
         )
+    known = sorted(ep.name for ep in entry_points(group="ipyparallel.engine_launchers"))
     raise ConfigurationError(
         f"engines={name!r} is not a known ipyparallel engine launcher: use one of {', '.join(known)} "
         "(or a full launcher class path)."
