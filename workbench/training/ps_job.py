@@ -48,7 +48,7 @@ class PsJob(Job):
         self._loss_fn = resolve_loss(loss)
         self._build_variables()
         self._setup_checkpoints(resume=options.resume)
-        self._iterators = [self._make_iterator(i) for i in range(len(self._worker_devices))]
+        self._iterators = self._make_iterators()
 
     def _build_variables(self) -> None:
         """The model, the optimizer and the step counter, with their variables on the ps tasks; the step functions."""
@@ -102,6 +102,10 @@ class PsJob(Job):
     def _restore(self, path: str) -> None:
         self._checkpoint.restore(path).expect_partial()
         self.last_checkpoint = path
+
+    def _make_iterators(self) -> list:
+        """Every worker's input pipeline, made (again) on its worker."""
+        return [self._make_iterator(i) for i in range(len(self._worker_devices))]
 
     def _make_iterator(self, index: int):
         """The input pipeline of worker ``index``, built and run on that worker."""
@@ -213,7 +217,7 @@ class PsJob(Job):
         if self.options.seed is not None:
             seed_initializers(self.options.seed)  # without a checkpoint, the same initial weights as at the start
         self._build_variables()
-        self._iterators = [self._make_iterator(i) for i in range(len(self._worker_devices))]
+        self._iterators = self._make_iterators()
         self._setup_checkpoints(resume=False)
         if self.last_checkpoint:
             self._restore(self.last_checkpoint)
@@ -260,7 +264,7 @@ class PsJob(Job):
         for device in set(self._worker_devices) - set(devices):
             self._fns.forget_worker(device)
         self._workers, self._worker_devices = workers, devices
-        self._iterators = [self._make_iterator(i) for i in range(len(workers))]
+        self._iterators = self._make_iterators()
         event = {"kind": "scale", "time": drained, "step": self.start_step + self.steps_done, "workers": names,
                  "joined": [n for n in names if n not in before], "left": [n for n in before if n not in names],
                  "drain_seconds": max(0.0, drained - min((asked for _n, _d, asked in requests), default=drained)),
