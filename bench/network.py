@@ -13,7 +13,8 @@ Three parts, one run (``python bench/network.py``, or ``make bench-network``):
   per-worker batch 32: steps/s in steady state and test accuracy with ``transfer="fp32"``, ``"bf16"``
   and ``"int8"``, runs alternating, medians of the repeats. Also how busy the ps's link was in each
   direction (bytes through it / (rate x time)): a worker reads, then pushes, so each direction idles
-  while the other works (``fp32-serial``: reads not overlapped with pushes).
+  while the other works (``fp32-serial``: reads not overlapped with pushes). For overlapped fp32, how far apart
+  the two workers' parameter arrivals are (``arrival_offsets``): whether they read in step.
 * ``cost``: ``wb.estimate`` (profiled once per transfer and batch, unshaped, as a user would call it)
   against measured steps/s, for fp32 and bf16, global batch 64 and 512, links of 1 and 10 Gbit/s: each
   point measured ``--repeats`` times, the links alternating, and the median compared. Goal: within 15%
@@ -187,6 +188,24 @@ def convergence(seeds: int, steps: int, backend: str) -> dict:
             "int8_median": statistics.median(accuracy["int8"]), "int8_converged": sum(converged), "seeds": seeds}
 
 
+def arrival_offsets(history: list[dict]) -> dict:
+    """Do the workers read in step? For each arrival of the first worker's parameters (a step's ``start``) in steady
+    state (20%-90% of its steps), the time to the second worker's nearest arrival; and the first's median cycle.
+    In step, the offsets would sit near 0 and the card would idle through every compute."""
+    by_worker: dict[str, list[float]] = {}
+    for record in history:
+        by_worker.setdefault(record["worker"], []).append(record["start"])
+    if len(by_worker) < 2:
+        return {}
+    first, second = (sorted(by_worker[name]) for name in sorted(by_worker)[:2])
+    steady = first[len(first) // 5: len(first) * 9 // 10]
+    offsets = sorted(min(abs(t - u) for u in second) for t in steady)
+    cycles = [b - a for a, b in zip(steady, steady[1:])]
+    at = lambda q: 1e3 * offsets[min(len(offsets) - 1, int(q * len(offsets)))]  # noqa: E731
+    return {"cycle_ms": 1e3 * statistics.median(cycles), "offset_ms_p10": at(0.1), "offset_ms_p50": at(0.5),
+            "offset_ms_p90": at(0.9)}
+
+
 def precision_run(cluster, transfer: str, steps: int, overlap: bool = True) -> dict:
     import workbench as wb
 
@@ -206,6 +225,7 @@ def precision_run(cluster, transfer: str, steps: int, overlap: bool = True) -> d
     accuracy = job.evaluate(wb.datasets.digits_test)["accuracy"]
     return {"steps_per_s": rate, "accuracy": accuracy, "bytes_per_step": job.info["bytes_per_step"]["total"],
             "ps_link_use": use, "ps_link_use_steady": steady_use, "job_seconds": seconds,
+            "arrival_offsets": arrival_offsets(history),
             "machine_busy": (busy_after[0] - busy_before[0]) / (busy_after[1] - busy_before[1])}
 
 
@@ -227,6 +247,11 @@ def precision(repeats: int, steps: int, backend: str, workers: int) -> dict:
                       f"{run['ps_link_use_steady']['out']:.2f} in {run['ps_link_use_steady']['in']:.2f} (whole job "
                       f"{run['ps_link_use']['out']:.2f}, {run['ps_link_use']['in']:.2f} over {run['job_seconds']:.0f} s), machine CPU "
                       f"{run['machine_busy']:.0%} busy", flush=True)
+                if setting == "fp32" and run["arrival_offsets"]:
+                    offsets = run["arrival_offsets"]
+                    print(f"    workers' parameter arrivals apart: {offsets['offset_ms_p50']:.0f} ms median (10th-90th "
+                          f"percentile {offsets['offset_ms_p10']:.0f}-{offsets['offset_ms_p90']:.0f}) of a "
+                          f"{offsets['cycle_ms']:.0f} ms cycle", flush=True)
     summary = {}
     for setting, rs in runs.items():
         summary[setting] = {
@@ -239,6 +264,7 @@ def precision(repeats: int, steps: int, backend: str, workers: int) -> dict:
             "ps_link_use_steady_in": statistics.median(r["ps_link_use_steady"]["in"] for r in rs),
             "machine_busy": statistics.median(r["machine_busy"] for r in rs),
             "repeats": [round(r["steps_per_s"], 2) for r in rs],
+            "arrival_offsets": [r["arrival_offsets"] for r in rs],
         }
     fp32 = summary["fp32"]
     ratios = {s: {"speed": summary[s]["steps_per_s"] / fp32["steps_per_s"],
