@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 
 from workbench.cluster.launch.reaper import kill_process_trees
+from workbench.cluster.machine import threads
 
 SCRIPT = str(Path(__file__).resolve())
 LEARNING_RATE = 0.001
@@ -169,6 +170,7 @@ def pss_main(config: dict) -> None:
     from workbench.datasets import digits_arrays
 
     start = time.time()
+    same_thread_pools_as_the_workbench()
     spec, k, per_worker_batch = config["spec"], config["steps_per_call"], config["per_worker_batch"]
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec(spec), rpc_layer="grpc")
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
@@ -223,6 +225,7 @@ def local_main(config: dict) -> None:
 
     from workbench.datasets import digits_arrays
 
+    same_thread_pools_as_the_workbench()
     k = config["steps_per_call"]
     x, y = digits_arrays("train")
     keras.utils.set_random_seed(config["seed"])
@@ -251,6 +254,17 @@ def local_main(config: dict) -> None:
         for _ in range(-(-config["steps"] // k)):
             stamps.extend(float(t) for t in train_steps(iterator).numpy())
     print("RESULT " + json.dumps({"stamps": stamps, "cpu": sampler.samples}), flush=True)
+
+
+def same_thread_pools_as_the_workbench() -> None:
+    """This process's TensorFlow pools spin, or not, as the workbench's do (``workbench.cluster.machine.threads``).
+
+    Called before the first op. The servers of the cluster are the workbench's, so their own pools already match; this
+    sets the pools of this process and of the contexts it makes on the tasks, as the workbench's client does.
+    """
+    from tensorflow.python.eager import context
+
+    threads.apply_to_context(context.context())
 
 
 def _keras_mlp(keras, hidden: int):
@@ -289,7 +303,7 @@ def sync_replicas_main(config: dict) -> None:
         with tf.control_dependencies([train_op]):
             step_after = tf.identity(global_step.read_value())  # read once this worker's step is through
     hooks = [optimizer.make_session_run_hook(is_chief), v1.train.StopAtStepHook(last_step=config["steps"])]
-    session_config = v1.ConfigProto(device_filters=["/job:ps", worker_device])
+    session_config = threads.apply(v1.ConfigProto(device_filters=["/job:ps", worker_device]))
     if not is_chief:
         sys.stdin.readline()  # the bench says when the chief's session exists (see run_sync_replicas)
     with open(config["points"], "w", buffering=1) as points:  # line by line: non-chiefs end terminated

@@ -108,3 +108,18 @@ def test_port_taken_between_reservation_and_start_is_retried():
     assert result["retries"] >= 1
     assert result["address"] != f"127.0.0.1:{port}"
     assert result["devices"] == ["/job:worker/replica:0/task:0/device:CPU:0"]
+
+
+def test_the_tasks_thread_pools_sleep_when_out_of_work(cluster):
+    # Several tasks share the machine's cores: a TensorFlow pool that spins for work burns a core another task needs
+    # (bench/training.py measures what it saves). The servers are set so, and so is every context this kernel makes
+    # on them (TensorFlow hands the client's config to the tasks with its connection).
+    from tensorflow.python.eager import context
+
+    engines = cluster.client[[r.engine_id for r in cluster.tasks]]
+    engines.execute("from workbench.cluster.launch import engine_side as _engine_side\n"
+                    "_sleeps = _engine_side._SERVER['server'].server_def.default_session_config"
+                    ".experimental.disable_thread_spinning", block=True)
+    assert engines.pull("_sleeps", block=True) == [True] * 3
+    cluster.connect()
+    assert context.context().get_server_def().default_session_config.experimental.disable_thread_spinning

@@ -1,0 +1,49 @@
+"""How TensorFlow's thread pools wait for work in the workbench's processes.
+
+TensorFlow's pools (a device's intra-op pool, a context's inter-op pool) *spin* by default: a thread out of work
+keeps looking for more for a while before it sleeps, which shortens the wait when the next op comes soon. A
+workbench pool runs several tasks per machine (on the development machine, 1 ps + 3 workers and the kernel on 2
+cores) and each step is many short ops split across them by transfers: a spinning thread burns a core the next
+task needs. The workbench asks TensorFlow's pools to sleep at once (``ConfigProto.experimental.
+disable_thread_spinning``) in the servers the engines host and in every context the kernel sets up on them; set
+``WORKBENCH_THREAD_SPINNING=1`` in the environment the cluster is started from to keep TensorFlow's default
+(a machine with a core to spare per thread may gain a little latency). What it saved is measured in
+``bench/training.py`` (docs: the benchmarks page).
+
+Imports TensorFlow only inside ``apply_to_context``, like the rest of ``machine``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+SPINNING_ENV = "WORKBENCH_THREAD_SPINNING"
+
+
+def spinning(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether TensorFlow's pools keep their default spinning (``WORKBENCH_THREAD_SPINNING=1``)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(SPINNING_ENV, "0").strip() == "1"
+
+
+def apply(config: Any, environ: Mapping[str, str] | None = None) -> Any:
+    """Set ``config`` (a ``ConfigProto``) to this process's choice of spinning; returns it."""
+    config.experimental.disable_thread_spinning = not spinning(environ)
+    return config
+
+
+def apply_to_context(context: Any, environ: Mapping[str, str] | None = None) -> None:
+    """Make the config that ``context`` (TensorFlow's eager context) hands to the tasks it connects to carry the choice.
+
+    TensorFlow builds a connection's ``ServerDef.default_session_config`` from the context's config, and each task
+    sets up the pools of the remote context it makes for this process from it. The context keeps the config given
+    at its creation in ``_config`` (usually none); the user's fields there are kept.
+    """
+    from tensorflow.core.protobuf import config_pb2
+
+    config = config_pb2.ConfigProto()
+    if getattr(context, "_config", None) is not None:
+        config.CopyFrom(context._config)
+    context._config = apply(config, environ)
