@@ -5,12 +5,12 @@ keeps looking for more for a while before it sleeps, which shortens the wait whe
 workbench pool runs several tasks per machine (on the development machine, 1 ps + 3 workers and the kernel on 2
 cores) and each step is many short ops split across them by transfers: a spinning thread burns a core the next
 task needs. The workbench asks TensorFlow's pools to sleep at once (``ConfigProto.experimental.
-disable_thread_spinning``) in the servers the engines host and in every context the kernel sets up on them; set
-``WORKBENCH_THREAD_SPINNING=1`` in the environment the cluster is started from to keep TensorFlow's default
-(a machine with a core to spare per thread may gain a little latency). What it saved is measured in
-``bench/training.py`` (docs: the benchmarks page).
+disable_thread_spinning``) in the servers the engines host, in every context the kernel sets up on them and in an
+all-reduce group's processes. ``WORKBENCH_THREAD_SPINNING=1`` in the environment the cluster is started from keeps
+TensorFlow's default: a machine with a core to spare per busy thread may gain a little latency (a link-bound job
+here lost about 2 % with sleeping pools, the CPU-bound lines of ``bench/training.py`` gained 10-20 %).
 
-Imports TensorFlow only inside ``apply_to_context``, like the rest of ``machine``.
+Imports TensorFlow only inside ``apply_to_context``.
 """
 
 from __future__ import annotations
