@@ -42,6 +42,13 @@ def test_engine_with_another_tensorflow_version(tmp_path, no_leftover_processes)
         cluster.start()
 
 
+def test_a_thread_setting_that_is_neither_yes_nor_no_stops_the_start_with_what_to_set(no_leftover_processes):
+    cluster = wb.Cluster(ps=0, workers=1, env={"WORKBENCH_THREAD_SPINNING": "maybe"}, progress=False, start_timeout=120)
+    with pytest.raises(wb.ServerStartError, match=r"WORKBENCH_THREAD_SPINNING='maybe' is not understood: set it to 1"):
+        cluster.start()
+    assert cluster.state == "failed"
+
+
 def test_engines_that_die_at_start_report_the_launchers_log(no_leftover_processes):
     crash = [sys.executable, "-c", "import sys; print('engine: cannot find the scratch filesystem'); sys.exit(3)"]
     cluster = wb.Cluster(ps=1, workers=1, engine_cmd=crash, progress=False, start_timeout=60)

@@ -16,6 +16,7 @@ import time
 import traceback
 from typing import Any
 
+from ...errors import ConfigurationError
 from ..machine import threads
 from ..machine.gpus import discover_gpus
 from ..process import bind_hook, containment
@@ -209,7 +210,10 @@ def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | N
         definition = tensorflow_server_pb2.ServerDef(
             cluster=tf.train.ClusterSpec(spec).as_cluster_def(), job_name=job, task_index=index, protocol="grpc",
             port=port or 0)
-        threads.apply(definition.default_session_config)
+        try:
+            threads.apply(definition.default_session_config)
+        except ConfigurationError as exc:
+            return {"ok": False, "error": str(exc)}
         try:
             server = tf.distribute.Server(definition, start=True)
         except (tf.errors.UnknownError, tf.errors.UnavailableError) as exc:

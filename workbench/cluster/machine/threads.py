@@ -19,13 +19,22 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ...errors import ConfigurationError
+
 SPINNING_ENV = "WORKBENCH_THREAD_SPINNING"
+_YES, _NO = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
 def spinning(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether TensorFlow's pools keep their default spinning (``WORKBENCH_THREAD_SPINNING=1``)."""
+    """Whether TensorFlow's pools keep their default spinning (``WORKBENCH_THREAD_SPINNING=1``); a value that is
+    neither yes nor no raises ``ConfigurationError``."""
     environ = os.environ if environ is None else environ
-    return environ.get(SPINNING_ENV, "0").strip() == "1"
+    value = environ.get(SPINNING_ENV, "0").strip().lower()
+    if value not in _YES + _NO:
+        raise ConfigurationError(
+            f"{SPINNING_ENV}={environ[SPINNING_ENV]!r} is not understood: set it to 1 to keep TensorFlow's spinning "
+            "thread pools, or to 0 (the default) to have them sleep when out of work, then start the cluster again.")
+    return value in _YES
 
 
 def apply(config: Any, environ: Mapping[str, str] | None = None) -> Any:
