@@ -170,7 +170,7 @@ def pss_main(config: dict) -> None:
     from workbench.datasets import digits_arrays
 
     start = time.time()
-    same_thread_pools_as_the_workbench()
+    threads.apply_to_context()  # this process's pools, and its contexts on the tasks, as the workbench's client sets them
     spec, k, per_worker_batch = config["spec"], config["steps_per_call"], config["per_worker_batch"]
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec(spec), rpc_layer="grpc")
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
@@ -225,7 +225,7 @@ def local_main(config: dict) -> None:
 
     from workbench.datasets import digits_arrays
 
-    same_thread_pools_as_the_workbench()
+    threads.apply_to_context()  # this process's pools, and its contexts on the tasks, as the workbench's client sets them
     k = config["steps_per_call"]
     x, y = digits_arrays("train")
     keras.utils.set_random_seed(config["seed"])
@@ -254,17 +254,6 @@ def local_main(config: dict) -> None:
         for _ in range(-(-config["steps"] // k)):
             stamps.extend(float(t) for t in train_steps(iterator).numpy())
     print("RESULT " + json.dumps({"stamps": stamps, "cpu": sampler.samples}), flush=True)
-
-
-def same_thread_pools_as_the_workbench() -> None:
-    """This process's TensorFlow pools spin, or not, as the workbench's do (``workbench.cluster.machine.threads``).
-
-    Called before the first op. The servers of the cluster are the workbench's, so their own pools already match; this
-    sets the pools of this process and of the contexts it makes on the tasks, as the workbench's client does.
-    """
-    from tensorflow.python.eager import context
-
-    threads.apply_to_context(context.context())
 
 
 def _keras_mlp(keras, hidden: int):

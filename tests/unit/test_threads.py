@@ -26,7 +26,6 @@ def test_the_contexts_config_keeps_what_the_user_set_in_it():
     code = """
 import tensorflow as tf
 from tensorflow.python.eager import context
-import pytest
 from tensorflow.core.protobuf import config_pb2
 from workbench.cluster.machine.threads import apply_to_context
 context.context()._config = config_pb2.ConfigProto(allow_soft_placement=False, log_device_placement=True)

@@ -43,9 +43,7 @@ def join_group(workers: list[str], index: int, key: list[str]) -> dict:
         return {"ok": False, "error": (
             f"this engine already all-reduces with {_GROUP['workers']}, and TensorFlow cannot change the group of a "
             "running process")}
-    from tensorflow.python.eager import context
-
-    threads.apply_to_context(context.context())  # the group's own server and pools, as the tasks' (``machine.threads``)
+    threads.apply_to_context()  # the group's own server and pools, as the tasks' (``machine.threads``)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({"worker": workers}), task_type="worker", task_id=index, rpc_layer="grpc")
     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)

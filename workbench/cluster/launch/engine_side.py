@@ -180,7 +180,7 @@ def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | N
     the spec and ``serving`` the port actually listened on.
     """
     import tensorflow as tf
-    from tensorflow.core.protobuf import tensorflow_server_pb2
+    from tensorflow.core.protobuf import config_pb2, tensorflow_server_pb2
 
     existing = _SERVER.get("server")
     if namespace is not None and existing is None and _SERVER.get("namespace") != namespace["path"]:
@@ -205,15 +205,15 @@ def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | N
         unprotected = bind_hook.protect_or_reason()
         if unprotected and containment.PROBLEM_ENV not in os.environ:  # else the client's reason, with what to do, says it
             _SERVER.setdefault("exposed_because", unprotected)
+    try:
+        session_config = threads.apply(config_pb2.ConfigProto())
+    except ConfigurationError as exc:
+        return {"ok": False, "error": str(exc)}
     errors = []
     for _attempt in range(_PORT_ATTEMPTS):
         definition = tensorflow_server_pb2.ServerDef(
             cluster=tf.train.ClusterSpec(spec).as_cluster_def(), job_name=job, task_index=index, protocol="grpc",
-            port=port or 0)
-        try:
-            threads.apply(definition.default_session_config)
-        except ConfigurationError as exc:
-            return {"ok": False, "error": str(exc)}
+            port=port or 0, default_session_config=session_config)
         try:
             server = tf.distribute.Server(definition, start=True)
         except (tf.errors.UnknownError, tf.errors.UnavailableError) as exc:

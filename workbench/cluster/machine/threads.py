@@ -43,15 +43,18 @@ def apply(config: Any, environ: Mapping[str, str] | None = None) -> Any:
     return config
 
 
-def apply_to_context(context: Any, environ: Mapping[str, str] | None = None) -> None:
-    """Make the config that ``context`` (TensorFlow's eager context) hands to the tasks it connects to carry the choice.
+def apply_to_context(context: Any = None, environ: Mapping[str, str] | None = None) -> None:
+    """Make the config that ``context`` (TensorFlow's eager context; None: this process's) hands to the tasks it
+    connects to carry the choice. Called before the connection is made.
 
     TensorFlow builds a connection's ``ServerDef.default_session_config`` from the context's config, and each task
     sets up the pools of the remote context it makes for this process from it. The context keeps the config given
     at its creation in ``_config`` (usually none); the user's fields there are kept.
     """
     from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.eager import context as eager_context
 
+    context = eager_context.context() if context is None else context
     config = config_pb2.ConfigProto()
     if getattr(context, "_config", None) is not None:
         config.CopyFrom(context._config)

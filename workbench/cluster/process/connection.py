@@ -214,10 +214,8 @@ def _warn_if_exposed(opened: list[tuple[str, int]], why: str = "") -> None:
 def _connect_with_timeout(tf, spec: dict, name: str, timeout: float) -> None:
     """TensorFlow's connect has no timeout and waits for every task: a stalled one blocks it forever."""
 
-    from tensorflow.python.eager import context
-
     def run() -> None:
-        threads.apply_to_context(context.context())
+        threads.apply_to_context()
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
         # One tiny remote op: it proves the connection, and TensorFlow opens this process's own
         # port only then, so what it listens on can be checked now rather than at some later op.
