@@ -5,11 +5,13 @@ import pytest
 from training_helpers import train
 
 import workbench as wb
+from workbench.telemetry import StepSpan
 
 pytestmark = pytest.mark.cluster
 
 
 def test_allreduce_learns_digits_with_every_worker_in_every_step(cluster):
+    cursor = cluster.telemetry.cursor
     job = train(cluster, strategy="allreduce", steps=300, steps_per_call=25).wait(600)
     assert job.state == "finished"
     history = job.history
@@ -18,6 +20,10 @@ def test_allreduce_learns_digits_with_every_worker_in_every_step(cluster):
     assert {type(v) for r in history for v in r.values()} <= {int, float, str}  # plain numbers, as in the ps strategies
     assert history[-1]["loss"] < history[0]["loss"] / 5
     assert job.info["replicas"] == 2 and job.info["per_worker_batch_size"] == 32
+    # the steps' device is where the strategy put each worker's replica, as the engine reports it (here its CPU;
+    # a GPU worker's GPU: bench/gpu.py fails a strategy whose steps ran off the GPUs by this record)
+    spans = {(e.task, e.device) for e in cluster.telemetry.since(cursor).events if isinstance(e, StepSpan) and e.job == job.name}
+    assert spans == {(w, cluster.task(w).task.device + "/device:CPU:0") for w in ("worker:0", "worker:1")}
     result = job.evaluate(wb.datasets.digits_test)
     assert result["examples"] == 450 and result["accuracy"] >= 0.90, result
     # the local copy holds the same weights as the engines

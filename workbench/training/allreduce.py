@@ -28,7 +28,6 @@ from .evaluation import is_dataset
 from .job import Job
 from .recovery import TaskLost
 from .steps import resolve_loss
-from .workers import compute_device
 
 GROUP_TIMEOUT = 120.0  # forming the group and building the model on every worker
 HEALTH_POLL_SECONDS = 0.1  # how often a waiting call looks at the workers' health
@@ -239,6 +238,8 @@ class AllReduceJob(Job):
         first = prepared[self._engines[0]]
         self.metric_names = first["metric_names"]
         self.replicas, self.per_replica_batch = first["replicas"], first["per_replica_batch"]
+        # where each worker's replica computes: the strategy chose it on the engine (its GPU where it has one)
+        self._devices = {r.engine_id: f"{r.task.device}/device:{prepared[r.engine_id]['device']}" for r in self._workers}
         return first["start_step"]
 
     def _restore_state(self) -> int:
@@ -321,7 +322,7 @@ class AllReduceJob(Job):
                 raise TrainingError(f"internal: all-reduce step {first} is not released by the epoch loop "
                                     f"(limit {self._loop.limit}); please report this.")
             n = min(chunk, self._loop.limit - first)
-            keys = {r.engine_id: self._recorder.call_started(r.name, compute_device(r), first, n) for r in self._workers}
+            keys = {r.engine_id: self._recorder.call_started(r.name, self._devices[r.engine_id], first, n) for r in self._workers}
             try:
                 results = self._call_all({e: (allreduce_engine.run_steps, self._run_id, n) for e in self._engines},
                                          f"steps {first}-{first + n - 1}", self.options.step_timeout * n)
@@ -330,7 +331,7 @@ class AllReduceJob(Job):
                     self._recorder.call_ended(key)  # a no-op for the spans the results complete below
             for r in self._workers:
                 mine = results[r.engine_id]
-                self._recorder.steps(r.name, compute_device(r), first, mine["stamps"], mine["marks"],
+                self._recorder.steps(r.name, self._devices[r.engine_id], first, mine["stamps"], mine["marks"],
                                      self.options.per_worker_batch, ALLREDUCE_APPLY)
             ours = results[self._engines[0]]  # loss and metrics are already averaged over the workers
             starts = [min(r["stamps"][i] for r in results.values()) for i in range(n)]
