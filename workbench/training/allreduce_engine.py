@@ -83,6 +83,11 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
         seed_initializers(seed)
     index, num_workers = settings["index"], settings["num_workers"]
     local_replicas = strategy.num_replicas_in_sync // num_workers
+    if settings["per_worker_batch"] % local_replicas:
+        raise ValueError(
+            f"this worker has {local_replicas} GPUs, one replica on each, and its batch of {settings['per_worker_batch']} "
+            f"does not split evenly among them: choose a batch_size that is a multiple of {local_replicas * num_workers} "
+            "(workers x GPUs per worker)")
     per_replica = settings["per_worker_batch"] // local_replicas
     probe = training_dataset(data, DataContext(index, num_workers, 1, seed)).element_spec[0]
     example = tf.zeros([1, *probe.shape[1:]], probe.dtype)
