@@ -93,3 +93,16 @@ def test_importing_the_workbench_sets_growth_before_any_tensorflow_op():
     env = {k: v for k, v in os.environ.items() if k != GROWTH_ENV}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, check=True)
     assert out.stdout.split()[-2:] == ["true", "True"]  # set while TensorFlow had not yet set up any device
+
+
+@pytest.mark.parametrize("gpus, named", [(2, {"GPU": 2}), (1, {"GPU": 1}), (0, {})])
+def test_an_allreduce_group_names_the_gpus_its_worker_sees(gpus, named):
+    # MultiWorkerMirroredStrategy puts a worker's replicas on what its resolver names: a resolver that named no GPU
+    # had a GPU worker's replica compute on its CPU (found on an H100). TensorFlow cannot fake a GPU on this machine,
+    # so the strategy's side is checked by bench/gpu.py on a GPU machine.
+    from workbench.training.allreduce_engine import group_resolver
+
+    resolver = group_resolver(["127.0.0.1:1", "127.0.0.1:2"], 1, gpus)
+    assert resolver.num_accelerators() == named
+    assert resolver.task_type == "worker" and resolver.task_id == 1 and resolver.rpc_layer == "grpc"
+    assert resolver.cluster_spec().as_dict() == {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
