@@ -220,19 +220,12 @@ def test_allreduce_without_recovery_fails_fast_naming_the_worker(no_leftover_pro
         assert job.state == "failed" and cluster.task("worker:1").state == "lost"
 
 
-def _in_a_call(job, task: str) -> bool:
-    """A call of ``task`` went out at least 20 ms ago and has not come back (the job's telemetry: its in-progress spans)."""
-    now = time.time()
-    return any(span.task == task and now - span.start > 0.02 for span in job._recorder.log.in_progress())
-
-
 def test_sync_ps_drops_a_hung_worker_and_takes_it_back_when_it_answers(no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-drop", progress=False) as cluster:
         cursor = cluster.telemetry.cursor
         job = train(cluster, strategy="sync-ps", steps=800, hang_timeout=3, on_hang="drop")
         wait_for(_steps_reached(job, 100), 120, "100 steps")
         stopped = cluster.task("worker:1")
-        wait_for(lambda: _in_a_call(job, "worker:1") or job.state != "running", 30, "a call of worker:1 under way")
         signal_process(stopped.pid, signal.SIGSTOP)
         stopped_at = time.time()
         try:
