@@ -14,7 +14,9 @@ Three parts, one run (``python bench/network.py``, or ``make bench-network``):
   and ``"int8"``, runs alternating, medians of the repeats. Also how busy the ps's link was in each
   direction (bytes through it / (rate x time)): a worker reads, then pushes, so each direction idles
   while the other works (``fp32-serial``: reads not overlapped with pushes). For overlapped fp32, how far apart
-  the two workers' parameter arrivals are (``arrival_offsets``): whether they read in step.
+  the two workers' parameter arrivals are (``arrival_offsets``): whether they read in step. For the fp32 lines, a
+  worker's median cycle across the end of a remote call and within one (``call_boundaries``): what a call's end
+  costs. ``--long-calls K`` adds ``fp32-long``, overlapped fp32 with K steps per call instead of 10.
 * ``cost``: ``wb.estimate`` (profiled once per transfer and batch, unshaped, as a user would call it)
   against measured steps/s, for fp32 and bf16, global batch 64 and 512, links of 1 and 10 Gbit/s: each
   point measured ``--repeats`` times, the links alternating, and the median compared. Goal: within 15%
@@ -159,8 +161,9 @@ def wide_model():
                              keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(10)])
 
 
-def wide_job(cluster, transfer: str, batch: int, steps: int, metrics: tuple = (), seed: int = 0):
-    """A finished digits job of the wide model (what a user would run): Adam 1e-3."""
+def wide_job(cluster, transfer: str, batch: int, steps: int, metrics: tuple = (), seed: int = 0, steps_per_call: int = 10):
+    """A finished digits job of the wide model (what a user would run): Adam 1e-3, the workbench's default
+    ``steps_per_call`` unless given."""
     import keras
 
     import workbench as wb
@@ -168,7 +171,7 @@ def wide_job(cluster, transfer: str, batch: int, steps: int, metrics: tuple = ()
     return finished(wb.train(cluster, wide_model, wb.datasets.digits,
                              keras.losses.SparseCategoricalCrossentropy(from_logits=True), keras.optimizers.Adam(1e-3),
                              steps=steps, batch_size=batch, seed=seed, transfer=transfer, metrics=metrics,
-                             telemetry=False))
+                             steps_per_call=steps_per_call, telemetry=False))
 
 
 def convergence(seeds: int, steps: int, backend: str) -> dict:
@@ -206,13 +209,31 @@ def arrival_offsets(history: list[dict]) -> dict:
             "offset_ms_p90": at(0.9)}
 
 
-def precision_run(cluster, transfer: str, steps: int, overlap: bool = True) -> dict:
+def call_boundaries(history: list[dict]) -> dict:
+    """What a remote call's end costs a worker: its median cycle (one of its steps' start to its next one's) across
+    the end of a call (its steps are consecutive within a call, and the next call's are another chunk) and within a
+    call, in steady state (20%-90% of its steps), over the workers."""
+    across, within = [], []
+    by_worker: dict[str, list[dict]] = {}
+    for record in history:
+        by_worker.setdefault(record["worker"], []).append(record)
+    for records in by_worker.values():
+        records = sorted(records, key=lambda r: r["step"])
+        steady = records[len(records) // 5: len(records) * 9 // 10]
+        for a, b in zip(steady, steady[1:]):
+            (within if b["step"] == a["step"] + 1 else across).append(b["start"] - a["start"])
+    if not across or not within:
+        return {}
+    return {"across_ms": 1e3 * statistics.median(across), "within_ms": 1e3 * statistics.median(within)}
+
+
+def precision_run(cluster, transfer: str, steps: int, overlap: bool = True, steps_per_call: int = 10) -> dict:
     import workbench as wb
 
     os.environ["WORKBENCH_OVERLAP_TRANSFERS"] = "1" if overlap else "0"  # read when the job starts
     before, busy_before = cluster.link_stats(), machine_busy()
     workers = sum(1 for task in cluster.tasks if task.job == "worker")
-    job = wide_job(cluster, transfer, 32 * workers, steps, metrics=("accuracy",))  # 32 per worker
+    job = wide_job(cluster, transfer, 32 * workers, steps, metrics=("accuracy",), steps_per_call=steps_per_call)  # 32 per worker
     after, busy_after = cluster.link_stats(), machine_busy()
     history = job.history
     rate = steady_rate(completion_points(history))
@@ -225,14 +246,16 @@ def precision_run(cluster, transfer: str, steps: int, overlap: bool = True) -> d
     accuracy = job.evaluate(wb.datasets.digits_test)["accuracy"]
     return {"steps_per_s": rate, "accuracy": accuracy, "bytes_per_step": job.info["bytes_per_step"]["total"],
             "ps_link_use": use, "ps_link_use_steady": steady_use, "job_seconds": seconds,
-            "arrival_offsets": arrival_offsets(history),
+            "arrival_offsets": arrival_offsets(history), "call_boundaries": call_boundaries(history),
             "machine_busy": (busy_after[0] - busy_before[0]) / (busy_after[1] - busy_before[1])}
 
 
-def precision(repeats: int, steps: int, backend: str, workers: int) -> dict:
+def precision(repeats: int, steps: int, backend: str, workers: int, long_calls: int | None = None) -> dict:
     import workbench as wb
 
     settings = ("fp32-serial", "fp32", "bf16", "int8")  # fp32-serial: reads do not overlap pushes
+    if long_calls:  # fp32-long: overlapped fp32 with ``long_calls`` steps per remote call instead of 10
+        settings += ("fp32-long",)
     runs: dict[str, list[dict]] = {s: [] for s in settings}
     with wb.Cluster(ps=1, workers=workers, network=dict(backend=backend, rate=LINK), progress=False) as cluster:
         links = cluster.network
@@ -240,7 +263,8 @@ def precision(repeats: int, steps: int, backend: str, workers: int) -> dict:
         precision_run(cluster, "fp32", 40)  # warm-up: functions, channels, the relay's connections
         for _ in range(repeats):
             for setting in settings:
-                run = precision_run(cluster, setting.split("-")[0], steps, overlap=not setting.endswith("serial"))
+                run = precision_run(cluster, setting.split("-")[0], steps, overlap=not setting.endswith("serial"),
+                                    steps_per_call=long_calls if setting == "fp32-long" else 10)
                 runs[setting].append(run)
                 print(f"  {setting}: {run['steps_per_s']:.1f} steps/s, accuracy {run['accuracy']:.3f}, "
                       f"{run['bytes_per_step'] / 1e6:.2f} MB/step, ps link use in steady state out "
@@ -252,6 +276,10 @@ def precision(repeats: int, steps: int, backend: str, workers: int) -> dict:
                     print(f"    workers' parameter arrivals apart: {offsets['offset_ms_p50']:.0f} ms median (10th-90th "
                           f"percentile {offsets['offset_ms_p10']:.0f}-{offsets['offset_ms_p90']:.0f}) of a "
                           f"{offsets['cycle_ms']:.0f} ms cycle", flush=True)
+                if setting.startswith("fp32") and run["call_boundaries"]:
+                    bounds = run["call_boundaries"]
+                    print(f"    a worker's cycle across the end of a call {bounds['across_ms']:.0f} ms, within a call "
+                          f"{bounds['within_ms']:.0f} ms (medians)", flush=True)
     summary = {}
     for setting, rs in runs.items():
         summary[setting] = {
@@ -265,17 +293,24 @@ def precision(repeats: int, steps: int, backend: str, workers: int) -> dict:
             "machine_busy": statistics.median(r["machine_busy"] for r in rs),
             "repeats": [round(r["steps_per_s"], 2) for r in rs],
             "arrival_offsets": [r["arrival_offsets"] for r in rs],
+            "call_boundaries": [r["call_boundaries"] for r in rs],
         }
     fp32 = summary["fp32"]
     ratios = {s: {"speed": summary[s]["steps_per_s"] / fp32["steps_per_s"],
                   "accuracy_points": 100 * (summary[s]["accuracy"] - fp32["accuracy"]),
                   "per_repeat": [round(a["steps_per_s"] / b["steps_per_s"], 3) for a, b in zip(runs[s], runs["fp32"])]}
               for s in ("bf16", "int8")}
+    if long_calls:
+        ratios["fp32-long"] = {"speed": summary["fp32-long"]["steps_per_s"] / fp32["steps_per_s"],
+                               "accuracy_points": 100 * (summary["fp32-long"]["accuracy"] - fp32["accuracy"]),
+                               "per_repeat": [round(a["steps_per_s"] / b["steps_per_s"], 3)
+                                              for a, b in zip(runs["fp32-long"], runs["fp32"])]}
     ratios["fp32"] = {"speed": fp32["steps_per_s"] / summary["fp32-serial"]["steps_per_s"],
                       "accuracy_points": 100 * (fp32["accuracy"] - summary["fp32-serial"]["accuracy"]),
                       "per_repeat": [round(a["steps_per_s"] / b["steps_per_s"], 3)
                                      for a, b in zip(runs["fp32"], runs["fp32-serial"])]}
-    return {"link": LINK, "links": links, "workers": workers, "hidden": HIDDEN, "steps": steps, "lines": summary, "ratios": ratios}
+    return {"link": LINK, "links": links, "workers": workers, "hidden": HIDDEN, "steps": steps, "long_calls": long_calls,
+            "lines": summary, "ratios": ratios}
 
 
 def measured_rate(cluster, transfer: str, batch: int, steps: int) -> float:
@@ -321,6 +356,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--workers", type=int, default=2, help="workers of the precision part (one ps)")
+    parser.add_argument("--long-calls", type=int, default=None, metavar="K",
+                        help="precision part: also overlapped fp32 with K steps per remote call (fp32-long), alternating")
     parser.add_argument("--backend", choices=("auto", "netns", "user"), default="auto",
                         help="the links of the precision and cost parts (auto: netns as root, else user)")
     args = parser.parse_args()
@@ -330,7 +367,10 @@ def main() -> int:
         results["backends"] = backends(args.repeats)
     if args.part in ("precision", "all"):
         print(f"async-ps, 1 ps + {args.workers} workers behind {LINK} links, MLP 64-{HIDDEN}-{HIDDEN}-10:", flush=True)
-        results["precision"] = precision(args.repeats, args.steps, args.backend, args.workers)
+        results["precision"] = precision(args.repeats, args.steps, args.backend, args.workers, args.long_calls)
+        for setting, line in results["precision"]["lines"].items():
+            print(f"{setting}: ps link use in steady state out {line['ps_link_use_steady_out']:.3f} in "
+                  f"{line['ps_link_use_steady_in']:.3f} (medians)")
         for setting, ratio in results["precision"]["ratios"].items():
             base = "fp32-serial" if setting == "fp32" else "fp32"
             goal = {"bf16": " (goal >= 1.9, accuracy within 1 point)", "fp32": " (overlap)"}.get(setting, "")
