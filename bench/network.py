@@ -46,12 +46,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from training import completion_points, finished, steady_rate
 
+from workbench.training.options import TrainOptions
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 RATES = ("100mbit", "1gbit", "2gbit", "4gbit", "10gbit")
 LINK = "1gbit"
 HIDDEN = 1024
 SEND_SECONDS = 4.0
 SKIP_SECONDS = 1.0  # the start of a transfer (buffers filling) is left out
+DEFAULT_STEPS_PER_CALL = TrainOptions.steps_per_call  # what a user's job runs unless told otherwise
 
 SENDER = """
 import socket, sys, time
@@ -161,7 +164,8 @@ def wide_model():
                              keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(10)])
 
 
-def wide_job(cluster, transfer: str, batch: int, steps: int, metrics: tuple = (), seed: int = 0, steps_per_call: int = 10):
+def wide_job(cluster, transfer: str, batch: int, steps: int, metrics: tuple = (), seed: int = 0,
+             steps_per_call: int = DEFAULT_STEPS_PER_CALL):
     """A finished digits job of the wide model (what a user would run): Adam 1e-3, the workbench's default
     ``steps_per_call`` unless given."""
     import keras
@@ -191,17 +195,28 @@ def convergence(seeds: int, steps: int, backend: str) -> dict:
             "int8_median": statistics.median(accuracy["int8"]), "int8_converged": sum(converged), "seeds": seeds}
 
 
+def by_worker(history: list[dict]) -> dict[str, list[dict]]:
+    """A job's step records per worker, each worker's in step order."""
+    grouped: dict[str, list[dict]] = {}
+    for record in sorted(history, key=lambda r: r["step"]):
+        grouped.setdefault(record["worker"], []).append(record)
+    return grouped
+
+
+def steady_part(records: list) -> list:
+    """The steady state of one worker's steps: 20%-90% of them."""
+    return records[len(records) // 5: len(records) * 9 // 10]
+
+
 def arrival_offsets(history: list[dict]) -> dict:
     """Do the workers read in step? For each arrival of the first worker's parameters (a step's ``start``) in steady
     state (20%-90% of its steps), the time to the second worker's nearest arrival; and the first's median cycle.
     In step, the offsets would sit near 0 and the card would idle through every compute."""
-    by_worker: dict[str, list[float]] = {}
-    for record in history:
-        by_worker.setdefault(record["worker"], []).append(record["start"])
-    if len(by_worker) < 2:
+    workers = by_worker(history)
+    if len(workers) < 2:
         return {}
-    first, second = (sorted(by_worker[name]) for name in sorted(by_worker)[:2])
-    steady = first[len(first) // 5: len(first) * 9 // 10]
+    first, second = (sorted(r["start"] for r in workers[name]) for name in sorted(workers)[:2])
+    steady = steady_part(first)
     offsets = sorted(min(abs(t - u) for u in second) for t in steady)
     cycles = [b - a for a, b in zip(steady, steady[1:])]
     at = lambda q: 1e3 * offsets[min(len(offsets) - 1, int(q * len(offsets)))]  # noqa: E731
@@ -214,12 +229,8 @@ def call_boundaries(history: list[dict]) -> dict:
     the end of a call (its steps are consecutive within a call, and the next call's are another chunk) and within a
     call, in steady state (20%-90% of its steps), over the workers."""
     across, within = [], []
-    by_worker: dict[str, list[dict]] = {}
-    for record in history:
-        by_worker.setdefault(record["worker"], []).append(record)
-    for records in by_worker.values():
-        records = sorted(records, key=lambda r: r["step"])
-        steady = records[len(records) // 5: len(records) * 9 // 10]
+    for records in by_worker(history).values():
+        steady = steady_part(records)
         for a, b in zip(steady, steady[1:]):
             (within if b["step"] == a["step"] + 1 else across).append(b["start"] - a["start"])
     if not across or not within:
@@ -227,7 +238,8 @@ def call_boundaries(history: list[dict]) -> dict:
     return {"across_ms": 1e3 * statistics.median(across), "within_ms": 1e3 * statistics.median(within)}
 
 
-def precision_run(cluster, transfer: str, steps: int, overlap: bool = True, steps_per_call: int = 10) -> dict:
+def precision_run(cluster, transfer: str, steps: int, overlap: bool = True,
+                  steps_per_call: int = DEFAULT_STEPS_PER_CALL) -> dict:
     import workbench as wb
 
     os.environ["WORKBENCH_OVERLAP_TRANSFERS"] = "1" if overlap else "0"  # read when the job starts
@@ -264,7 +276,7 @@ def precision(repeats: int, steps: int, backend: str, workers: int, long_calls: 
         for _ in range(repeats):
             for setting in settings:
                 run = precision_run(cluster, setting.split("-")[0], steps, overlap=not setting.endswith("serial"),
-                                    steps_per_call=long_calls if setting == "fp32-long" else 10)
+                                    steps_per_call=long_calls if setting == "fp32-long" else DEFAULT_STEPS_PER_CALL)
                 runs[setting].append(run)
                 print(f"  {setting}: {run['steps_per_s']:.1f} steps/s, accuracy {run['accuracy']:.3f}, "
                       f"{run['bytes_per_step'] / 1e6:.2f} MB/step, ps link use in steady state out "
@@ -299,12 +311,7 @@ def precision(repeats: int, steps: int, backend: str, workers: int, long_calls: 
     ratios = {s: {"speed": summary[s]["steps_per_s"] / fp32["steps_per_s"],
                   "accuracy_points": 100 * (summary[s]["accuracy"] - fp32["accuracy"]),
                   "per_repeat": [round(a["steps_per_s"] / b["steps_per_s"], 3) for a, b in zip(runs[s], runs["fp32"])]}
-              for s in ("bf16", "int8")}
-    if long_calls:
-        ratios["fp32-long"] = {"speed": summary["fp32-long"]["steps_per_s"] / fp32["steps_per_s"],
-                               "accuracy_points": 100 * (summary["fp32-long"]["accuracy"] - fp32["accuracy"]),
-                               "per_repeat": [round(a["steps_per_s"] / b["steps_per_s"], 3)
-                                              for a, b in zip(runs["fp32-long"], runs["fp32"])]}
+              for s in ("bf16", "int8", "fp32-long") if s in runs}
     ratios["fp32"] = {"speed": fp32["steps_per_s"] / summary["fp32-serial"]["steps_per_s"],
                       "accuracy_points": 100 * (fp32["accuracy"] - summary["fp32-serial"]["accuracy"]),
                       "per_repeat": [round(a["steps_per_s"] / b["steps_per_s"], 3)
