@@ -2,7 +2,8 @@
 
 `make docs` builds it with warnings as errors. Two things are generated at build time, so they never
 drift from the code: the API reference (every name in ``workbench.__all__``) and the tutorial pages
-(copies of ``notebooks/``, executed during the build with the workbench kernel).
+(copies of ``notebooks/``, executed during the build with the workbench kernel, unless the test suite
+executed the same code just before: see ``_reuse_tested_tutorials``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ html_static_path = ["_static"]
 html_theme_options = {"navigation_with_keys": False, "show_toc_level": 2}
 
 # The tutorials run during the build, each in the workbench kernel, in a temporary directory; a cell error
-# fails the build. "cache" re-executes a notebook only when its code changed (jupyter-cache in _build).
+# fails the build. "cache" re-executes a notebook only when its code changed (jupyter-cache in _build), and
+# takes the suite's executed copies when their code is the page's (_reuse_tested_tutorials).
 nb_execution_mode = "cache"
 nb_execution_cache_path = str(DOCS / "_build" / ".jupyter_cache")
 nb_execution_in_temp = True
@@ -57,6 +59,41 @@ def _copy_tutorials() -> None:
         copy = target / notebook.name
         if not copy.exists() or copy.read_bytes() != notebook.read_bytes():
             shutil.copyfile(notebook, copy)
+
+
+def _reuse_tested_tutorials() -> list[str]:
+    """Put into the execution cache the tutorials the test suite executed (``test-artifacts/``, written by
+    ``tests/integration/test_tutorials.py``) whose code cells are the page's, every one run, none failed.
+
+    ``make test`` runs the suite, then this build: without this, every tutorial ran twice in it (about
+    4 minutes of CI). A copy that does not match, or that stopped at an error, is left out, and the page's
+    notebook runs here as before. Returns the names taken.
+    """
+    import nbformat
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    cache, taken = get_cache(nb_execution_cache_path), []
+    for page in sorted((DOCS / "tutorials").glob("[0-9][0-9]-*.ipynb")):
+        executed = ROOT / "test-artifacts" / page.name
+        if not executed.exists():
+            continue
+        notebook, ran = nbformat.read(page, as_version=4), nbformat.read(executed, as_version=4)
+        code, done = ([c for c in nb.cells if c.cell_type == "code"] for nb in (notebook, ran))
+        if ([c.source for c in code] != [c.source for c in done]
+                or any(c.execution_count is None or any(o.output_type == "error" for o in c.outputs) for c in done)):
+            continue
+        try:
+            cache.match_cache_notebook(notebook)
+            continue  # cached already (by an earlier build, or an earlier copy)
+        except KeyError:
+            pass
+        for cell, result in zip(code, done):
+            cell.outputs, cell.execution_count = result.outputs, result.execution_count
+        cache.cache_notebook_bundle(CacheBundleIn(notebook, str(page), data={"executed_by": "the test suite"}),
+                                    check_validity=False, overwrite=True)
+        taken.append(page.stem)
+    return taken
 
 
 def _kind(name: str) -> str:
@@ -96,6 +133,7 @@ def _write_api_reference() -> None:
 
 
 _copy_tutorials()
+_reuse_tested_tutorials()
 _write_api_reference()
 
 # Bokeh's notebook outputs carry its own mime types (application/vnd.bokehjs_load.v0+json, ..._exec...) beside
