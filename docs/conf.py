@@ -3,7 +3,7 @@
 `make docs` builds it with warnings as errors. Two things are generated at build time, so they never
 drift from the code: the API reference (every name in ``workbench.__all__``) and the tutorial pages
 (copies of ``notebooks/``, executed during the build with the workbench kernel, unless the test suite
-executed the same code just before: see ``_reuse_tested_tutorials``).
+executed the same code: see ``_reuse_tested_tutorials``).
 """
 
 from __future__ import annotations
@@ -133,7 +133,8 @@ def _write_api_reference() -> None:
 
 
 _copy_tutorials()
-_reuse_tested_tutorials()
+if _taken := _reuse_tested_tutorials():
+    print(f"tutorials executed by the test suite (test-artifacts/), not run again: {', '.join(_taken)}")
 _write_api_reference()
 
 # Bokeh's notebook outputs carry its own mime types (application/vnd.bokehjs_load.v0+json, ..._exec...) beside
