@@ -79,9 +79,8 @@ def _reuse_tested_tutorials() -> list[str]:
         if not executed.exists():
             continue
         notebook, ran = nbformat.read(page, as_version=4), nbformat.read(executed, as_version=4)
-        code, done = ([c for c in nb.cells if c.cell_type == "code"] for nb in (notebook, ran))
-        if ([c.source for c in code] != [c.source for c in done]
-                or any(c.execution_count is None or any(o.output_type == "error" for o in c.outputs) for c in done)):
+        code, done = _code_cells(notebook), _code_cells(ran)
+        if [c.source for c in code] != [c.source for c in done] or not all(map(_ran_cleanly, done)):
             continue
         try:
             cache.match_cache_notebook(notebook)
@@ -94,6 +93,15 @@ def _reuse_tested_tutorials() -> list[str]:
                                     check_validity=False, overwrite=True)
         taken.append(page.stem)
     return taken
+
+
+def _code_cells(notebook) -> list:
+    return [cell for cell in notebook.cells if cell.cell_type == "code"]
+
+
+def _ran_cleanly(cell) -> bool:
+    """The cell was executed and showed no error."""
+    return cell.execution_count is not None and not any(o.output_type == "error" for o in cell.outputs)
 
 
 def _kind(name: str) -> str:
