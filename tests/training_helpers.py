@@ -22,9 +22,15 @@ def make_model():
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
+# Steps after which ``train``'s model is held to 90 % on the held-out digits. Async-ps interleaves the
+# workers' updates differently each run, so the accuracy its last step leaves spreads: at 300 steps,
+# 20 runs on a loaded 2-core machine gave 0.907 twice (and CI once 0.889); at 450 the lowest was 0.944.
+STEPS_TO_LEARN = 450
+
 
 def train(cluster, **kwargs):
-    options = dict(loss=LOSS, optimizer=keras.optimizers.Adam(0.01), metrics=["accuracy"], steps=300, batch_size=64, seed=7)
+    options = dict(loss=LOSS, optimizer=keras.optimizers.Adam(0.01), metrics=["accuracy"], steps=STEPS_TO_LEARN,
+                   batch_size=64, seed=7)
     options.update(kwargs)
     return wb.train(cluster, make_model, wb.datasets.digits, **options)
 

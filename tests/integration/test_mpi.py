@@ -55,7 +55,7 @@ def test_an_mpi_cluster_trains_scales_and_stops(tmp_path):
         cores = set(range(psutil.cpu_count()))
         assert all(set(psutil.Process(t.pid).cpu_affinity()) == cores for t in status.tasks)  # no rank pinned to one core
 
-        job = train(cluster, steps=300).wait(300)
+        job = train(cluster).wait(300)
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.9
         job = train(cluster, strategy="allreduce", steps=300).wait(300)
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.9

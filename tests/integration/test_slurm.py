@@ -50,7 +50,7 @@ def test_a_slurm_cluster_trains_scales_and_leaves_the_queue_empty(local_slurm):
         assert "engines: slurm" in str(status) and {t.name for t in status.tasks} == {"ps:0", "worker:0", "worker:1"}
         assert all(address.startswith("127.0.0.1:") for job in cluster.spec_dict.values() for address in job)
 
-        job = train(cluster, steps=300).wait(300)
+        job = train(cluster).wait(300)
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.9
         job = train(cluster, strategy="allreduce", steps=300).wait(300)
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.9

@@ -51,7 +51,7 @@ def test_an_ssh_cluster_trains_and_stops(server):
         # one command per host: the first engine imported TensorFlow, then forked the host's two others
         pids = {t.pid for t in status.tasks}
         assert sorted(psutil.Process(p).ppid() in pids for p in pids) == [False, True, True]
-        job = train(cluster, steps=300).wait(300)
+        job = train(cluster).wait(300)
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.9
         cluster.scale(workers=3)
         job = train(cluster, steps=99, batch_size=63).wait(300)
