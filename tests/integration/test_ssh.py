@@ -6,13 +6,15 @@ skipped with the reason.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import warnings
 
 import psutil
 import pytest
 import sshd
-from training_helpers import train
+from training_helpers import train, wait_for
 
 import workbench as wb
 
@@ -25,6 +27,19 @@ def server():
     if reason:
         pytest.skip(reason)
     daemon = sshd.LocalSSHD()
+    try:
+        yield daemon
+    finally:
+        daemon.close()
+
+
+@pytest.fixture(scope="module")
+def other_host():
+    """An sshd that looks like another machine: its own host name and its own process ids."""
+    reason = sshd.available() or ("" if os.geteuid() == 0 else "a PID namespace of its own needs root")
+    if reason:
+        pytest.skip(reason)
+    daemon = sshd.LocalSSHD(hostname="wb-other-host", own_pids=True)
     try:
         yield daemon
     finally:
@@ -58,6 +73,50 @@ def test_an_ssh_cluster_trains_and_stops(server):
         assert job.state == "finished"
     finally:
         cluster.stop()
+
+
+def _process_here_with_pid(pid: int) -> psutil.Process:
+    """A process of this machine whose id is ``pid``: a ``sleep`` made to get it (root sets the next pid), or
+    the unrelated process that has it already."""
+    for _ in range(5):
+        if psutil.pid_exists(pid):
+            return psutil.Process(pid)
+        with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+            last.write(str(pid - 1))
+        sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        if sleeper.pid == pid:
+            return psutil.Process(pid)
+        sleeper.kill()  # another process took the id first: try again
+        sleeper.wait(10)
+    raise AssertionError(f"could not make a process with pid {pid} here")
+
+
+def test_stopping_a_cluster_on_another_host_kills_no_process_here_that_has_an_engines_pid(other_host):
+    # An engine's process id on its host names some unrelated process on the client's machine: the client
+    # watched it as its own and killed it (and its children) at stop, or when the client died.
+    cluster = wb.Cluster(ps=1, workers=1, engines="ssh", hosts={f"127.0.0.1:{other_host.port}": 2},
+                         controller_ip="127.0.0.1", progress=False, start_timeout=120, name="wb-test-ssh-other",
+                         **_options(other_host))
+    cluster.start()
+    bystanders = []
+    try:
+        tasks = cluster.status().tasks
+        assert {t.host for t in tasks} == {"wb-other-host"}
+        bystanders = [_process_here_with_pid(t.pid) for t in tasks]
+        assert train(cluster, steps=20).wait(120).state == "finished"
+    finally:
+        cluster.stop()
+        try:
+            assert all(b.is_running() and b.status() != psutil.STATUS_ZOMBIE for b in bystanders), bystanders
+        finally:
+            for b in bystanders:
+                if b.name() == "sleep" and b.ppid() == os.getpid():
+                    b.kill()
+                    b.wait(10)
+
+    def engines_left():
+        return [p for p in psutil.Process(other_host.process.pid).children(recursive=True) if "python" in p.name()]
+    wait_for(lambda: not engines_left(), 30, "the engines on the other host to exit")
 
 
 def test_hosts_that_are_not_a_map_of_engine_counts_are_refused():

@@ -34,10 +34,18 @@ from .reaper import Reaper, kill_process_trees
 POLL_SECONDS = 0.02
 CLUSTER_FILE_PREFIX = "workbench-cluster-"  # ipyparallel's cluster file of a workbench cluster, in the profile's security/
 def _launcher_pids(launcher: Any) -> list[int]:
-    """Local process ids behind an ipyparallel launcher (none for batch-system launchers)."""
+    """Local process ids behind an ipyparallel launcher (none for batch-system launchers).
+
+    An SSH launcher's ``pid`` is the engine's process id on its host, not here: on another machine that
+    number names some unrelated process of this one (or none), which stopping the cluster, or the
+    reaper after the client died, would kill. Engines reached over SSH are watched as tasks, by the
+    host they report (``Hosting.is_local``), and stop through their lifelines and the launcher.
+    """
+    from ipyparallel.cluster.launcher import SSHLauncher
+
     pids = []
     pid = getattr(launcher, "pid", -1)
-    if isinstance(pid, int) and pid > 0:
+    if isinstance(pid, int) and pid > 0 and not isinstance(launcher, SSHLauncher):
         pids.append(pid)
     for sub in getattr(launcher, "launchers", {}).values():
         pids.extend(_launcher_pids(sub))
