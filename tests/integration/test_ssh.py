@@ -51,7 +51,7 @@ def _options(server) -> dict:
                 remote_profile_dir=str(server.dir / "profile"))
 
 
-def test_an_ssh_cluster_trains_and_stops(server):
+def test_an_ssh_cluster_trains_and_stops(server, capfd):
     with warnings.catch_warnings():
         warnings.simplefilter("error", wb.ExposedPortsWarning)  # engines run the workbench's bootstrap over SSH too
         cluster = wb.Cluster(ps=1, workers=2, engines="ssh", hosts={f"127.0.0.1:{server.port}": 4}, controller_ip="127.0.0.1",
@@ -73,6 +73,8 @@ def test_an_ssh_cluster_trains_and_stops(server):
         assert job.state == "finished"
     finally:
         cluster.stop()
+    # signalling an engine that had exited already (before ipyparallel's watcher saw it) printed the host's traceback
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def _process_here_with_pid(pid: int) -> psutil.Process:

@@ -1,6 +1,7 @@
 """Which ipyparallel launcher starts a cluster's engines, with which options, and the controller's options.
 
-``engine_launcher_class`` finds a launcher by name ("local", "mpi", "slurm", ..., or a class path);
+``engine_launcher_class`` finds a launcher by name ("local", "mpi", "slurm", ..., or a class path; "ssh" is
+ipyparallel's, subclassed in ssh.py);
 ``split_launcher_options`` sorts ``wb.Cluster``'s ``**launcher_options`` between ipyparallel's ``Cluster``
 and the launcher; ``controller_args`` adds the workbench's controller defaults under the user's own.
 """
@@ -40,13 +41,13 @@ def engine_launcher_class(name: str) -> type:
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"engines={name!r} is not a launcher name: use e.g. engines='local'.")
     try:
-        return find_launcher_class(name, "engine")
+        return _with_workbench_ssh(find_launcher_class(name, "engine"))
     except (KeyError, ImportError, AttributeError):
         pass
     if "." in name:  # a full class path, as ipyparallel also accepts
         module, _, cls = name.rpartition(".")
         try:
-            return getattr(__import__(module, fromlist=[cls]), cls)
+            return _with_workbench_ssh(getattr(__import__(module, fromlist=[cls]), cls))
         except (ImportError, AttributeError):
             pass
     if name == FORK_LAUNCHER:  # the workbench's own, registered by installing the package
@@ -60,6 +61,15 @@ def engine_launcher_class(name: str) -> type:
         f"engines={name!r} is not a known ipyparallel engine launcher: use one of {', '.join(known)} "
         "(or a full launcher class path)."
     )
+
+
+def _with_workbench_ssh(cls: type) -> type:
+    """ipyparallel's SSH engine launcher -> the workbench's subclass of it (launch/ssh.py); any other as it is."""
+    from ipyparallel.cluster.launcher import SSHEngineSetLauncher
+
+    from .ssh import SSHEngineSetLauncher as WorkbenchSSHEngineSetLauncher
+
+    return WorkbenchSSHEngineSetLauncher if cls is SSHEngineSetLauncher else cls
 
 
 def split_launcher_options(launcher_cls: type, options: dict[str, Any]) -> tuple[dict, dict]:

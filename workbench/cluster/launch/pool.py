@@ -173,7 +173,7 @@ class OwnedPool:
         if self.controller_ip:
             kwargs["controller_ip"] = self.controller_ip
         self._ipp = IPPCluster(
-            engines=self.launcher,
+            engines=engine_launcher_class(self.launcher),
             cluster_id=self.name,
             shutdown_atexit=False,  # the workbench's own atexit and reaper handle it
             # Local engines read the controller's connection file themselves, so they can be
