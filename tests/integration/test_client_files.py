@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -63,11 +64,24 @@ def test_a_killed_clients_autograph_files_are_swept_by_the_next_client(cluster, 
     assert os.path.isdir(directory)  # no exit handler ran
     assert directory in client_files.sweep()
     assert not os.path.exists(directory)
-    live = tempfile.mkdtemp(prefix=f"{client_files.PREFIX}{os.getpid()}-")  # as a running client's
+    live = tempfile.mkdtemp(prefix=f"{client_files.PREFIX}{os.getpid()}@{socket.gethostname()}-")  # a running client's
     try:
         assert live not in client_files.sweep() and os.path.isdir(live)  # a live process's directory is never swept
     finally:
         os.rmdir(live)
+
+
+def test_a_directory_another_hosts_process_made_is_never_swept(tmp_path):
+    # a temporary directory shared with another host, or with an sshd in a PID namespace of its own (test_ssh.py):
+    # its pids name other processes, or none, here
+    gone = 999_999_999  # above any pid_max: no such process here
+    other_host = tmp_path / f"{client_files.PREFIX}{gone}@another-host-x1y2z3"
+    this_host = tmp_path / f"{client_files.PREFIX}{gone}@{socket.gethostname()}-x1y2z3"
+    from_before = tmp_path / f"{client_files.PREFIX}{gone}-x1y2z3"  # named before hosts were in the name
+    for path in (other_host, this_host, from_before):
+        path.mkdir()
+    assert sorted(client_files.sweep(str(tmp_path))) == sorted([str(this_host), str(from_before)])
+    assert other_host.is_dir()
 
 
 def test_an_engine_started_by_another_launcher_writes_under_a_directory_of_its_own(tmp_path):

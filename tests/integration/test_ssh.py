@@ -7,9 +7,12 @@ skipped with the reason.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import warnings
+from pathlib import Path
 
 import psutil
 import pytest
@@ -17,33 +20,38 @@ import sshd
 from training_helpers import train, wait_for
 
 import workbench as wb
+from workbench.cluster.process import client_files
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+OTHER_HOST = "wb-other-host"
 
 
-@pytest.fixture(scope="module")
-def server():
+def _sshd(**options):
+    """A ``LocalSSHD`` for this module's tests, or a skip saying why none can run here."""
     reason = sshd.available()
+    if not reason and options and os.geteuid() != 0:
+        reason = "an sshd with a host name and process ids of its own needs root (namespaces)"
     if reason:
         pytest.skip(reason)
-    daemon = sshd.LocalSSHD()
+    daemon = sshd.LocalSSHD(**options)
     try:
         yield daemon
     finally:
         daemon.close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from _sshd()
 
 
 @pytest.fixture(scope="module")
 def other_host():
     """An sshd that looks like another machine: its own host name and its own process ids."""
-    reason = sshd.available() or ("" if os.geteuid() == 0 else "a PID namespace of its own needs root")
-    if reason:
-        pytest.skip(reason)
-    daemon = sshd.LocalSSHD(hostname="wb-other-host", own_pids=True)
-    try:
-        yield daemon
-    finally:
-        daemon.close()
+    yield from _sshd(hostname=OTHER_HOST, own_pids=True)
+    # its engines' temporary directories, which a workbench process on that host would sweep (it shares /tmp here)
+    for path in Path(tempfile.gettempdir()).glob(f"{client_files.PREFIX}*@{OTHER_HOST}-*"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _options(server) -> dict:
@@ -103,7 +111,7 @@ def test_stopping_a_cluster_on_another_host_kills_no_process_here_that_has_an_en
     bystanders = []
     try:
         tasks = cluster.status().tasks
-        assert {t.host for t in tasks} == {"wb-other-host"}
+        assert {t.host for t in tasks} == {OTHER_HOST}
         bystanders = [_process_here_with_pid(t.pid) for t in tasks]
         assert train(cluster, steps=20).wait(120).state == "finished"
     finally:

@@ -4,8 +4,10 @@ Every function TensorFlow converts (each ``tf.function`` a job or a ``%%wb on`` 
 by autograph as ``__autograph_generated_file*.py`` into the system's temporary directory, and removed
 by an exit handler. A kernel that is killed (SIGKILL, the OOM killer, a crash) runs none, and its
 files stay: tens per job. Once this process is a client of a cluster (``connection.connect``), autograph
-writes them under ``workbench-client-<pid>-*/`` instead: removed when the process exits, and, when it
-was killed, by the next workbench process that connects (``sweep``).
+writes them under ``workbench-client-<pid>@<host>-*/`` instead: removed when the process exits, and,
+when it was killed, by the next workbench process on that host that connects (``sweep``). The host is
+in the name because a temporary directory can be shared (a network filesystem, a container with
+process ids of its own): a pid is judged only by a process of the host that made the directory.
 
 Local engines write under their cluster's scratch directory. An engine that another launcher started
 (Slurm, MPI, SSH) takes a directory like a client's for all it writes (``adopt_temporary_directory``):
@@ -18,6 +20,7 @@ import atexit
 import functools
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import types
@@ -68,18 +71,35 @@ def adopt_temporary_directory() -> str:
 
 
 def _own_directory() -> str:
-    """A new ``workbench-client-<pid>-*`` directory, removed when this process exits (``sweep`` if it is killed)."""
-    path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+    """A new ``workbench-client-<pid>@<host>-*`` directory, removed when this process exits (``sweep`` if it is killed)."""
+    path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}@{socket.gethostname()}-")
     atexit.register(shutil.rmtree, path, True)
     return path
 
 
-def _owner_gone(path: Path) -> bool:
-    """Whether the process that made ``path`` (pid in its name) is gone: dead, or its pid reused since."""
+def _owner_pid(path: Path) -> int | None:
+    """The pid in ``path``'s name when a process of this host made it; ``None`` for another host's (or not ours).
+
+    ``mkdtemp``'s random suffix has no ``-``, so the host is what lies between ``@`` and the last ``-``.
+    Names without a host (``workbench-client-<pid>-*``, from before) count as this host's.
+    """
+    pid, at, rest = path.name[len(PREFIX):].partition("@")
+    if at and rest.rpartition("-")[0] != socket.gethostname():
+        return None
     try:
-        pid = int(path.name[len(PREFIX):].split("-", 1)[0])
+        return int(pid if at else pid.split("-", 1)[0])
+    except ValueError:
+        return None
+
+
+def _owner_gone(path: Path) -> bool:
+    """Whether the process of this host that made ``path`` (pid in its name) is gone: dead, or its pid reused since."""
+    pid = _owner_pid(path)
+    if pid is None:
+        return False  # another host's process ids are not this one's to judge
+    try:
         made = path.stat().st_mtime
-    except (ValueError, OSError):
+    except OSError:
         return False
     try:
         return psutil.Process(pid).create_time() > made + 1.0  # a newer process took the pid
