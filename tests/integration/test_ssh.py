@@ -6,6 +6,7 @@ skipped with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -86,17 +87,20 @@ def test_an_ssh_cluster_trains_and_stops(server, capfd):
 
 
 def _process_here_with_pid(pid: int) -> psutil.Process:
-    """A process of this machine whose id is ``pid``: a ``sleep`` made to get it (root sets the next pid), or
-    the unrelated process that has it already."""
+    """The process of this machine that a signal to ``pid`` reaches: one that has it already (``pid`` may be one
+    of its threads), or a ``sleep`` made to get it (root sets the next pid)."""
     for _ in range(5):
-        if psutil.pid_exists(pid):
-            return psutil.Process(pid)
+        try:  # /proc/<tid> answers for a thread too, though not listed: its Tgid is its process
+            status = Path(f"/proc/{pid}/status").read_text()
+            return psutil.Process(int(next(line.split()[1] for line in status.splitlines() if line.startswith("Tgid:"))))
+        except (FileNotFoundError, ProcessLookupError, psutil.NoSuchProcess):
+            pass
         with open("/proc/sys/kernel/ns_last_pid", "w") as last:
             last.write(str(pid - 1))
         sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
         if sleeper.pid == pid:
             return psutil.Process(pid)
-        sleeper.kill()  # another process took the id first: try again
+        sleeper.kill()  # a thread or process started meanwhile took the id: look again
         sleeper.wait(10)
     raise AssertionError(f"could not make a process with pid {pid} here")
 
@@ -112,7 +116,8 @@ def test_stopping_a_cluster_on_another_host_kills_no_process_here_that_has_an_en
     try:
         tasks = cluster.status().tasks
         assert {t.host for t in tasks} == {OTHER_HOST}
-        bystanders = [_process_here_with_pid(t.pid) for t in tasks]
+        for task in tasks:
+            bystanders.append(_process_here_with_pid(task.pid))
         assert train(cluster, steps=20).wait(120).state == "finished"
     finally:
         cluster.stop()
@@ -120,9 +125,10 @@ def test_stopping_a_cluster_on_another_host_kills_no_process_here_that_has_an_en
             assert all(b.is_running() and b.status() != psutil.STATUS_ZOMBIE for b in bystanders), bystanders
         finally:
             for b in bystanders:
-                if b.name() == "sleep" and b.ppid() == os.getpid():
-                    b.kill()
-                    b.wait(10)
+                with contextlib.suppress(psutil.Error):
+                    if b.name() == "sleep" and b.ppid() == os.getpid():
+                        b.kill()
+                        b.wait(10)
 
     def engines_left():
         return [p for p in psutil.Process(other_host.process.pid).children(recursive=True) if "python" in p.name()]
