@@ -86,15 +86,22 @@ def test_an_ssh_cluster_trains_and_stops(server, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+def _process_of(pid: int) -> psutil.Process | None:
+    """The process ``pid`` names here, if any: itself, or the process ``pid`` is a thread of (``/proc/<tid>``
+    answers for a thread too, though it is not listed; its ``Tgid`` is its process)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        return psutil.Process(next(int(line.split()[1]) for line in status.splitlines() if line.startswith("Tgid:")))
+    except (FileNotFoundError, ProcessLookupError, psutil.NoSuchProcess):
+        return None
+
+
 def _process_here_with_pid(pid: int) -> psutil.Process:
     """The process of this machine that a signal to ``pid`` reaches: one that has it already (``pid`` may be one
     of its threads), or a ``sleep`` made to get it (root sets the next pid)."""
     for _ in range(5):
-        try:  # /proc/<tid> answers for a thread too, though not listed: its Tgid is its process
-            status = Path(f"/proc/{pid}/status").read_text()
-            return psutil.Process(int(next(line.split()[1] for line in status.splitlines() if line.startswith("Tgid:"))))
-        except (FileNotFoundError, ProcessLookupError, psutil.NoSuchProcess):
-            pass
+        if (owner := _process_of(pid)) is not None:
+            return owner
         with open("/proc/sys/kernel/ns_last_pid", "w") as last:
             last.write(str(pid - 1))
         sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
