@@ -53,7 +53,7 @@ def _listening(root_pids) -> dict[int, tuple[str, str]]:
         for process in processes:
             try:
                 for ip, port in containment.listeners(process.pid):
-                    found[port] = (ip, " ".join(process.cmdline())[:80])
+                    found[port] = (ip, " ".join(process.cmdline()))
             except psutil.Error:
                 pass
     return found
