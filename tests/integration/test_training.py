@@ -27,7 +27,7 @@ def test_each_strategy_reaches_90_percent_on_held_out_digits(cluster, strategy, 
         assert all(1 <= r["aggregated"] <= 2 for r in history)
         assert job.info["gradients_per_step"] == 2 - backup
     else:  # one step function serves both workers, traced once (a trace per worker delayed the first steps)
-        assert job._fns._train_steps.experimental_get_tracing_count() == 1
+        assert job._fns.traced == 1
     assert job.info["per_worker_batch_size"] == 32
 
 
@@ -38,6 +38,20 @@ def test_job_model_is_a_local_keras_model_with_the_trained_weights(cluster):
     accuracy = float(np.mean(np.argmax(model.predict(x, verbose=0), axis=1) == y))
     assert accuracy == pytest.approx(job.evaluate(wb.datasets.digits_test)["accuracy"], abs=1e-6)
     assert all("localhost" in w.value.device for w in model.weights)
+
+
+def test_a_finished_job_lets_go_of_its_step_functions_and_keeps_model_and_evaluate(cluster):
+    from tensorflow.python.eager import context
+
+    first = train(cluster, steps=30).wait(300)  # traces what every job shares (Keras's own functions)
+    registered = len(context.context().list_function_names())
+    jobs = [train(cluster, steps=30, strategy=strategy).wait(300) for strategy in ("async-ps", "sync-ps", "async-ps")]
+    assert len(context.context().list_function_names()) <= registered + 2, context.context().list_function_names()
+    for job in [first, *jobs]:  # each kept job still answers what its user asks
+        assert job.state == "finished" and job.steps_done == 30
+        result = job.evaluate()
+        assert result["examples"] > 0 and np.isfinite(result["loss"])
+        assert len(job.model.get_weights()) == 4
 
 
 def test_evaluate_takes_a_dataset_batched_or_not_as_keras_users_pass_it(cluster):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..cluster.health import LOST, RECOVERING
+from ..cluster.health import LOST, RECOVERING, SILENT
 from ..cluster.health import RUNNING as RUNNING_TASK
 from ..cluster.jobs import CANCELLED, FAILED, FINISHED
 from ..cluster.process import connection
@@ -54,6 +54,9 @@ def drive(job) -> None:
         job._supervisor.close()
         job._supervisor = None  # no cycle left: an ended job nobody holds is freed at once, TF state and all
         try:
+            job._release_training()
+            if not any(r.state == SILENT for r in job.cluster.tasks):  # an RPC to a silent task would block
+                connection.free_garbage()  # what the job let go of leaves the tasks now, from this thread
             job._report_progress(state)
             job._trim_engines()
         finally:

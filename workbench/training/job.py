@@ -411,6 +411,11 @@ class Job:
         except Exception:  # noqa: BLE001 - an optimisation: a stopped cluster or a lost engine needs none
             pass
 
+    def _release_training(self) -> None:
+        """The job ended (its own thread, before its waiters wake): let go of what only training needed, keep what
+        its user can still ask (history, events, evaluate, model, the timeline). Each strategy adds its own."""
+        self._dataset_batch = None
+
     # -- checkpoints, faults and records -------------------------------------------------------
 
     def _save_or_lost(self) -> None:

@@ -191,6 +191,11 @@ class Packing:
                     for g in self.groups]
         return self._residuals[device]
 
+    def release(self) -> None:
+        """The job ended: every worker's error-feedback and prefetched variables go."""
+        self._residuals.clear()
+        self._prefetched.clear()
+
     def forget(self, device: str) -> bool:
         """The worker on ``device`` was replaced: its error-feedback and prefetched variables went with it.
 

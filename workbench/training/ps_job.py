@@ -128,9 +128,10 @@ class PsJob(Job):
 
         connection.check_epoch(self._epoch, "this job")
         seed = 0 if self.options.seed is None else self.options.seed
-        self._fns.build_evaluate(tf.autograph.experimental.do_not_convert(lambda: evaluation_dataset(data, batch_size, seed)))
+        evaluate = self._fns.evaluation_function(
+            tf.autograph.experimental.do_not_convert(lambda: evaluation_dataset(data, batch_size, seed)))
         with tf.device(self._worker_devices[0]):
-            values, count = self._fns.evaluate()
+            values, count = evaluate()
         values = values.numpy().tolist()
         return {"loss": values[0], **dict(zip(self.metric_names, values[1:])), "examples": int(count.numpy())}
 
@@ -173,6 +174,19 @@ class PsJob(Job):
         import tensorflow as tf
 
         return [tf.convert_to_tensor(tf_variable(w)).numpy() for w in self._model.weights]
+
+    def _release_training(self) -> None:
+        """The job ended: keep its trained weights here (``job.model`` needs no task from now on) and the variables
+        where they live (``job.evaluate``); let go of the step functions, input pipelines and checkpoint writer."""
+        super()._release_training()
+        if self._local_weights is None and getattr(self, "_model", None) is not None and self.error is None:
+            try:
+                self._local_weights = self._read_weights()
+            except Exception:  # noqa: BLE001 - a task is gone: job.model reads them (or says why) when asked
+                pass
+        self._iterators = self._checkpoint = self._manager = None
+        if self._fns is not None:
+            self._fns.release_steps()
 
     def release_remote(self) -> None:
         """The kernel connects elsewhere: keep the trained weights here (``job.model``), drop what lived on the tasks."""

@@ -221,6 +221,7 @@ class StepFunctions:
     targets: list | None = None  # what the optimizer updates: variables, or shards of partitioned ones
     splits: list | None = None  # per trainable variable: rows of each shard, or None
     packing: Any = None  # ps strategies: parameters and gradients travel packed (``packing.Packing``)
+    traced: int = 0  # traces of the step function, kept when the functions are released at the job's end
 
     def __post_init__(self):
         if self.targets is None:
@@ -374,8 +375,16 @@ class StepFunctions:
         if self.packing is not None:
             self.packing.forget(device)  # made again on its next call (``state_on``)
 
-    def build_evaluate(self, make_dataset: Callable):
-        self.evaluate = self.evaluation_function(make_dataset)
+    def release_steps(self) -> None:
+        """The job ended: its step and validation functions go (with them their registrations on every task, one
+        RPC each, made now in the job's thread rather than by the garbage collector at a random moment), and the
+        variables the packing kept on the workers. What evaluation needs (model, loss, metrics) stays."""
+        if getattr(self, "_train_steps", None) is not None:
+            self.traced = self._train_steps.experimental_get_tracing_count()
+        self._train_steps = self._state_on = None
+        self.__dict__.pop("_validation", None)
+        if self.packing is not None:
+            self.packing.release()
 
     def validation_on(self, device: str, make_dataset: Callable) -> Callable:
         """The validation function of the worker ``device`` (``evaluation_function``), made on first use."""

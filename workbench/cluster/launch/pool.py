@@ -33,6 +33,9 @@ from .reaper import Reaper, kill_process_trees
 
 POLL_SECONDS = 0.02
 CLUSTER_FILE_PREFIX = "workbench-cluster-"  # ipyparallel's cluster file of a workbench cluster, in the profile's security/
+STOP_GRACE_SECONDS = 1.0  # at stop, how long the processes get to exit on SIGTERM before SIGKILL
+
+
 def _launcher_pids(launcher: Any) -> list[int]:
     """Local process ids behind an ipyparallel launcher (none for batch-system launchers).
 
@@ -336,10 +339,11 @@ class OwnedPool:
                 pass
             self.client = None
         # Terminate every process at once (engines, nannies, controller): engines hold nothing a
-        # graceful shutdown would save, and TF servers cannot shut down cleanly anyway.
+        # graceful shutdown would save, and TF servers cannot shut down cleanly anyway (an engine that
+        # served a job ignored SIGTERM for the whole 5 s it once had: a second, then SIGKILL).
         # The watched pids too, alive or not: what a killed controller forked is left in its process group.
         kill_process_trees([(p.pid, 0.0) for p in tree] + [(pid, 0.0) for pid in self._watched],
-                           grace=min(5.0, deadline.remaining(1)))
+                           grace=min(STOP_GRACE_SECONDS, deadline.remaining(1)))
         if self._ipp is not None and self._loop is not None and self._files_ours:
             try:  # ipyparallel's bookkeeping: connection and cluster files, logs
                 self._loop.run(self._ipp.stop_cluster(), deadline.remaining(5))

@@ -71,7 +71,7 @@ def kill_process_trees(pids: list[tuple[int, float]], grace: float = KILL_GRACE_
             proc.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=grace)
+    psutil.wait_procs(alive, timeout=KILL_GRACE_SECONDS)  # a killed engine takes a moment to exit (its memory goes)
 
 
 def _left_in_groups(leaders: dict[int, float]) -> list[psutil.Process]:
