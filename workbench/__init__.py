@@ -49,7 +49,6 @@ from .errors import (  # noqa: E402
     UnknownTaskError,
     VersionMismatchError,
     WorkbenchError,
-    WorkersChangedWarning,
 )
 
 __all__ = [
@@ -88,7 +87,6 @@ __all__ = [
     "ServerStartError",
     "TaskId",
     "TaskFaultWarning",
-    "WorkersChangedWarning",
     "TaskRecord",
     "TensorFlowImportError",
     "UnknownTaskError",

@@ -69,10 +69,6 @@ class TaskFaultWarning(UserWarning):
     """A task was lost, went silent or straggles, and what the workbench did about it (re-hosted it, restored a checkpoint...)."""
 
 
-class WorkersChangedWarning(UserWarning):
-    """A job's workers changed while it trained (``cluster.scale``): which joined or left, from which step."""
-
-
 class ControllerLost(ClusterStateError):
     """The cluster's ipyparallel controller exited: the cluster was stopped (nothing it started is left running)."""
 

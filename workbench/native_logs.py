@@ -119,3 +119,8 @@ def notice(message: str, category: type[Warning], source: str) -> None:
     what it comes from (``source``, e.g. ``job async-ps-3``) instead. Filters apply as for any warning.
     """
     warnings.warn_explicit(message, category, filename=source, lineno=0, module="workbench")
+
+
+def inform(message: str, source: str) -> None:
+    """A change the user asked for (a scale), said as one line of information on standard output: not a warning."""
+    print(f"{source}: {message}", file=sys.stdout, flush=True)

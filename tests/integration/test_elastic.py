@@ -9,6 +9,7 @@ import workbench as wb
 
 pytestmark = pytest.mark.cluster
 
+STEPS_SHORT = 60
 STEPS = 1500  # long enough that both scales land mid-job on a slow machine (2-3 ms a step per worker here)
 
 
@@ -25,7 +26,7 @@ def _scale_twice(cluster, job, up: int, down: int) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["async-ps", "sync-ps"])
-def test_scale_up_and_down_while_a_job_trains(strategy, no_leftover_processes):
+def test_scale_up_and_down_while_a_job_trains(strategy, capsys, no_leftover_processes):
     with wb.Cluster(ps=1, workers=1, name=f"wb-test-elastic-{strategy}", progress=False) as cluster:
         job = train(cluster, strategy=strategy, steps=STEPS, steps_per_call=5)
         board = wb.dashboard(cluster, plots=("timeline", "throughput"))  # opened on one worker
@@ -56,7 +57,10 @@ def test_scale_up_and_down_while_a_job_trains(strategy, no_leftover_processes):
         # per-worker batch kept (elastic_batch="per-worker"): the global batch follows the workers
         assert job.info["per_worker_batch_size"] == 64 and job.info["global_batch_size"] == 128
         assert job.info["workers"] == ["worker:0", "worker:1"]
-        assert any("from step" in str(w.message) and issubclass(w.category, wb.WorkersChangedWarning) for w in said)
+        told = capsys.readouterr().out
+        assert f"job {job.name}: 3 worker(s) from step {up['step']} (joined: worker:1, worker:2; paused" in told, told
+        assert f"job {job.name}: 2 worker(s) from step {down['step']} (left: worker:2; paused" in told, told
+        assert not [w for w in said if "worker(s) from step" in str(w.message)]  # information, not a warning
         board.update()  # the new workers' rows appear in the timeline opened before they existed
         rows = board.components["timeline"].rows
         assert all(any(f"task:{i}" in row and "job:worker" in row for row in rows) for i in range(3)), rows
@@ -117,3 +121,27 @@ def test_a_connected_kernel_keeps_its_variables_across_a_scale(no_leftover_proce
         cluster.scale(workers=1)
         with cluster.device("worker:0"):
             assert (variable + 1).numpy().tolist() == [2.0, 3.0]
+
+
+def test_a_scale_in_the_jobs_last_steps_is_in_its_events(capsys, no_leftover_processes):
+    import threading
+
+    import keras
+
+    release = threading.Event()
+
+    class HoldTheLastBatch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == STEPS_SHORT - 1:
+                release.wait(120)  # the scale below lands while the job has no step left to run
+
+    with wb.Cluster(ps=1, workers=1, name="wb-test-elastic-last", progress=False) as cluster:
+        job = train(cluster, steps=STEPS_SHORT, callbacks=[HoldTheLastBatch()])
+        wait_for(lambda: job.steps_done == STEPS_SHORT or job.state != "running", 120, "the job's last step")
+        cluster.scale(workers=2)
+        release.set()
+        job.wait(120)
+        assert job.state == "finished", job.error
+        (event,) = job.events
+        assert event["kind"] == "scale" and event["step"] == STEPS_SHORT and event["joined"] == ["worker:1"], event
+        assert f"job {job.name}: 2 worker(s) after its last step (joined: worker:1)" in capsys.readouterr().out

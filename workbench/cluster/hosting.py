@@ -299,8 +299,9 @@ class TaskHosting:
             names = tuple(str(t) for t in leaving)
             if job is not None:
                 job.rescale(leaving=names)  # returns once the job no longer uses them
-            else:
-                connection.resize(cluster, names, timeout=deadline.remaining(5))
+            # out of this kernel's connection before their engines stop (done already if the job followed; not if it
+            # ended first): a task that leaves later makes TensorFlow log "Task 2 was not defined in sparse job worker"
+            connection.resize(cluster, names, timeout=deadline.remaining(5))
             self.drop_tasks(leaving, deadline)
             cluster._workers = workers
 

@@ -18,6 +18,7 @@ from typing import Any
 from ..cluster.health import SILENT
 from ..cluster.jobs import CANCELLED, ENDED, QUEUED, RUNNING, STOPPING
 from ..errors import ClusterStateError, TrainingError
+from ..native_logs import inform
 from ..telemetry.recorder import StepRecorder
 from .driver import TASKS_READY_SECONDS, drive
 from .evaluation import batch_function, check_evaluation_data, evaluate_dataset, is_dataset
@@ -268,10 +269,30 @@ class Job:
 
     def _end(self, state: str) -> None:
         self.state = state
+        requests = self._take_rescales()
+        if requests:  # the cluster scaled in the job's last steps: nothing was left to follow with
+            leaving = {name for names, _done, _asked in requests for name in names}
+            before = [r.name for r in self._workers]
+            after = [r.name for r in self.cluster.tasks if r.job == "worker" and r.name not in leaving]
+            if after != before:
+                self._record_scale(requests, before, after, time.time(), 0.0, "after its last step")
         self._set_up.set()
         self._ended.set()
-        for _leaving, done, _asked in self._take_rescales():  # an ended job uses no worker: scale() goes on
+        for _leaving, done, _asked in requests:  # an ended job uses no worker: scale() goes on
             done.set()
+
+    def _record_scale(self, requests: list, before: list[str], after: list[str], drained: float, pause: float,
+                      when: str) -> None:
+        """Add a change of workers to ``events`` and say it in one line (information: the user asked for it)."""
+        event = {"kind": "scale", "time": drained, "step": self.start_step + self.steps_done, "workers": after,
+                 "joined": [n for n in after if n not in before], "left": [n for n in before if n not in after],
+                 "drain_seconds": max(0.0, drained - min((asked for _n, _d, asked in requests), default=drained)),
+                 "pause_seconds": pause}
+        with self._lock:
+            self._events.append(event)
+        changes = "; ".join(f"{what}: {', '.join(event[what])}" for what in ("joined", "left") if event[what])
+        paused = f"; paused {pause:.1f} s" if pause else ""
+        inform(f"{len(after)} worker(s) {when} ({changes}{paused})", f"job {self.name}")
 
     # -- the cluster scaled while the job trains (Cluster.scale -> TaskHosting.scale_workers) -----------
 

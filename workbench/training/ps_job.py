@@ -14,8 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..cluster.process import connection
-from ..errors import ConfigurationError, WorkersChangedWarning
-from ..native_logs import notice
+from ..errors import ConfigurationError
 from .async_ps import AsyncRun
 from .building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
 from .data import DataContext, evaluation_dataset, training_dataset
@@ -279,17 +278,5 @@ class PsJob(Job):
             self._fns.forget_worker(device)
         self._workers, self._worker_devices = workers, devices
         self._iterators = self._make_iterators()
-        event = {"kind": "scale", "time": drained, "step": self.start_step + self.steps_done, "workers": names,
-                 "joined": [n for n in names if n not in before], "left": [n for n in before if n not in names],
-                 "drain_seconds": max(0.0, drained - min((asked for _n, _d, asked in requests), default=drained)),
-                 "pause_seconds": time.time() - drained}
-        with self._lock:
-            self._events.append(event)
+        self._record_scale(requests, before, names, drained, time.time() - drained, f"from step {self.start_step + self.steps_done}")
         self._report_progress()
-        changes = "; ".join(p for p in (_listed("joined", event["joined"]), _listed("left", event["left"])) if p)
-        notice(f"job {self.name}: {len(names)} worker(s) from step {event['step']} ({changes}; "
-               f"paused {event['pause_seconds']:.1f} s)", WorkersChangedWarning, f"job {self.name}")
-
-
-def _listed(what: str, names: list[str]) -> str:
-    return f"{what}: {', '.join(names)}" if names else ""
