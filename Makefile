@@ -2,6 +2,7 @@
 #   make lab    install into .venv and open JupyterLab on notebooks/ (LAB_ARGS=--no-browser for a server)
 #   make test   install with test dependencies, lint (ruff, configured in pyproject.toml), run the whole test
 #               suite, build the documentation (make docs)
+#   make check  the inner loop, before each commit: lint, the unit tests and one short real job per strategy
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,7 +14,7 @@ PYTEST_ARGS ?=
 # a command's environment with the bind shim preloaded (its TensorFlow ports, and its children's, on loopback)
 WITH_SHIM = LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}"
 
-.PHONY: install chromium lab test docs dist screenshots bench bench-training bench-gpu bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak bench-elastic demo clean
+.PHONY: install chromium lab test check docs dist screenshots bench bench-training bench-gpu bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak bench-elastic demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 # the editable build compiles the bind shim into workbench/cluster/ (hatch_build.py)
@@ -45,6 +46,11 @@ test: install chromium
 	$(PY) -m ruff check .
 	$(WITH_SHIM) $(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) docs
+
+# The inner loop (a couple of minutes): lint, the unit tests, and one short real job per strategy on one cluster.
+check: install
+	$(PY) -m ruff check .
+	$(WITH_SHIM) $(PY) -m pytest tests/unit tests/integration/test_check.py $(PYTEST_ARGS)
 
 # The documentation site: docs/_build/html. Warnings are errors; the tutorials are executed (cached in
 # docs/_build/.jupyter_cache: a tutorial runs again only when its code changed).

@@ -35,6 +35,22 @@ def train(cluster, **kwargs):
     return wb.train(cluster, make_model, wb.datasets.digits, **options)
 
 
+# Steps a launcher's test trains: enough for the loss to fall well below where it starts, few enough to be quick.
+STEPS_OF_A_MECHANIC = 150
+
+
+def assert_trained(job, steps: int, workers: set[str]) -> None:
+    """The mechanics of a finished job, whatever the run's interleaving: every step ran once, on ``workers``,
+    the loss fell to under half of where it began, and the trained variables evaluate on the held-out digits."""
+    assert job.state == "finished", job.error
+    history = job.history
+    assert [r["step"] for r in history] == list(range(steps))
+    assert {w for r in history for w in r["worker"].split(",")} == workers
+    first, last = (sum(r["loss"] for r in part) / len(part) for part in (history[:10], history[-10:]))
+    assert last < first / 2, (first, last)
+    assert job.evaluate(wb.datasets.digits_test)["examples"] == 450
+
+
 def signal_process(pid: int, sig: int) -> None:
     """Send ``sig`` to a process the test started (an engine, a controller), never to the test itself.
 

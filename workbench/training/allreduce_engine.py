@@ -209,8 +209,8 @@ def evaluate(run_id: str, payload: bytes, batch_size: int) -> dict:
     run = _RUNS[run_id]
     (data,) = unpack(payload)
     fns, seed = run["fns"], run["settings"]["seed"]
-    fns.build_evaluate(tf.autograph.experimental.do_not_convert(lambda: evaluation_dataset(data, batch_size, seed)))
-    values, count = fns.evaluate()
+    evaluate = fns.evaluation_function(tf.autograph.experimental.do_not_convert(lambda: evaluation_dataset(data, batch_size, seed)))
+    values, count = evaluate()
     return {"values": values.numpy().tolist(), "count": int(count.numpy())}
 
 

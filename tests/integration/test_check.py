@@ -1,0 +1,45 @@
+"""The inner loop's real jobs (``make check``): one short job per strategy on one real cluster.
+
+Each checks mechanics, not accuracy: every step once, every worker took part, the loss went down, the
+finished job still evaluates and gives its model. The whole suite (``make test``) checks the rest.
+"""
+
+import keras
+import numpy as np
+import pytest
+from training_helpers import LOSS, train
+
+import workbench as wb
+
+pytestmark = [pytest.mark.cluster, pytest.mark.check]
+
+STEPS = 60
+
+
+def _check_job(job, workers: set[str]) -> None:
+    assert job.state == "finished", job.error
+    history = job.history
+    assert [r["step"] for r in history] == list(range(STEPS))  # every step once
+    assert {w for r in history for w in r["worker"].split(",")} == workers
+    assert np.mean([r["loss"] for r in history[-10:]]) < np.mean([r["loss"] for r in history[:10]])
+    result = job.evaluate(wb.datasets.digits_test)
+    assert result["examples"] == 450 and np.isfinite(result["loss"])
+    assert len(job.model.get_weights()) == 4
+
+
+@pytest.mark.parametrize("strategy, options", [("async-ps", {}), ("sync-ps", {"backup_workers": 1}),
+                                               ("allreduce", {"steps_per_call": 20})])
+def test_a_short_job_of_each_data_parallel_strategy(cluster, strategy, options):
+    _check_job(train(cluster, strategy=strategy, steps=STEPS, **options).wait(300), {"worker:0", "worker:1"})
+
+
+def _named_layers():
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu", name="hidden"),
+                             keras.layers.Dense(10, name="logits")])
+
+
+def test_a_short_job_of_a_placed_model(cluster):
+    cluster.connect()
+    placed = wb.place(_named_layers, {"hidden": "worker:0", "logits": "worker:1"})
+    job = placed.train(wb.datasets.digits, LOSS, keras.optimizers.Adam(0.01), steps=STEPS, batch_size=64, seed=7)
+    _check_job(job.wait(300), {"worker:0"})
