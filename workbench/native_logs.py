@@ -6,13 +6,16 @@ reaches it as red stderr in the running cell: TensorFlow's start-up lines (oneDN
 "Failed to connect" block while a killed task is re-hosted (tutorial 03's kill cell printed 234
 lines). In a kernel, ``route()`` points descriptor 2 at ``log_path()``; Python's own ``sys.stderr``
 (warnings, tracebacks, the workbench's one-line notices) is the kernel's stream object, not the
-descriptor, so it still reaches the cell. Plain scripts and terminals keep their stderr. Set
-``WORKBENCH_NATIVE_LOGS=cell`` to see the lines in cells again.
+descriptor, so it still reaches the cell. A plain script's lines go to its cluster's log file from its
+first connection on (a re-hosted task's "Failed to connect" blocks), while its ``sys.stderr`` is moved to
+a copy of the old descriptor 2 and so still reaches the terminal. Set ``WORKBENCH_NATIVE_LOGS=cell`` (or
+``stderr``) to keep the lines where they were.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import sys
 import threading
@@ -36,10 +39,51 @@ def log_path() -> str:
 
 
 def cluster_log_path(cluster_name: str) -> str:
-    """The file this kernel's native lines go to while it is a client of ``cluster_name`` ("" when not routed)."""
-    if not route():
+    """The file this process's native lines go to while it is a client of ``cluster_name`` ("" when not routed)."""
+    if not route() and not _script_may_route():
         return ""
-    return str(Path(_ROUTED["path"]).with_name(f"cluster-{cluster_name}-{os.getpid()}.log"))
+    return str(_log_directory() / f"cluster-{cluster_name}-{os.getpid()}.log")
+
+
+def _opted_out() -> bool:
+    return os.environ.get(OPT_OUT_ENV, "").lower() in ("cell", "stderr")
+
+
+def _log_directory() -> Path:
+    from .cluster.process.containment import cache_dir
+
+    return Path(cache_dir()) / "logs"
+
+
+def _script_may_route() -> bool:
+    """A plain script whose ``sys.stderr`` is its own descriptor 2 (not a kernel's stream, not pytest's capture)."""
+    if in_kernel() or _opted_out() or sys.stderr is None or sys.stderr is not sys.__stderr__:
+        return False
+    try:
+        return sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _route_script(path: str, header: str) -> bool:
+    """A plain script's first connection: descriptor 2 goes to ``path``; Python's ``sys.stderr`` (warnings,
+    tracebacks, the workbench's notices) keeps writing where descriptor 2 went before. ``_LOCK`` held."""
+    if not _script_may_route():
+        return False
+    sys.stderr.flush()
+    terminal = os.dup(2)
+    try:
+        Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _point(2, path, header)
+    except OSError:
+        os.close(terminal)
+        return False  # the lines stay where they were
+    stream = open(terminal, "w", buffering=1, encoding=sys.stderr.encoding, errors=sys.stderr.errors)  # noqa: SIM115
+    sys.stderr = sys.__stderr__ = stream
+    if faulthandler.is_enabled():  # a crash's stack still reaches the terminal
+        faulthandler.enable(file=stream)
+    _ROUTED["path"] = path
+    return True
 
 
 def hint() -> str:
@@ -60,8 +104,10 @@ def _point(descriptor: int, path: str | Path, header: str = "") -> None:
 def route_to(path: str, header: str = "") -> bool:
     """From now on, descriptor 2 goes to ``path`` (appended; ``header`` written first); False when not routed."""
     with _LOCK:
-        if "path" not in _ROUTED or not path:
+        if not path:
             return False
+        if "path" not in _ROUTED:
+            return _route_script(path, header)  # a kernel routed at import: this is a script's first connection
         if _ROUTED["path"] != path:
             try:
                 _point(2, path, header)
@@ -76,11 +122,9 @@ def route() -> str:
     with _LOCK:
         if "path" in _ROUTED:
             return _ROUTED["path"]
-        if not in_kernel() or os.environ.get(OPT_OUT_ENV, "").lower() == "cell":
+        if not in_kernel() or _opted_out():
             return ""
-        from .cluster.process.containment import cache_dir
-
-        directory = Path(cache_dir()) / "logs"
+        directory = _log_directory()
         path = directory / f"kernel-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.log"
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -75,3 +75,42 @@ def test_a_kernels_cells_get_no_native_log_line_and_the_log_file_gets_them(kerne
     assert log.parent == tmp_path / "logs" and log.name.startswith("cluster-wb-test-quiet-"), log
     text = log.read_text()
     assert "connects to cluster 'wb-test-quiet'" in text and NATIVE.search(text), "the native lines went nowhere"
+
+
+SCRIPT = textwrap.dedent("""\
+    import os, signal, sys, time, keras, workbench as wb
+    cluster = wb.Cluster(ps=1, workers=3, name='wb-test-quiet-script', progress=False).start()
+    def make_model():
+        return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation='relu'), keras.layers.Dense(10)])
+    job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                   steps=100000, batch_size=96, elastic_batch='per-worker')
+    job.wait_set_up()
+    print('CONNECTED', file=sys.stderr, flush=True)
+    while job.steps_done < 50 and job.state == 'running':
+        time.sleep(0.05)
+    os.kill(cluster.task('worker:1').pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while (cluster.task('worker:1').restarts < 1 or cluster.task('worker:1').state != 'running') and time.monotonic() < deadline:
+        time.sleep(0.05)  # re-hosted (its old record still says running until the kill is noticed)
+    cluster.scale(workers=2)
+    job.stop()
+    cluster.stop()
+    print(job.state, len(job.events), cluster.log_path)
+""")
+
+
+def test_a_plain_script_that_loses_and_scales_a_task_prints_only_the_workbenchs_own_lines(tmp_path, no_leftover_processes):
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "WORKBENCH_NATIVE_LOGS")}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    state, events, log = done.stdout.split()[-3:]
+    assert state == "cancelled" and events == "1", done.stdout
+    after = done.stderr.split("CONNECTED\n", 1)[1].splitlines()
+    assert not [line for line in after if NATIVE.search(line)], after  # the lost task's and the scale's lines went...
+    assert any("re-hosting" in line for line in after), after  # ...while the workbench's own notices stay
+    assert NATIVE.search(Path(log).read_text()), log  # ...to the cluster's log file
