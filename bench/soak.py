@@ -27,6 +27,10 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from training_helpers import Watchdog  # the suite's: how long no Python ran
+
 GOAL_MAX_FIRST_STEP_S = 3.0
 GOAL_RSS_SLOPE_MIB = {False: 0.3, True: 0.5}  # per job from job 10 on: jobs dropped, jobs kept
 GOAL_STOP_S = 5.0
@@ -35,32 +39,6 @@ STRATEGIES = ("async-ps", "sync-ps", "allreduce")
 KILL_EVERY = 10
 SLOPE_FROM_JOB = 10
 JOB_TIMEOUT_S = 300.0
-
-
-class Watchdog:
-    """The longest time this process ran no Python: a thread ticking every 20 ms records its longest gap."""
-
-    TICK = 0.02
-
-    def __init__(self):
-        self.longest = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._tick, name="soak-watchdog", daemon=True)
-
-    def _tick(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(self.TICK):
-            now = time.monotonic()
-            self.longest = max(self.longest, now - last - self.TICK)
-            last = now
-
-    def __enter__(self) -> Watchdog:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 def one_job(cluster, index: int, steps: int, kill: bool):
