@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..cluster.health import LOST, RECOVERING, SILENT
+from ..cluster.health import LOST, RECOVERING
 from ..cluster.health import RUNNING as RUNNING_TASK
 from ..cluster.jobs import CANCELLED, FAILED, FINISHED
 from ..cluster.process import connection
@@ -54,8 +54,8 @@ def drive(job) -> None:
         job._supervisor.close()
         job._supervisor = None  # no cycle left: an ended job nobody holds is freed at once, TF state and all
         try:
-            job._release_training()
-            if not any(r.state == SILENT for r in job.cluster.tasks):  # an RPC to a silent task would block
+            if _every_task_answers(job):  # freeing a function is an RPC to every task: one that hangs would block it
+                job._release_training()
                 connection.free_garbage()  # what the job let go of leaves the tasks now, from this thread
             job._report_progress(state)
             job._trim_engines()
@@ -63,6 +63,12 @@ def drive(job) -> None:
             job.state = state
             job.cluster.job_queue.ended(job)  # before waiters wake: the cluster is free, or the next job's
             job._end(state)
+
+
+def _every_task_answers(job) -> bool:
+    """No task of the cluster is silent, lost or being re-hosted, and the job gave up on none (a stopped process
+    that answers nothing): otherwise what the job holds stays until the cluster stops and its tasks are gone."""
+    return not job.lost_workers and all(r.state == RUNNING_TASK for r in job.cluster.tasks)
 
 
 def _end_loop_quietly(job) -> None:
