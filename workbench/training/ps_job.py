@@ -174,26 +174,27 @@ class PsJob(Job):
 
         return [tf.convert_to_tensor(tf_variable(w)).numpy() for w in self._model.weights]
 
+    def _keep_weights(self) -> None:
+        """Read the trained weights into this kernel once (``job.model`` then needs no task)."""
+        if self._local_weights is None and getattr(self, "_model", None) is not None:
+            try:
+                self._local_weights = self._read_weights()
+            except Exception:  # noqa: BLE001 - the tasks are gone (a stopped cluster): job.model then says so
+                pass
+
     def _release_training(self) -> None:
         """The job ended: keep its trained weights here (``job.model`` needs no task from now on) and the variables
         where they live (``job.evaluate``); let go of the step functions, input pipelines and checkpoint writer."""
         super()._release_training()
-        if self._local_weights is None and getattr(self, "_model", None) is not None and self.error is None:
-            try:
-                self._local_weights = self._read_weights()
-            except Exception:  # noqa: BLE001 - a task is gone: job.model reads them (or says why) when asked
-                pass
+        if self.error is None:
+            self._keep_weights()
         self._iterators = self._checkpoint = self._manager = None
         if self._fns is not None:
             self._fns.release_steps()
 
     def release_remote(self) -> None:
         """The kernel connects elsewhere: keep the trained weights here (``job.model``), drop what lived on the tasks."""
-        if self._local_weights is None and getattr(self, "_model", None) is not None:
-            try:
-                self._local_weights = self._read_weights()
-            except Exception:  # noqa: BLE001 - the tasks are gone (a stopped cluster): job.model then says so
-                pass
+        self._keep_weights()
         for name in ("_model", "_optimizer", "_step", "_fns", "_iterators", "_checkpoint", "_manager"):
             if hasattr(self, name):
                 setattr(self, name, None)

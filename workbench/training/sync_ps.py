@@ -88,7 +88,6 @@ class SyncRun(WorkerRun):
             self.barrier.close()
         except Exception:  # noqa: BLE001 - a lost ps took its queues with it
             pass
-        self.barrier.release()
         self.job.dropped_gradients += self.late
 
     def _needed(self) -> int:

@@ -120,12 +120,6 @@ class SyncBarrier:
             for queue in (self.gradients, *self.tokens):
                 queue.close(cancel_pending_enqueues=True)
 
-    def release(self) -> None:
-        """The run ended: its functions go now (they hold the barrier, and the barrier them: a cycle that only the
-        garbage collector would break, removing them from every task at a random moment)."""
-        self._work = self.aggregate = None
-        self.work = []
-
     @property
     def row_width(self) -> int:
         """The values ``aggregate`` returns per step: mask, losses, metrics, stamps (n each, metrics n x m), applied, late."""
