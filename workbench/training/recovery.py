@@ -180,6 +180,11 @@ class Supervisor:
 
     # -- re-hosting --------------------------------------------------------------------------
 
+    def rehosting(self, task: str) -> bool:
+        """Whether ``task``'s re-hosting is under way (what the job keeps on it is made again when it is back)."""
+        running = self._rehosting.get(task)
+        return running is not None and running.is_alive()
+
     def rehost(self, task: str, rebuild: Callable[[], None]) -> None:
         """Re-host ``task`` on a new engine, then ``rebuild()`` what the job kept there; in the background."""
         running = self._rehosting.get(task)

@@ -33,7 +33,8 @@ class WorkerRun:
         self.options = job.options
         self.supervisor = job._supervisor
         self.names = [r.name for r in job._workers]
-        self.slots = dict.fromkeys(range(len(self.names)), ACTIVE)
+        # a worker whose re-hosting an earlier run began (before a scale) takes work once it is back
+        self.slots = {i: RECOVERING if self.supervisor.rehosting(name) else ACTIVE for i, name in enumerate(self.names)}
         self.threads: dict[int, threading.Thread] = {}
         self.errors: queue.SimpleQueue = queue.SimpleQueue()  # (worker index, token, error); index None: token names it
         self.times = CallTimes()
@@ -213,7 +214,7 @@ class WorkerRun:
             if name not in self.names:
                 continue
             index = self.names.index(name)
-            if ok and self.slots[index] == RECOVERING:
+            if ok and self.slots[index] in (RECOVERING, ACTIVE):  # ACTIVE: back before this run began
                 self.slots[index] = ACTIVE
                 self.supervisor.settle(name, "re-hosted", f"on engine {self.job.cluster.task(name).engine_id}")
             elif not ok:

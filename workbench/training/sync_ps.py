@@ -52,7 +52,8 @@ class SyncRun(WorkerRun):
         self.required = self._needed()
         self.barrier = SyncBarrier(job._fns, len(self.slots), len(job.metric_names), job._ps_devices[0], self.required)
         self.barrier.start(self.chunks[0][0])
-        self.barrier.warm_up(job._iterators, job._worker_devices, self.chunks[0][0])
+        self.barrier.warm_up(job._iterators, job._worker_devices, self.chunks[0][0],
+                             skip={i for i, slot in self.slots.items() if slot != ACTIVE})
         finished = False
         try:
             for index in self.slots:

@@ -75,17 +75,20 @@ class SyncBarrier:
             for tokens in self.tokens:
                 tokens.enqueue(tf.constant(step, tf.int64))
 
-    def warm_up(self, iterators: list, worker_devices: list[str], step: int) -> None:
+    def warm_up(self, iterators: list, worker_devices: list[str], step: int, skip: set[int] = frozenset()) -> None:
         """Run each function once with nothing to do, one after the other, before the real calls.
 
         A first call registers a function on its tasks and opens their channels; the first calls
-        made all at once, with ``aggregate`` blocking on the ps meanwhile, hung.
+        made all at once, with ``aggregate`` blocking on the ps meanwhile, hung. Workers in ``skip``
+        (being re-hosted) warm up when they are back.
         """
         import tensorflow as tf
 
         at = tf.constant(step, tf.int64)
         self.devices = list(worker_devices)
-        for work, iterator, device in zip(self.work, iterators, worker_devices):
+        for index, (work, iterator, device) in enumerate(zip(self.work, iterators, worker_devices)):
+            if index in skip:
+                continue
             with tf.device(device):
                 work(iterator, at).numpy()  # its token is there and not below ``at``: no step runs
         with tf.device(self.ps_device):

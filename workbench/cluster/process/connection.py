@@ -33,6 +33,10 @@ _STATE = {"spec": None, "cluster": None, "epoch": 0}
 _HOLDERS: weakref.WeakSet = weakref.WeakSet()  # what holds TensorFlow state made under the current connection
 SETTLE_SECONDS = 30.0  # how long a holder whose cluster stopped gets to finish (a job failing over its lost tasks)
 LINK_RETRY_SECONDS = 0.1
+# How long a connection update keeps trying a task it cannot reach. A re-hosted task's new server is reached
+# once this process's gRPC reconnect back-off ends (TensorFlow caps it at a second); a task that is down
+# (killed, its re-hosting yet to come) is not reached by waiting longer.
+RECONNECT_SECONDS = 10.0
 # How this process talks to the tasks, set before its first connection (TensorFlow reads them then).
 # ParameterServerStrategy's own two settings: one outstanding request per task and no global executor
 # syncs, so that a lost task's error stays with the calls made to it, instead of failing (or blocking
@@ -122,13 +126,22 @@ def resize(cluster, leaving: tuple[str, ...] = (), timeout: float = 60.0) -> boo
     on the other tasks (the ps tasks' variables, a job's functions) stays valid, as after a re-hosting.
     Call it with no remote op in flight (a job does, at a step boundary). Returns False, doing nothing,
     when this process is not connected to ``cluster`` or more than the workers changed (the next
-    ``connect()`` then connects anew).
+    ``connect()`` then connects anew), or when a task does not answer (one lost, its re-hosting yet to
+    come: the re-hosting, or the next ``connect()``, updates the connection to the cluster's tasks then).
     """
+    import tensorflow as tf
+
     spec = cluster.spec_dict
     if leaving:
         spec = {**spec, "worker": [r.address for r in cluster.tasks if r.job == "worker" and r.name not in leaving]}
     with _LOCK:
-        return _STATE.get("spec") == spec or _resize_locked(cluster, spec, time.monotonic() + timeout)
+        try:
+            return _STATE.get("spec") == spec or _resize_locked(cluster, spec, time.monotonic() + timeout)
+        except ClusterStateError as exc:
+            down = isinstance(exc, TaskUnreachable) or isinstance(exc.__cause__, tf.errors.UnavailableError)
+            if not down or _STATE.get("broken"):
+                raise
+            return False  # a task is down: its health monitor and re-hosting say so, and bring the connection along
 
 
 def _resize_locked(cluster, spec: dict, deadline: float) -> bool:
@@ -145,10 +158,22 @@ def _resize_locked(cluster, spec: dict, deadline: float) -> bool:
     return True
 
 
+class TaskUnreachable(ClusterStateError):
+    """A connection update found a task that does not accept connections (down, its re-hosting yet to come)."""
+
+
 def _apply_spec(spec: dict, deadline: float, what: str) -> None:
-    """Point this process's connection at ``spec``'s addresses in place (``update_server_def``); ``_LOCK`` held."""
+    """Point this process's connection at ``spec``'s addresses in place (``update_server_def``); ``_LOCK`` held.
+
+    Every task must accept a connection first: TensorFlow's update that fails on a task that is down leaves
+    the connection without that task's devices ("unknown device" at the next op placed there).
+    """
     from tensorflow.python.eager import context
 
+    for address in (a for job in spec.values() for a in job):
+        problem = connect_problem(address, timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+        if problem:
+            raise TaskUnreachable(f"{what} was put off: the task at {address} does not answer ({problem}).")
     server_def = type(context.context().get_server_def())()
     server_def.CopyFrom(context.context().get_server_def())
     for job in server_def.cluster.job:
@@ -269,7 +294,7 @@ def _bounded(work, timeout: float, what: str) -> None:
         )
         raise ClusterStateError(_STATE["broken"])
     if "error" in outcome:
-        raise ClusterStateError(f"{what} failed: {outcome['error']}.{native_logs.hint()}")
+        raise ClusterStateError(f"{what} failed: {outcome['error']}.{native_logs.hint()}") from outcome["error"]
 
 
 def defer_refresh(cluster, rehosted: str) -> None:
@@ -293,15 +318,16 @@ def refresh(cluster, rehosted: str, timeout: float = 60.0) -> bool:
     What ClusterCoordinator does when a worker comes back (``update_server_def``): TensorFlow makes a
     new context on the new server, and what this process made on the other tasks (variables,
     functions, datasets) stays valid. Then waits until the new server and every other task reach
-    each other. Returns False, doing nothing, when this process is not connected to ``cluster`` or
-    the cluster's shape changed since (the next ``connect()`` connects anew).
+    each other. A change of the workers that this connection could not follow yet (a scale while the
+    task was down) is followed too. Returns False, doing nothing, when this process is not connected to
+    ``cluster`` or more than its workers changed since (the next ``connect()`` connects anew).
     """
     deadline = time.monotonic() + timeout
     with _LOCK:
         spec = cluster.spec_dict
         connected = _STATE.get("spec") or {}
-        if _STATE.get("cluster_object") is not cluster or {j: len(a) for j, a in connected.items()} != {
-                j: len(a) for j, a in spec.items()}:
+        if _STATE.get("cluster_object") is not cluster or not spec.get("worker") or {
+                j: len(a) for j, a in connected.items() if j != "worker"} != {j: len(a) for j, a in spec.items() if j != "worker"}:
             return False
         if _STATE.get("broken"):
             raise ClusterStateError(_STATE["broken"])
@@ -315,10 +341,13 @@ def _update_server_def(ctx, server_def, deadline: float) -> None:
 
     This process called the old server when it went away, so its gRPC channel to that address is in
     reconnect back-off, and fails fast (``GRPC_FAIL_FAST``) until the back-off ends (TensorFlow caps it
-    at a second).
+    at a second). Tried for ``RECONNECT_SECONDS`` at most: a task that is down does not come back by
+    waiting (a scale that found a task just killed waited out the whole start timeout, and the task's
+    re-hosting, which waited for the scale, with it).
     """
     import tensorflow as tf
 
+    deadline = min(deadline, time.monotonic() + RECONNECT_SECONDS)
     while True:
         try:
             ctx.update_server_def(server_def)
