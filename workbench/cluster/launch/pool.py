@@ -33,7 +33,7 @@ from .reaper import Reaper, kill_process_trees
 
 POLL_SECONDS = 0.02
 CLUSTER_FILE_PREFIX = "workbench-cluster-"  # ipyparallel's cluster file of a workbench cluster, in the profile's security/
-STOP_GRACE_SECONDS = 1.0  # at stop, how long the processes get to exit on SIGTERM before SIGKILL
+STOP_GRACE_SECONDS = 1.0  # at stop, how long the controller gets to exit on SIGTERM before SIGKILL
 
 
 def _launcher_pids(launcher: Any) -> list[int]:
@@ -338,12 +338,18 @@ class OwnedPool:
             except Exception:  # noqa: BLE001 - closing sockets of a dead cluster may fail; keep going
                 pass
             self.client = None
-        # Terminate every process at once (engines, nannies, controller): engines hold nothing a
-        # graceful shutdown would save, and TF servers cannot shut down cleanly anyway (an engine that
-        # served a job ignored SIGTERM for the whole 5 s it once had: a second, then SIGKILL).
-        # The watched pids too, alive or not: what a killed controller forked is left in its process group.
-        kill_process_trees([(p.pid, 0.0) for p in tree] + [(pid, 0.0) for pid in self._watched],
-                           grace=min(STOP_GRACE_SECONDS, deadline.remaining(1)))
+        # Engines and their nannies are killed at once: they hold nothing a graceful shutdown would save,
+        # TF servers cannot shut down cleanly anyway, and none of them exits on SIGTERM (measured: every one
+        # sat out a second's grace, with or without a job). The controller exits on SIGTERM, removing its
+        # files: it gets a grace. The watched pids too, alive or not: what a killed controller forked is
+        # left in its process group.
+        # The warm process goes after its forks: it reaps them as they die (orphans wait for whatever init
+        # reaps them: a second and more here).
+        controller = {p.pid for p in _process_tree(self.controller_pids)}
+        later = controller | ({self._warm.pid} if self._warm is not None else set())
+        kill_process_trees([(p.pid, 0.0) for p in tree if p.pid not in later]
+                           + [(pid, 0.0) for pid in self._watched - later], grace=0.0)
+        kill_process_trees([(pid, 0.0) for pid in controller], grace=min(STOP_GRACE_SECONDS, deadline.remaining(1)))
         if self._ipp is not None and self._loop is not None and self._files_ours:
             try:  # ipyparallel's bookkeeping: connection and cluster files, logs
                 self._loop.run(self._ipp.stop_cluster(), deadline.remaining(5))

@@ -129,8 +129,6 @@ def resize(cluster, leaving: tuple[str, ...] = (), timeout: float = 60.0) -> boo
     ``connect()`` then connects anew), or when a task does not answer (one lost, its re-hosting yet to
     come: the re-hosting, or the next ``connect()``, updates the connection to the cluster's tasks then).
     """
-    import tensorflow as tf
-
     spec = cluster.spec_dict
     if leaving:
         spec = {**spec, "worker": [r.address for r in cluster.tasks if r.job == "worker" and r.name not in leaving]}
@@ -138,6 +136,8 @@ def resize(cluster, leaving: tuple[str, ...] = (), timeout: float = 60.0) -> boo
         try:
             return _STATE.get("spec") == spec or _resize_locked(cluster, spec, time.monotonic() + timeout)
         except ClusterStateError as exc:
+            import tensorflow as tf  # loaded: the connection it failed to update is TensorFlow's
+
             down = isinstance(exc, TaskUnreachable) or isinstance(exc.__cause__, tf.errors.UnavailableError)
             if not down or _STATE.get("broken"):
                 raise
