@@ -106,7 +106,8 @@ def test_without_recovery_a_killed_worker_does_not_stop_async_training(no_leftov
 def test_without_recovery_a_stalled_worker_is_given_up_on_and_async_training_finishes(no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-stallworker", progress=False) as cluster:
         stalled = cluster.task("worker:1").pid
-        job = train(cluster, strategy="async-ps", steps=1200, steps_per_call=5, step_timeout=20, recover=False)
+        # a call of 5 steps takes 10-40 ms here, its first (functions set up) about a second: 5 s is a stall
+        job = train(cluster, strategy="async-ps", steps=1200, steps_per_call=5, step_timeout=5, recover=False)
         deadline = time.monotonic() + 120
         while job.steps_done < 100 and time.monotonic() < deadline:
             time.sleep(0.05)
