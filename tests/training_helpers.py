@@ -24,7 +24,8 @@ LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 # Steps after which ``train``'s model is held to 90 % on the held-out digits. Async-ps interleaves the
 # workers' updates differently each run, so the accuracy its last step leaves spreads: at 300 steps,
-# 20 runs on a loaded 2-core machine gave 0.907 twice (and CI once 0.889); at 450 the lowest was 0.944.
+# 20 runs on a loaded 2-core machine gave 0.907 twice (and CI once 0.889); at 450 the lowest was 0.944, and
+# 0.929 on another day, but once 0.86 inside the whole suite (test_training holds async-ps to 0.80).
 STEPS_TO_LEARN = 450
 
 
