@@ -279,8 +279,7 @@ class PsJob(Job):
             self._fns.forget_worker(device)
         self._workers, self._worker_devices = workers, devices
         # a worker being re-hosted gets its pipeline when it is back (rebuild_worker): not on its lost server now
-        rehosting = self._supervisor.rehosting if self._supervisor is not None else (lambda name: False)
-        self._iterators = [self._iterators[i] if rehosting(r.name) else self._make_iterator(i)
+        self._iterators = [self._iterators[i] if self._supervisor.rehosting(r.name) else self._make_iterator(i)
                            for i, r in enumerate(workers)]
         self._record_scale(requests, before, names, drained, time.time() - drained, f"from step {self.start_step + self.steps_done}")
         self._report_progress()

@@ -341,10 +341,9 @@ class OwnedPool:
         # Engines and their nannies are killed at once: they hold nothing a graceful shutdown would save,
         # TF servers cannot shut down cleanly anyway, and none of them exits on SIGTERM (measured: every one
         # sat out a second's grace, with or without a job). The controller exits on SIGTERM, removing its
-        # files: it gets a grace. The watched pids too, alive or not: what a killed controller forked is
-        # left in its process group.
-        # The warm process goes after its forks: it reaps them as they die (orphans wait for whatever init
-        # reaps them: a second and more here).
+        # files: it gets a grace. The warm process goes after its forks: it reaps them as they die (orphans
+        # wait for whatever init reaps them: a second and more here). The watched pids too, alive or not:
+        # what a killed controller forked is left in its process group.
         controller = {p.pid for p in _process_tree(self.controller_pids)}
         later = controller | ({self._warm.pid} if self._warm is not None else set())
         kill_process_trees([(p.pid, 0.0) for p in tree if p.pid not in later]
