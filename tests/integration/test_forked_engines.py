@@ -7,6 +7,8 @@ runs after stop, and that a refused fork falls back to engines started as new pr
 import gc
 import os
 import shutil
+import subprocess
+import sys
 import textwrap
 import warnings
 from pathlib import Path
@@ -32,14 +34,23 @@ def _warm_of(cluster) -> psutil.Process:
     return warm
 
 
+def _socket_of(warm: psutil.Process) -> str:
+    command = warm.cmdline()
+    return command[command.index("--socket") + 1]
+
+
 def _sum_on_each_task(cluster) -> dict:
+    return _sum_on_each_task_named(cluster, ["ps:0", "worker:0", "worker:1"])
+
+
+def _sum_on_each_task_named(cluster, names: list[str]) -> dict:
     return run_tf_client(cluster.spec_dict, """
         result = {}
-        for name in ("ps:0", "worker:0", "worker:1"):
+        for name in NAMES:
             job, index = name.split(":")
             with tf.device(f"/job:{job}/replica:0/task:{index}/device:CPU:0"):
                 result[name] = float(tf.reduce_sum(tf.range(1.0, 11.0)).numpy())
-    """)
+    """.replace("NAMES", repr(names)))
 
 
 def test_engines_and_their_nannies_are_forks_of_one_warm_process(cluster):
@@ -59,14 +70,52 @@ def test_engines_and_their_nannies_are_forks_of_one_warm_process(cluster):
     assert _sum_on_each_task(cluster) == {"ps:0": 55.0, "worker:0": 55.0, "worker:1": 55.0}
 
 
-def test_scaling_forks_from_the_same_warm_process_and_stop_leaves_nothing(no_leftover_processes):
+def test_scaling_forks_from_the_same_warm_process_and_stop_leaves_only_it_for_the_next_cluster(no_leftover_processes):
+    from workbench.cluster.launch.fork_launcher import kept_warm
+
     with wb.Cluster(ps=0, workers=1, name="wb-test-fork-scale", progress=False) as cluster:
         warm = _warm_of(cluster)
         cluster.scale(workers=3)
         assert _warm_of(cluster).pid == warm.pid
         assert len(cluster.tasks) == 3
-        everything = [warm.pid, *(p.pid for p in warm.children(recursive=True))]
-    assert not wait_gone(everything, timeout=30), "the warm process or one of its forks outlived stop()"
+        forks = [p.pid for p in warm.children(recursive=True)]
+    assert not wait_gone(forks, timeout=30), "a fork of the warm process outlived stop()"
+    assert kept_warm.pid == warm.pid and warm.children() == []  # kept, forking nothing
+    directory = os.path.dirname(_socket_of(warm))
+    with wb.Cluster(ps=0, workers=1, name="wb-test-fork-next", progress=False) as cluster:
+        assert _warm_of(cluster).pid == warm.pid  # the next cluster's engines are its forks: no second import
+        assert kept_warm.pid is None  # taken: in use, not kept
+        assert _sum_on_each_task_named(cluster, ["worker:0"]) == {"worker:0": 55.0}
+    kept_warm.release()
+    assert not wait_gone([warm.pid], timeout=10), "release() left the kept warm process running"
+    assert not os.path.exists(directory)
+
+
+def test_a_kept_warm_process_exits_when_no_cluster_comes_and_with_its_client(no_leftover_processes):
+    from workbench.cluster.launch.fork_launcher import WarmProcess
+
+    warm = WarmProcess.start(dict(os.environ))
+    try:
+        assert warm.status(timeout=120)["fork_problem"] == ""
+        assert warm.keep(2.0)
+        assert warm.usable()  # asked again in time: in use, no exit
+        assert wait_gone([warm.pid], timeout=4) == {warm.pid}
+        assert warm.keep(0.5)
+        assert not wait_gone([warm.pid], timeout=15), "a kept warm process outlived its keep time"
+        assert not os.path.exists(os.path.dirname(warm.socket_path))  # it removed its directory
+        assert not warm.usable()
+    finally:
+        warm.close()
+    client = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import workbench as wb
+        from workbench.cluster.launch.fork_launcher import kept_warm
+        wb.Cluster(ps=0, workers=1, name="wb-test-kept-exit", progress=False).start().stop()
+        print(kept_warm.pid, kept_warm._warm.socket_path)
+    """)], capture_output=True, text=True, timeout=180)
+    assert client.returncode == 0, client.stderr[-3000:]
+    pid, socket_path = client.stdout.split()
+    assert not wait_gone([int(pid)], timeout=15), "the kept warm process outlived its client"
+    assert not os.path.exists(os.path.dirname(socket_path))
 
 
 def test_engines_added_after_a_job_are_still_forks(monkeypatch, no_leftover_processes):
@@ -84,8 +133,8 @@ def test_engines_added_after_a_job_are_still_forks(monkeypatch, no_leftover_proc
             warnings.simplefilter("error", wb.EngineForkWarning)  # the client's settings cost no fork
             cluster.scale(workers=2)
         assert _warm_of(cluster).pid == warm.pid
-        everything = [warm.pid, *(p.pid for p in warm.children(recursive=True))]
-    assert not wait_gone(everything, timeout=30), "the warm process or one of its forks outlived stop()"
+        forks = [p.pid for p in warm.children(recursive=True)]
+    assert not wait_gone(forks, timeout=30), "a fork of the warm process outlived stop()"
 
 
 def test_plain_ipyparallel_can_fork_engines_by_launcher_name(no_leftover_processes):

@@ -84,20 +84,21 @@ def test_a_controller_of_the_same_id_started_elsewhere_is_refused_and_left_alone
 
 def test_engines_write_temporary_files_in_the_clusters_own_directory_removed_at_stop(no_leftover_processes):
     """Forked engines end without exit handlers, so what TensorFlow's autograph wrote there was never removed:
-    it goes to the cluster's directory instead, and that goes at stop."""
+    it goes to the cluster's directory instead, and that goes at stop. The next cluster, forked from the warm
+    process the first one kept, writes in its own."""
     import tempfile
 
-    cluster = wb.Cluster(ps=0, workers=1, name="wb-test-scratch", progress=False).start()
-    try:
-        scratch = cluster._pool.scratch
-        engine = cluster.client[cluster.task("worker:0").engine_id]
-        assert engine.apply_sync(tempfile.gettempdir) == scratch
-        assert os.path.dirname(scratch) == tempfile.gettempdir()
-        assert any(p.name.startswith("wb-warm-") for p in Path(scratch).iterdir())  # the warm process's socket too
-        assert cluster.scratch == scratch
-    finally:
-        cluster.stop()
-    assert not os.path.exists(scratch)
+    for name in ("wb-test-scratch", "wb-test-scratch-next"):
+        cluster = wb.Cluster(ps=0, workers=1, name=name, progress=False).start()
+        try:
+            scratch = cluster._pool.scratch
+            engine = cluster.client[cluster.task("worker:0").engine_id]
+            assert engine.apply_sync(tempfile.gettempdir) == scratch
+            assert os.path.dirname(scratch) == tempfile.gettempdir()
+            assert cluster.scratch == scratch
+        finally:
+            cluster.stop()
+        assert not os.path.exists(scratch)
 
 
 def test_ipyparallels_own_panel_does_not_list_a_workbench_cluster(no_leftover_processes):

@@ -235,6 +235,10 @@ class Cluster:
 
         Jobs go first: queued ones are cancelled and the running one stops after its calls in flight
         (each line of what was done is printed), so no job sees its tasks vanish under it.
+
+        Local forked engines' warm process, which imported TensorFlow, is kept for this process's next
+        cluster (its engines start without importing again); it forks nothing while kept, and exits after
+        five minutes unless taken, or with this process.
         """
         with self._lifecycle:
             if self._state == "new":

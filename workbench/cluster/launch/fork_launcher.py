@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import psutil
@@ -28,9 +29,11 @@ from traitlets import Bool, Float, Instance, List, Unicode
 
 from ..process.containment import engine_environment
 from .engine_main import ENGINE_MAIN, WARM_SOCKET_ENV
-from .warm_client import WarmError, adopt_import_time, request
+from .warm_client import WARM_LOG, WarmError, adopt_import_time, import_time_mismatch, request
 
 STATUS_POLL = 0.05
+KEEP_SECONDS = 300.0  # how long a stopped cluster's warm process waits for this client's next cluster
+KEEP_CHECK_TIMEOUT = 5.0  # seconds a kept warm process gets to answer whether it can still fork
 
 
 def fork_unsupported_reason() -> str:
@@ -43,23 +46,26 @@ def fork_unsupported_reason() -> str:
 class WarmProcess:
     """The client's handle on one warm process: start it, ask it to fork, stop it."""
 
-    def __init__(self, proc: subprocess.Popen, socket_path: str, log_path: str, env: dict[str, str] | None = None):
+    def __init__(self, proc: subprocess.Popen, socket_path: str, log_path: str, env: dict[str, str] | None = None,
+                 preload: list[str] = (), cwd: str | None = None):
         self._proc = proc
         self.socket_path = socket_path
         self.log_path = log_path
         self.env = dict(env or {})  # what it was started with: its import-time variables are its forks' too
+        self.preload = list(preload)
+        self.cwd = cwd or os.getcwd()  # its sys.path[0], so its forks'
         self._status: dict | None = None
 
     @classmethod
     def start(cls, env: dict[str, str], preload: list[str] = (), cwd: str | None = None) -> WarmProcess:
         """Start a warm process with the engines' environment; returns at once (it imports in the background).
 
-        Its socket and log live in a new private directory (mode 0700: only this user reaches the socket),
-        removed by ``close()``.
+        Its socket and log live in a new private directory (mode 0700: only this user reaches the socket) under
+        ``env``'s temporary directory, removed by ``close()`` or by the warm process when it exits.
         """
-        directory = tempfile.mkdtemp(prefix="wb-warm-", dir=env.get("TMPDIR") or None)  # the cluster's own, if set
+        directory = tempfile.mkdtemp(prefix="wb-warm-", dir=env.get("TMPDIR") or None)
         socket_path = os.path.join(directory, "socket")
-        log_path = os.path.join(directory, "warm.log")
+        log_path = os.path.join(directory, WARM_LOG)
         command = [sys.executable, "-m", "workbench.cluster.launch.warm", "--socket", socket_path]
         for module in preload:
             command += ["--preload", module]
@@ -68,7 +74,7 @@ class WarmProcess:
                 command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                 start_new_session=True,  # a Ctrl-C in the client's terminal is not for it
             )
-        return cls(proc, socket_path, log_path, env)
+        return cls(proc, socket_path, log_path, env, preload, cwd)
 
     @property
     def pid(self) -> int:
@@ -117,6 +123,28 @@ class WarmProcess:
         env = {**adopt_import_time(env, self.env, keep=explicit), WARM_SOCKET_ENV: self.socket_path}
         return int(request(self.socket_path, {"op": "engine", "args": args, "env": env, "cwd": cwd, "log": log})["pid"])
 
+    def serves(self, env: dict[str, str], preload: list[str], cwd: str | None) -> bool:
+        """Whether engines of this environment, preloads and directory can be its forks."""
+        return (self.preload == list(preload) and self.cwd == (cwd or os.getcwd())
+                and not import_time_mismatch(self.env, env))
+
+    def keep(self, seconds: float) -> bool:
+        """Tell it its cluster stopped: it waits ``seconds`` for the next request, then exits. False if it
+        cannot fork any more (or does not answer): then it is of no use to a next cluster."""
+        try:
+            return self.running() and not request(self.socket_path, {"op": "keep", "seconds": seconds},
+                                                  timeout=KEEP_CHECK_TIMEOUT)["fork_problem"]
+        except WarmError:
+            return False
+
+    def usable(self) -> bool:
+        """Whether it still runs and can fork (asking cancels a ``keep``'s exit)."""
+        try:
+            return self.running() and not request(self.socket_path, {"op": "status"},
+                                                  timeout=KEEP_CHECK_TIMEOUT)["fork_problem"]
+        except WarmError:
+            return False
+
     def close(self, timeout: float = 5.0) -> None:
         """Stop the warm process (engines it forked keep running: stop them first) and remove its directory."""
         if self._proc.poll() is None:
@@ -129,6 +157,58 @@ class WarmProcess:
         elif self._proc.stdin:
             self._proc.stdin.close()
         shutil.rmtree(os.path.dirname(self.socket_path), ignore_errors=True)
+
+
+class KeptWarm:
+    """The warm process of this client's last stopped cluster, kept for its next one (one at most).
+
+    Starting a cluster costs seconds of TensorFlow import in its warm process; a notebook that stops a
+    cluster and starts another (a re-run cell, a sweep over cluster shapes) takes the kept one, whose
+    imports are done. It forks nothing while kept, exits after ``KEEP_SECONDS`` unless taken, and exits
+    with this process (its standard input closes).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._warm: WarmProcess | None = None
+
+    def keep(self, warm: WarmProcess) -> None:
+        """Keep ``warm`` (its cluster stopped, none of its forks runs) for the next cluster, or close it."""
+        if not warm.keep(KEEP_SECONDS):
+            warm.close()
+            return
+        with self._lock:
+            previous, self._warm = self._warm, warm
+        if previous is not None:
+            previous.close()
+
+    def take(self, env: dict[str, str], preload: list[str], cwd: str | None = None) -> WarmProcess | None:
+        """The kept warm process, if it can fork engines of this environment (it is then no longer kept)."""
+        with self._lock:
+            warm = self._warm
+            if warm is None or not warm.serves(env, preload, cwd):
+                return None
+            self._warm = None
+        if warm.usable():
+            return warm
+        warm.close()  # exited on its own (kept too long) or broken: start another
+        return None
+
+    @property
+    def pid(self) -> int | None:
+        """The kept warm process's pid (None when none is kept)."""
+        warm = self._warm
+        return warm.pid if warm is not None and warm.running() else None
+
+    def release(self) -> None:
+        """Stop the kept warm process now (its memory is back at once)."""
+        with self._lock:
+            warm, self._warm = self._warm, None
+        if warm is not None:
+            warm.close()
+
+
+kept_warm = KeptWarm()
 
 
 class ForkEngineLauncher(LocalEngineLauncher):

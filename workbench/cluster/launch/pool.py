@@ -170,6 +170,7 @@ class OwnedPool:
             self.remove_on_death(self.scratch)
         if self._warm is not None:
             self.watch([self._warm.pid])
+            self.remove_on_death(os.path.dirname(self._warm.socket_path))
         self._loop = LoopThread()
         kwargs = dict(self._cluster_kwargs)
         kwargs["controller_args"] = controller_args(kwargs.get("controller_args", []))
@@ -202,12 +203,15 @@ class OwnedPool:
     def _start_warm(self) -> None:
         if self.launcher != FORK_LAUNCHER or not self._launcher_kwargs.get("fork", True):
             return
-        from .fork_launcher import WarmProcess, fork_unsupported_reason
+        from .fork_launcher import WarmProcess, fork_unsupported_reason, kept_warm
 
         if fork_unsupported_reason():
             return  # the launcher says so when it starts the engines
-        # Only the variables read when TensorFlow loads must match the engines'; each fork gets the rest.
-        self._warm = WarmProcess.start({**os.environ, **self._engine_env}, list(self._launcher_kwargs.get("preload", [])))
+        # Only the variables read when TensorFlow loads must match the engines'; each fork gets the rest. Not
+        # this cluster's scratch directory: the warm process may be kept for the next cluster, after that is gone.
+        env = {**os.environ, **{k: v for k, v in self._engine_env.items() if (k, v) != ("TMPDIR", self.scratch)}}
+        preload = list(self._launcher_kwargs.get("preload", []))
+        self._warm = kept_warm.take(env, preload) or WarmProcess.start(env, preload)
 
     def _engine_environment(self) -> dict[str, str]:
         env = {LIFELINE_ENV: self.lifeline, **self._engine_env}
@@ -358,8 +362,10 @@ class OwnedPool:
                 Path(path).unlink(missing_ok=True)
             if self._ipp.profile_dir:
                 Path(self.batch_file).unlink(missing_ok=True)
-        if self._warm is not None:
-            self._warm.close(timeout=deadline.remaining(1))
+        if self._warm is not None:  # its forks are gone: kept for this client's next cluster (fork_launcher.KeptWarm)
+            from .fork_launcher import kept_warm
+
+            kept_warm.keep(self._warm)
             self._warm = None
         if self._reaper is not None:
             self._reaper.close(release=True)

@@ -19,7 +19,11 @@ one JSON request per connection, and exits when its standard input closes (its c
 - ``{"op": "engine", "args": [...], "env": {...}, "cwd": ..., "log": ...}`` → ``{"pid"}``: a forked
   engine running ``workbench.cluster.launch.engine_main`` with those ipengine arguments;
 - ``{"op": "nanny", "kwargs": ...}`` with two file descriptors (the pipe the nanny reports on, and
-  where it logs) → ``{"pid"}``: an ipyparallel nanny for an engine forked from here.
+  where it logs) → ``{"pid"}``: an ipyparallel nanny for an engine forked from here;
+- ``{"op": "keep", "seconds": S}`` → the status: its cluster stopped and its client keeps it for the
+  next cluster; it exits if no other request comes within ``S`` seconds (any request cancels that).
+
+On an orderly exit (stdin closed, or kept and not asked again) it removes its socket's directory.
 
 Every reply may instead be ``{"error": "..."}``.
 """
@@ -37,11 +41,13 @@ import selectors
 import signal
 import socket
 import sys
+import tempfile
 import threading
+import time
 import traceback
 import types
 
-from .warm_client import MAX_MESSAGE, REQUEST_TIMEOUT, fork_problem, import_time_mismatch
+from .warm_client import MAX_MESSAGE, REQUEST_TIMEOUT, WARM_LOG, fork_problem, import_time_mismatch
 
 # Modules every engine needs: imported here once, shared by every fork.
 PRELOAD = (
@@ -114,6 +120,7 @@ class WarmServer:
         self.import_errors: dict[str, str] = {}
         self._wake_read, self._wake_write = os.pipe()
         self._inherited = [self.listener.fileno(), self._wake_read, self._wake_write]  # closed in every child
+        self.kept_until: float | None = None  # kept for a next cluster: exit at this time unless asked again
 
     def serve(self) -> None:
         # No collection while importing: TensorFlow's import makes millions of objects, and the
@@ -134,7 +141,10 @@ class WarmServer:
         selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "client")
         selector.register(self._wake_read, selectors.EVENT_READ, "child")
         while True:
-            for key, _ in selector.select(timeout=30):
+            if self.kept_until is not None and time.monotonic() >= self.kept_until:
+                return  # kept for a next cluster that did not come
+            wait = 30.0 if self.kept_until is None else min(30.0, self.kept_until - time.monotonic())
+            for key, _ in selector.select(timeout=max(wait, 0.0)):
                 if key.data == "client" and not os.read(sys.stdin.fileno(), 4096):
                     return  # the client closed our stdin: it is gone or done with us
                 if key.data == "child":
@@ -178,7 +188,10 @@ class WarmServer:
 
     def _handle(self, message: dict, fds: list[int], conn: socket.socket) -> dict:
         op = message.get("op")
-        if op == "status":
+        self.kept_until = None  # asked again: in use
+        if op == "keep":
+            self.kept_until = time.monotonic() + float(message["seconds"])
+        if op in ("status", "keep"):
             tf = sys.modules.get("tensorflow")
             return {"pid": os.getpid(), "tensorflow": getattr(tf, "__version__", None), "threads": threading.active_count(),
                     "import_errors": self.import_errors, "fork_problem": fork_problem()}
@@ -247,6 +260,7 @@ class WarmServer:
         os.close(log)
         os.environ.clear()
         os.environ.update(message["env"])
+        tempfile.tempdir = None  # read again from this engine's $TMPDIR (its cluster's, not the first cluster's)
         os.chdir(message.get("cwd") or os.getcwd())
         _reseed()
         args = list(message["args"])
@@ -293,6 +307,18 @@ def main(argv: list[str] | None = None) -> None:
             os.unlink(args.socket)
         except OSError:
             pass
+    _remove_own_directory(args.socket)
+
+
+def _remove_own_directory(socket_path: str) -> None:
+    """After an orderly exit nobody reads the log any more: remove it, and the directory if that leaves it empty
+    (the private one its client made; a directory holding anything else stays)."""
+    directory = os.path.dirname(socket_path)
+    try:
+        os.unlink(os.path.join(directory, WARM_LOG))
+        os.rmdir(directory)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ _NOT_IMPORT_TIME = ("TF_CONFIG", "PYTHONUNBUFFERED", *CLIENT_ENVIRONMENT)
 _GPU_DRIVERS = ("libcuda.so", "libamdhip64.so", "libhsa-runtime64.so")
 MAX_MESSAGE = 1 << 20
 REQUEST_TIMEOUT = 10.0
+WARM_LOG = "warm.log"  # the warm process's log, beside its socket in the private directory its client made
 
 
 
