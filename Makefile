@@ -42,9 +42,10 @@ lab: install
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
 # The suite runs as a `make lab` kernel does, with the bind shim: its own TensorFlow ports stay on loopback.
+# Two pytest processes side by side (tests/run_suite.py says which tests each runs, and why).
 test: install chromium
 	$(PY) -m ruff check .
-	$(WITH_SHIM) $(PY) -m pytest $(PYTEST_ARGS)
+	$(WITH_SHIM) $(PY) tests/run_suite.py $(PYTEST_ARGS)
 	$(MAKE) docs
 
 # The inner loop (a couple of minutes): lint, the unit tests, and one short real job per strategy on one cluster.

@@ -119,7 +119,8 @@ def no_leftover_processes():
 def _running_cluster(workers: int, name: str, ps: int = 1):
     import workbench as wb
 
-    c = wb.Cluster(ps=ps, workers=workers, name=name, progress=False).start()
+    # named with this process's pid: `make test` runs two pytest processes side by side (tests/run_suite.py)
+    c = wb.Cluster(ps=ps, workers=workers, name=f"{name}-{os.getpid()}", progress=False).start()
     try:
         yield c
     finally:

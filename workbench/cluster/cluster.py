@@ -298,7 +298,9 @@ class Cluster:
     def scale(self, workers: int | None = None, ps: int | None = None) -> Cluster:
         """Add or remove worker tasks while running (the highest indices go first).
 
-        The number of ps tasks is fixed while running: variables live on them.
+        The number of ps tasks is fixed while running: variables live on them. A job that trains follows at
+        its next step boundary, and this returns once it did: new workers train in its next run, leaving ones
+        are no longer used (async-ps and sync-ps; the other strategies refuse a scale while they train).
         """
         with self._lifecycle:
             return self._scale(workers, ps)

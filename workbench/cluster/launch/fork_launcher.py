@@ -183,15 +183,18 @@ class KeptWarm:
             previous.close()
 
     def take(self, env: dict[str, str], preload: list[str], cwd: str | None = None) -> WarmProcess | None:
-        """The kept warm process, if it can fork engines of this environment (it is then no longer kept)."""
+        """The kept warm process, if it can fork engines of this environment (it is then no longer kept).
+
+        One that cannot is stopped: the cluster starting now starts its own, and two idle imports of
+        TensorFlow would not fit where memory is tight (a Binder session's 2 GiB).
+        """
         with self._lock:
-            warm = self._warm
-            if warm is None or not warm.serves(env, preload, cwd):
-                return None
-            self._warm = None
-        if warm.usable():
+            warm, self._warm = self._warm, None
+        if warm is None:
+            return None
+        if warm.serves(env, preload, cwd) and warm.usable():
             return warm
-        warm.close()  # exited on its own (kept too long) or broken: start another
+        warm.close()  # another environment, exited on its own (kept too long), or broken
         return None
 
     @property

@@ -1,0 +1,112 @@
+"""The whole suite as two pytest processes side by side: what ``make test`` runs.
+
+The suite mostly waits (on Slurm and sshd, on browsers and Jupyter servers, on training steps and their
+remote calls): one pytest process kept this 2-core machine about a third busy. So it runs as two halves:
+
+- ``environment``: the tests that need the machine's environment: the browser, the Binder environment
+  and the tutorials run in it, network namespaces, emulated hosts over SSH, Slurm, MPI (the Debian
+  packages some of them install on the fly are installed by this half alone);
+- ``core``: everything else: clusters, training, recovery, the server, the unit tests.
+
+The halves share nothing they could trip over: each pytest process has its own registry directory, its own
+session clusters (named with its pid) and its own warm process; their namespaces and links are named with
+their pid. Both halves get the given pytest arguments. Each line either half prints is printed as it
+comes, prefixed with the half's name; each half's whole output is kept in ``test-artifacts/pytest-<half>.log``
+and its JUnit report in ``test-artifacts/junit-<half>.xml``. Given test paths, one pytest runs just those.
+
+    python tests/run_suite.py [pytest arguments...]
+
+Exit status: 0 when both halves passed (a half that selected no test counts as passed, unless both did).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+ENVIRONMENT = [
+    "tests/browser",
+    *(f"tests/integration/test_{name}.py" for name in ("tutorials", "exposure", "hosts", "network", "mpi", "slurm", "ssh")),
+]
+SUITE_LIMIT = 90 * 60  # seconds: CI's limit; pytest-timeout bounds each test far below it
+STOP_GRACE = 120  # seconds each half gets to stop its processes after an interrupt
+NO_TESTS = 5  # pytest's exit status when a selection is empty
+
+
+def halves() -> dict[str, list[str]]:
+    """Each half's pytest arguments that choose its tests."""
+    return {"environment": list(ENVIRONMENT), "core": ["tests", *(f"--ignore={path}" for path in ENVIRONMENT)]}
+
+
+def _forward(name: str, stream, log) -> None:
+    for line in stream:
+        log.write(line)
+        log.flush()
+        sys.stdout.write(f"[{name}] {line}")
+        sys.stdout.flush()
+
+
+def _start(name: str, selection: list[str], args: list[str]) -> tuple[subprocess.Popen, threading.Thread, object]:
+    log = (ARTIFACTS / f"pytest-{name}.log").open("w")
+    command = [sys.executable, "-m", "pytest", *selection, f"--junitxml={ARTIFACTS / f'junit-{name}.xml'}", *args]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    reader = threading.Thread(target=_forward, args=(name, proc.stdout, log), daemon=True, name=f"suite-{name}")
+    reader.start()
+    return proc, reader, log
+
+
+def _wait(procs: dict[str, subprocess.Popen], deadline: float) -> None:
+    while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def _stop(procs: dict[str, subprocess.Popen], why: str) -> None:
+    """Interrupt the halves still running (each stops what its tests started), and kill those that do not end."""
+    print(f"\nrun_suite: {why}; stopping the halves still running", flush=True)
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    _wait(procs, time.monotonic() + STOP_GRACE)
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def main(args: list[str]) -> int:
+    if any(not arg.startswith("-") and Path(ROOT, arg.split("::")[0]).exists() for arg in args):
+        return subprocess.call([sys.executable, "-m", "pytest", *args], cwd=ROOT)  # the tests asked for, in one run
+    ARTIFACTS.mkdir(exist_ok=True)
+    started = time.monotonic()
+    running = {name: _start(name, selection, args) for name, selection in halves().items()}
+    procs = {name: proc for name, (proc, _reader, _log) in running.items()}
+    try:
+        _wait(procs, started + SUITE_LIMIT)
+        if any(p.poll() is None for p in procs.values()):
+            _stop(procs, f"the suite ran past {SUITE_LIMIT // 60} minutes")
+    except KeyboardInterrupt:
+        _stop(procs, "interrupted")
+        raise
+    finally:
+        for _proc, reader, log in running.values():
+            reader.join(30)
+            log.close()
+    codes = {name: proc.returncode for name, proc in procs.items()}
+    minutes, seconds = divmod(time.monotonic() - started, 60)
+    print(f"\nrun_suite: {', '.join(f'{name} exit status {code}' for name, code in codes.items())} "
+          f"in {minutes:.0f} min {seconds:.0f} s (logs: test-artifacts/pytest-<half>.log)", flush=True)
+    if all(code == NO_TESTS for code in codes.values()):
+        return NO_TESTS
+    return 0 if all(code in (0, NO_TESTS) for code in codes.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
