@@ -8,6 +8,7 @@ is left behind. A whole host lost (every process of an emulated host killed) is 
 """
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -256,3 +257,32 @@ def test_sync_ps_drops_a_hung_worker_and_takes_it_back_when_it_answers(no_leftov
         record = cluster.task("worker:1")
         assert record.pid == stopped.pid and record.restarts == 0 and record.state == "running"  # not replaced
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.90
+
+
+def test_a_steps_scalar_made_for_a_stopped_worker_does_not_freeze_the_kernel(no_leftover_processes):
+    """The step bounds a job hands a worker's call are made in the kernel: ``tf.constant`` under a task's
+    scope copies to the task at once, holding the GIL, and a stopped task froze every thread of the kernel
+    (the sync-ps drop test above once sat frozen until SIGCONT came from outside)."""
+    import tensorflow as tf
+    from training_helpers import Watchdog
+
+    from workbench.training.steps import host_scalar
+
+    with wb.Cluster(ps=0, workers=1, name="wb-test-hostscalar", progress=False) as cluster:
+        with cluster.device("worker:0"):
+            assert int(tf.identity(tf.constant(1)).numpy()) == 1  # connected, the task answers
+        stopped = cluster.task("worker:0")
+        signal_process(stopped.pid, signal.SIGSTOP)
+        # Resumed from outside after 10 s whatever happens here: a frozen kernel runs no `finally`.
+        rescue = subprocess.Popen(["sh", "-c", f"sleep 10; kill -CONT {stopped.pid}"])
+        try:
+            with Watchdog() as dog, cluster.device("worker:0"):
+                started = time.monotonic()
+                made = host_scalar(7, tf.int64)
+                made_in = time.monotonic() - started
+        finally:
+            signal_process(stopped.pid, signal.SIGCONT)
+            rescue.kill()
+            rescue.wait(10)
+        assert made_in < 1.0 and dog.longest < 1.0, (made_in, dog.longest)
+        assert int(made.numpy()) == 7 and made.device.startswith("/job:localhost/")

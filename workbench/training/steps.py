@@ -25,6 +25,20 @@ from .options import overlap_transfers
 from .placement import shards_of, tf_variable
 
 
+def host_scalar(value, dtype) -> Any:
+    """A scalar tensor made in this process, whatever the device scope around the call.
+
+    Made under a remote task's scope (``tf.device("/job:worker/...")``), ``tf.constant`` copies the value to
+    that task at once, in a blocking call made holding the GIL: a stopped (hung) task froze the whole kernel,
+    its watchdogs and signal handlers too. Made here, it goes to the task with the call that uses it, which
+    waits without the GIL.
+    """
+    import tensorflow as tf
+
+    with tf.device(None):  # no scope: this process's CPU
+        return tf.constant(value, dtype)
+
+
 def resolve_loss(loss: Any) -> Callable:
     import keras
 
@@ -201,7 +215,7 @@ def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | No
 
     def train_steps(iterator, n, state):
         n = int(n)  # the steps of this call: which function, then its argument (a tensor: no trace per count)
-        return (grouped if n % unroll == 0 else single)(iterator, tf.constant(n, tf.int32), state)
+        return (grouped if n % unroll == 0 else single)(iterator, host_scalar(n, tf.int32), state)
 
     def tracing_count() -> int:  # as a ``tf.function``'s: traces of both
         return grouped.experimental_get_tracing_count() + single.experimental_get_tracing_count()

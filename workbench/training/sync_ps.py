@@ -22,6 +22,7 @@ from ..telemetry.events import APPLY, COMPUTE
 from .async_ps import chunks_of
 from .fit import wait_until
 from .runs import WorkerRun, tick
+from .steps import host_scalar
 from .sync_steps import SyncBarrier
 from .workers import ACTIVE, DROPPED, RECOVERING, own_executor
 
@@ -135,8 +136,9 @@ class SyncRun(WorkerRun):
                 return
             self.step_started = time.monotonic()
             try:
+                bounds = [host_scalar(v, tf.int64) for v in (first, first + n, following)]
                 with tf.device(job._ps_devices[0]):
-                    rows = self.barrier.aggregate(*(tf.constant(v, tf.int64) for v in (first, first + n, following)))
+                    rows = self.barrier.aggregate(*bounds)
                 rows = rows.numpy()
             except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
                 self.errors.put((None, _AGGREGATOR, exc))
@@ -199,8 +201,9 @@ class SyncRun(WorkerRun):
                 return  # the training ended (a callback stopped it) before this epoch
             key = job._recorder.call_started(name, device, first, n)
             try:
+                end = host_scalar(first + n, tf.int64)
                 with tf.device(device):
-                    rows = self.barrier.work[index](job._iterators[index], tf.constant(first + n, tf.int64))
+                    rows = self.barrier.work[index](job._iterators[index], end)
                 steps, stamps = self.barrier.split_rows(rows.numpy())
             except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
                 job._recorder.call_ended(key)

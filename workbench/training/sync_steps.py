@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from .packing import Packing
-from .steps import StepFunctions, _written, stamp_after
+from .steps import StepFunctions, _written, host_scalar, stamp_after
 
 WAKE = -1  # the worker index of an element that only makes ``aggregate`` look at ``required`` again
 META = 5  # step, worker, loss, started, ready; then the metrics
@@ -71,9 +71,10 @@ class SyncBarrier:
         """Every worker's first token: the first step to compute."""
         import tensorflow as tf
 
+        first = host_scalar(step, tf.int64)
         with tf.device(self.ps_device):
             for tokens in self.tokens:
-                tokens.enqueue(tf.constant(step, tf.int64))
+                tokens.enqueue(first)
 
     def warm_up(self, iterators: list, worker_devices: list[str], step: int, skip: set[int] = frozenset()) -> None:
         """Run each function once with nothing to do, one after the other, before the real calls.
@@ -84,7 +85,7 @@ class SyncBarrier:
         """
         import tensorflow as tf
 
-        at = tf.constant(step, tf.int64)
+        at = host_scalar(step, tf.int64)
         self.devices = list(worker_devices)
         for index, (work, iterator, device) in enumerate(zip(self.work, iterators, worker_devices)):
             if index in skip:
