@@ -6,7 +6,7 @@ remote calls): one pytest process kept this 2-core machine about a third busy. S
 - ``environment``: the tests that need the machine's environment: the browser, the Binder environment
   and the tutorials run in it, network namespaces, emulated hosts over SSH, Slurm, MPI (the Debian
   packages some of them install on the fly are installed by this half alone); and, so that both halves
-  end about together, the fault and recovery tests;
+  end about together, the recovery tests;
 - ``core``: everything else: clusters, training, the server, the unit tests.
 
 The halves share nothing they could trip over: each pytest process has its own registry directory, its own
@@ -35,7 +35,7 @@ ARTIFACTS = ROOT / "test-artifacts"
 ENVIRONMENT = [
     "tests/browser",
     *(f"tests/integration/test_{name}.py" for name in ("tutorials", "exposure", "hosts", "network", "mpi", "slurm", "ssh",
-                                                         "recovery", "training_faults")),
+                                                         "recovery")),
 ]
 SUITE_LIMIT = 90 * 60  # seconds: CI's limit; pytest-timeout bounds each test far below it
 STOP_GRACE = 120  # seconds each half gets to stop its processes after an interrupt

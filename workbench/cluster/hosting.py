@@ -257,8 +257,11 @@ class TaskHosting:
         """Warn, pointing at the user's call (``stacklevel`` for ``warnings.warn``), when local engines may not fit in memory."""
         cluster, pool = self.cluster, self.cluster._pool
         if cluster._launcher in LOCAL_LAUNCHERS:  # engines elsewhere use their nodes' memory
+            from .launch.fork_launcher import kept_warm
+
             forked = cluster._forks and not (pool is not None and pool.fork_notice)
-            first = pool is None  # start(): the warm process is yet to come
+            # start(): the warm process is yet to come, unless a stopped cluster kept one (in memory already)
+            first = pool is None and kept_warm.pid is None
             message = engine_memory_warning(engines, *available_memory(), forked=forked, with_warm=forked and first)
             if message:
                 warnings.warn(f"cluster {cluster.name!r}: {message}", LowMemoryWarning, stacklevel=stacklevel)

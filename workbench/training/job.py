@@ -309,15 +309,10 @@ class Job:
         """Raise (``ClusterStateError``, ``ConfigurationError``) if this job cannot follow a scale to ``workers``."""
 
     def rescale(self, leaving: tuple[str, ...] = (), timeout: float | None = None) -> None:
-        """The cluster's workers changed: follow at the next step boundary (new workers join the next run).
-
-        Returns once the job followed: new workers train in its next run, so a scale that follows is a change
-        of its own in ``events`` (not merged with this one). With ``leaving`` (workers about to stop), that is
-        once the job no longer uses them: its calls on them came back and its next run goes on without them
-        (``ClusterStateError`` if that takes over ``timeout``, by default ``step_timeout`` plus a minute; the
-        request is then withdrawn and the workers stay). New workers that are not taken within ``timeout``
-        are taken later: nothing is withdrawn.
-        """
+        """The cluster's workers changed: follow at the next step boundary; return once followed (the next scale
+        is then an event of its own). With ``leaving`` (workers about to stop): once the job no longer uses them
+        (``ClusterStateError`` after ``timeout``, by default ``step_timeout`` plus a minute: the request is withdrawn
+        and the workers stay). New workers not taken within ``timeout`` are taken later."""
         if self.state in ENDED or self.state == QUEUED:
             return  # a queued job takes the cluster's workers when its turn comes
         own_thread = threading.current_thread() is self._thread
@@ -330,9 +325,8 @@ class Job:
         if self.state in ENDED and self._withdraw(request):
             return  # it ended meanwhile, after taking what was asked before (``_end``)
         timeout = self.options.step_timeout + 60.0 if timeout is None else timeout
-        if not leaving:
-            if not own_thread:  # a callback's scale is followed after the callback returns
-                request[1].wait(timeout)
+        if not leaving:  # a callback's scale is followed after the callback returns
+            request[1].wait(0 if own_thread else timeout)
             return
         try:
             if request[1].wait(timeout):
