@@ -21,7 +21,9 @@ def _check_job(job, workers: set[str]) -> None:
     history = job.history
     assert [r["step"] for r in history] == list(range(STEPS))  # every step once
     assert {w for r in history for w in r["worker"].split(",")} == workers
-    assert np.mean([r["loss"] for r in history[-10:]]) < np.mean([r["loss"] for r in history[:10]])
+    # learned: below the first step's loss (about ln 10 = 2.3 at initialisation). Not against the first ten steps'
+    # mean: async-ps gets there within a few steps and then varies (seen: first ten 0.62, last ten 0.67, under load)
+    assert np.mean([r["loss"] for r in history[-10:]]) < history[0]["loss"], [r["loss"] for r in history]
     result = job.evaluate(wb.datasets.digits_test)
     assert result["examples"] == 450 and np.isfinite(result["loss"])
     assert len(job.model.get_weights()) == 4
