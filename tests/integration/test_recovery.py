@@ -90,9 +90,10 @@ def test_killed_ps_is_restored_from_the_newest_checkpoint_in_the_same_kernel(str
 
         assert job.state == "finished" and job.recoveries == 1
         # one restore; under load a worker may also be noted silent meanwhile (waited for, not a recovery)
-        (fault,) = [f for f in job.faults if f["task"] == "ps:0"]
-        assert all(f["action"] != "restored" for f in job.faults if f is not fault), job.faults
-        assert fault["action"] == "restored", job.faults
+        faults = job.faults
+        (fault,) = [f for f in faults if f["task"] == "ps:0"]
+        assert all(f["action"] != "restored" for f in faults if f["task"] != "ps:0"), faults
+        assert fault["action"] == "restored", faults
         assert fault["resumed_from"] % every == 0 and fault["resumed_from"] >= every
         # at most one checkpoint interval redone (async-ps saves within steps_per_call x workers of a multiple)
         assert 0 <= fault["redone"] <= every + 5 * 2
