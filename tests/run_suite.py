@@ -45,6 +45,7 @@ QUIET = ["tests/integration/test_job_queue.py"]
 SUITE_LIMIT = 90 * 60  # seconds: CI's limit; pytest-timeout bounds each test far below it
 STOP_GRACE = 120  # seconds each half gets to stop its processes after an interrupt
 NO_TESTS = 5  # pytest's exit status when a selection is empty
+INTERRUPTED = 2  # pytest's exit status when interrupted (Ctrl-C): the quiet part is not started then
 
 
 def halves() -> dict[str, list[str]]:
@@ -94,7 +95,8 @@ def main(args: list[str]) -> int:
     ARTIFACTS.mkdir(exist_ok=True)
     started = time.monotonic()
     codes = _run_together(halves(), args, started)
-    codes.update(_run_together({"quiet": list(QUIET)}, args, started))
+    if INTERRUPTED not in codes.values():
+        codes.update(_run_together({"quiet": list(QUIET)}, args, started))
     minutes, seconds = divmod(time.monotonic() - started, 60)
     print(f"\nrun_suite: {', '.join(f'{name} exit status {code}' for name, code in codes.items())} "
           f"in {minutes:.0f} min {seconds:.0f} s (logs: test-artifacts/pytest-<part>.log)", flush=True)

@@ -18,8 +18,6 @@ def _scale_twice(cluster, job, up: int, down: int) -> None:
     wait_for(lambda: job.steps_done >= 100 or job.state != "running", 120, "the job's first 100 steps")
     assert job.state == "running", job.error
     cluster.scale(workers=up)
-    if job.state == "running":  # the scale returned once the job took the new workers: its change is recorded
-        assert job.events and job.events[-1]["workers"] == [f"worker:{i}" for i in range(up)], job.events
     joined = {f"worker:{i}" for i in range(1, up)}
     wait_for(lambda: joined <= {w for r in job.history for w in r["worker"].split(",")} or job.state != "running",
              120, f"steps from {sorted(joined)}")

@@ -299,8 +299,9 @@ class Cluster:
         """Add or remove worker tasks while running (the highest indices go first).
 
         The number of ps tasks is fixed while running: variables live on them. A job that trains follows at
-        its next step boundary, and this returns once it did: new workers train in its next run, leaving ones
-        are no longer used (async-ps and sync-ps; the other strategies refuse a scale while they train).
+        its next step boundary (async-ps and sync-ps; the other strategies refuse a scale while they train):
+        a scale-up returns once the new engines serve, a scale-down once the job no longer uses the workers
+        that leave. Two scales before the job's next boundary are one change in ``job.events``.
         """
         with self._lifecycle:
             return self._scale(workers, ps)

@@ -309,25 +309,23 @@ class Job:
         """Raise (``ClusterStateError``, ``ConfigurationError``) if this job cannot follow a scale to ``workers``."""
 
     def rescale(self, leaving: tuple[str, ...] = (), timeout: float | None = None) -> None:
-        """The cluster's workers changed: follow at the next step boundary; return once followed (the next scale
-        is then an event of its own). With ``leaving`` (workers about to stop): once the job no longer uses them
-        (``ClusterStateError`` after ``timeout``, by default ``step_timeout`` plus a minute: the request is withdrawn
-        and the workers stay). New workers not taken within ``timeout`` are taken later."""
+        """The cluster's workers changed: follow at the next step boundary (new workers join the next run).
+
+        With ``leaving`` (workers about to stop), return once the job no longer uses them: its calls on them came
+        back and its next run goes on without them (``ClusterStateError`` if that takes over ``timeout``, by default
+        ``step_timeout`` plus a minute; the request is then withdrawn and the workers stay).
+        """
         if self.state in ENDED or self.state == QUEUED:
             return  # a queued job takes the cluster's workers when its turn comes
-        own_thread = threading.current_thread() is self._thread
-        if leaving and own_thread:
+        if leaving and threading.current_thread() is self._thread:
             raise ClusterStateError(f"cannot remove workers from inside {self.describe()} (a callback): the job would "
                                     "wait for itself. Scale from the notebook while it trains, or after job.wait().")
         request = (tuple(leaving), threading.Event(), time.time())
         with self._lock:
             self._rescales.append(request)
-        if self.state in ENDED and self._withdraw(request):
-            return  # it ended meanwhile, after taking what was asked before (``_end``)
-        timeout = self.options.step_timeout + 60.0 if timeout is None else timeout
-        if not leaving:  # a callback's scale is followed after the callback returns
-            request[1].wait(0 if own_thread else timeout)
+        if not leaving:
             return
+        timeout = self.options.step_timeout + 60.0 if timeout is None else timeout
         try:
             if request[1].wait(timeout):
                 return
