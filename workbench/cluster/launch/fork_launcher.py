@@ -131,17 +131,16 @@ class WarmProcess:
     def keep(self, seconds: float) -> bool:
         """Tell it its cluster stopped: it waits ``seconds`` for the next request, then exits. False if it
         cannot fork any more (or does not answer): then it is of no use to a next cluster."""
-        try:
-            return self.running() and not request(self.socket_path, {"op": "keep", "seconds": seconds},
-                                                  timeout=KEEP_CHECK_TIMEOUT)["fork_problem"]
-        except WarmError:
-            return False
+        return self._can_fork({"op": "keep", "seconds": seconds})
 
     def usable(self) -> bool:
         """Whether it still runs and can fork (asking cancels a ``keep``'s exit)."""
+        return self._can_fork({"op": "status"})
+
+    def _can_fork(self, message: dict) -> bool:
+        """Send ``message`` (answered with the status); whether it runs, answered and can fork."""
         try:
-            return self.running() and not request(self.socket_path, {"op": "status"},
-                                                  timeout=KEEP_CHECK_TIMEOUT)["fork_problem"]
+            return self.running() and not request(self.socket_path, message, timeout=KEEP_CHECK_TIMEOUT)["fork_problem"]
         except WarmError:
             return False
 
