@@ -5,9 +5,9 @@ remote calls): one pytest process kept this 2-core machine about a third busy. S
 
 - ``environment``: the tests that need the machine's environment: the browser, the Binder environment
   and the tutorials run in it, network namespaces, emulated hosts over SSH, Slurm, MPI (the Debian
-  packages some of them install on the fly are installed by this half alone); and, so that both halves
-  end about together, the recovery tests;
-- ``core``: everything else: clusters, training, the server, the unit tests;
+  packages some of them install on the fly are installed by this half alone);
+- ``core``: everything else: clusters, training, recovery, the server, the unit tests (the two halves take
+  about as long: 15 to 16 minutes each of test time);
 
 then, alone, ``quiet``: the tests whose assertions bound how long the process may go without running
 Python (``test_job_queue.py``'s watchdog). Beside the other half they measured stalls three times as long
@@ -17,7 +17,8 @@ The halves share nothing they could trip over: each pytest process has its own r
 session clusters (named with its pid) and its own warm process; their namespaces and links are named with
 their pid. Both halves get the given pytest arguments. Each line either half prints is printed as it
 comes, prefixed with its part's name; each part's whole output is kept in ``test-artifacts/pytest-<part>.log``
-and its JUnit report in ``test-artifacts/junit-<part>.xml``. Given test paths, one pytest runs just those.
+and its JUnit report in ``test-artifacts/junit-<part>.xml``; the last lines name every failed test of every
+part, read from those reports, so that a log cut to its tail still says what failed. Given test paths, one pytest runs just those.
 
     python tests/run_suite.py [pytest arguments...]
 
@@ -32,14 +33,14 @@ import subprocess
 import sys
 import threading
 import time
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 ENVIRONMENT = [
     "tests/browser",
-    *(f"tests/integration/test_{name}.py" for name in ("tutorials", "exposure", "hosts", "network", "mpi", "slurm", "ssh",
-                                                         "recovery")),
+    *(f"tests/integration/test_{name}.py" for name in ("tutorials", "exposure", "hosts", "network", "mpi", "slurm", "ssh")),
 ]
 QUIET = ["tests/integration/test_job_queue.py"]
 SUITE_LIMIT = 90 * 60  # seconds: CI's limit; pytest-timeout bounds each test far below it
@@ -63,6 +64,7 @@ def _forward(name: str, stream, log) -> None:
 
 def _start(name: str, selection: list[str], args: list[str]) -> tuple[subprocess.Popen, threading.Thread, object]:
     log = (ARTIFACTS / f"pytest-{name}.log").open("w")
+    (ARTIFACTS / f"junit-{name}.xml").unlink(missing_ok=True)  # no earlier run's report read as this one's
     command = [sys.executable, "-m", "pytest", *selection, f"--junitxml={ARTIFACTS / f'junit-{name}.xml'}", *args]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -98,11 +100,29 @@ def main(args: list[str]) -> int:
     if INTERRUPTED not in codes.values():
         codes.update(_run_together({"quiet": list(QUIET)}, args, started))
     minutes, seconds = divmod(time.monotonic() - started, 60)
+    for line in failures(codes):
+        print(line, flush=True)
     print(f"\nrun_suite: {', '.join(f'{name} exit status {code}' for name, code in codes.items())} "
           f"in {minutes:.0f} min {seconds:.0f} s (logs: test-artifacts/pytest-<part>.log)", flush=True)
     if all(code == NO_TESTS for code in codes.values()):
         return NO_TESTS
     return 0 if all(code in (0, NO_TESTS) for code in codes.values()) else 1
+
+
+def failures(parts) -> list[str]:
+    """Every failed or erred test of these parts, one line each, read from their JUnit reports: the end of the
+    output names them all, whichever part printed them first (a CI log often keeps only its last lines)."""
+    lines = []
+    for name in parts:
+        report = ARTIFACTS / f"junit-{name}.xml"
+        if not report.exists():
+            continue
+        for case in ElementTree.parse(report).iter("testcase"):
+            for problem in (*case.iter("failure"), *case.iter("error")):
+                message = (problem.get("message") or "").splitlines()[0:1]
+                lines.append(f"run_suite: [{name}] {problem.tag.upper()} {case.get('classname')}::{case.get('name')}"
+                             f" - {message[0][:300] if message else ''}")
+    return lines
 
 
 def _run_together(parts: dict[str, list[str]], args: list[str], started: float) -> dict[str, int]:
