@@ -9,6 +9,7 @@ is left behind. A whole host lost (every process of an emulated host killed) is 
 
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -295,3 +296,38 @@ def test_a_steps_scalar_made_for_a_stopped_worker_does_not_freeze_the_kernel(no_
             rescue.wait(10)
         assert made_in < 1.0 and dog.longest < 1.0, (made_in, dog.longest)
         assert int(made.numpy()) == 7 and made.device.startswith("/job:localhost/")
+
+
+def test_a_function_freed_while_a_task_is_stopped_does_not_freeze_the_kernel(no_leftover_processes):
+    """Freeing a ``tf.function`` removes it from every task. TensorFlow's own binding waits for their answers
+    holding the GIL: a job's functions, freed at its end, stalled the kernel behind a busy task (2.4 s seen)
+    and froze it behind a stopped one. The removal now waits with the GIL released."""
+    import gc
+
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+    from training_helpers import Watchdog
+
+    with wb.Cluster(ps=0, workers=1, name="wb-test-removal", progress=False) as cluster:
+        held = [tf.function(lambda x: x * 2)]
+        with cluster.device("worker:0"):
+            assert int(held[0](tf.constant(2)).numpy()) == 4  # registered on the task, run there
+        name = held[0].get_concrete_function(tf.TensorSpec([], tf.int32)).name
+        stopped = cluster.task("worker:0")
+        signal_process(stopped.pid, signal.SIGSTOP)
+        # Resumed from outside after 10 s whatever happens here: a frozen kernel runs no `finally`.
+        rescue = subprocess.Popen(["sh", "-c", f"sleep 10; kill -CONT {stopped.pid}"])
+        # the thread lets go of the function's last reference, so the removal runs there, as at a job's end
+        collector = threading.Thread(target=lambda: (held.clear(), gc.collect()), name="test-collector", daemon=True)
+        try:
+            with Watchdog() as dog:
+                collector.start()
+                collector.join(3)
+            waited = collector.is_alive()  # on the stopped task, as TensorFlow does
+        finally:
+            signal_process(stopped.pid, signal.SIGCONT)
+            rescue.kill()
+            rescue.wait(10)
+        collector.join(30)
+        assert dog.longest < 1.0, f"no thread of the kernel ran Python for {dog.longest:.2f} s"
+        assert waited and not collector.is_alive() and not context.context().has_function(name)

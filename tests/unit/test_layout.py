@@ -162,3 +162,10 @@ def test_no_submodule_imports_the_package_itself():
     # `from .. import x` inside workbench ties every module to workbench/__init__.py, which imports them all
     offenders = sorted(m for m, targets in GRAPH.items() if "workbench" in targets and m != "workbench")
     assert not offenders, f"import from workbench's own modules instead of the package: {offenders}"
+
+
+def test_compat_imports_no_other_workbench_module():
+    # the fence around other libraries' internals sits below everything: any room may use it, it uses none
+    wrong = sorted(f"{m} -> {t}" for m, targets in GRAPH.items() if m.startswith("workbench.compat")
+                   for t in targets if not t.startswith("workbench.compat"))
+    assert not wrong, f"workbench/compat/ must import only the libraries it fences: {wrong}"

@@ -24,6 +24,7 @@ import warnings
 import weakref
 
 from ... import native_logs
+from ...compat import tensorflow as tf_compat
 from ...errors import ClusterStateError, ConfigurationError, ExposedPortsWarning
 from ..machine import threads
 from . import bind_hook, client_files, containment
@@ -102,6 +103,7 @@ def connect(cluster, timeout: float = 60.0, holder=None) -> int:
         _let_go(cluster.name)
         if _STATE["epoch"] == 0:
             _freeze_long_lived()
+            tf_compat.release_gil_in_function_removal()  # a job's end frees its functions: no kernel-wide stall
         for name, value in CLIENT_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
         # TensorFlow adds this process to the cluster as "localhost:<port>": no other host ever connects to
