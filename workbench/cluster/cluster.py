@@ -213,6 +213,9 @@ class Cluster:
             raise ClusterStartError(f"starting cluster {self.name!r} failed: {type(exc).__name__}: {exc}") from exc
         self._state = "running"
         self._started_at = time.monotonic()
+        from .process import connection
+
+        connection.prepare_process()  # once per process, while the start's caller waits (not later, in a job's thread)
         _LIVE_CLUSTERS.add(self)
         self.shared.write_record()
         progress.close(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..cluster.process import connection
 from ..errors import ConfigurationError
 from .allreduce import AllReduceJob
 from .evaluation import check_validation_data
@@ -202,6 +203,7 @@ def train(
         raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}. Call cluster.start() first.")
     job_class = placed_job or {"allreduce": AllReduceJob}.get(strategy, PsJob)
     fit = FitArguments(validation_data=validation_data, callbacks=callbacks, log_dir=log_dir)
+    connection.prepare_process()  # once per process, while wb.train's caller waits (not in the job's thread)
     job = job_class(cluster, model, data, loss, optimizer, options, fit).start(queue=queue)
     if job.state != "queued":
         job.wait_set_up()

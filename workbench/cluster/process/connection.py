@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -31,6 +32,7 @@ from . import bind_hook, client_files, containment
 
 _LOCK = threading.Lock()
 _STATE = {"spec": None, "cluster": None, "epoch": 0}
+_PREPARED_LOCK = threading.Lock()
 _HOLDERS: weakref.WeakSet = weakref.WeakSet()  # what holds TensorFlow state made under the current connection
 SETTLE_SECONDS = 30.0  # how long a holder whose cluster stopped gets to finish (a job failing over its lost tasks)
 LINK_RETRY_SECONDS = 0.1
@@ -102,8 +104,7 @@ def connect(cluster, timeout: float = 60.0, holder=None) -> int:
         _refuse_other_strategies()
         _let_go(cluster.name)
         if _STATE["epoch"] == 0:
-            _freeze_long_lived()
-            tf_compat.release_gil_in_function_removal()  # a job's end frees its functions: no kernel-wide stall
+            prepare_process()
         for name, value in CLIENT_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
         # TensorFlow adds this process to the cluster as "localhost:<port>": no other host ever connects to
@@ -212,12 +213,22 @@ def _let_go(name: str) -> None:
     gc.collect()
 
 
-def _freeze_long_lived() -> None:
-    """Before the first connection: what this process holds now (TensorFlow's and Keras's modules, the user's imports)
-    lives as long as it does, so the garbage collector stops scanning it. A full collection then takes milliseconds
-    instead of about 0.3 s with the GIL held, whether ``free_garbage`` asks for it or the collector's own schedule."""
-    gc.collect()
-    gc.freeze()
+def prepare_process() -> None:
+    """Once per process, before its first connection and once TensorFlow is imported (``Cluster.start`` and
+    ``wb.train`` call it, where their caller waits anyway; the first connection does otherwise, in a job's thread).
+
+    What this process holds now (TensorFlow's and Keras's modules, the user's imports) lives as long as it does,
+    so the garbage collector stops scanning it: a full collection then takes milliseconds instead of about 0.3 s
+    with the GIL held (the collection that finds the garbage before freezing costs that once, so it is made here,
+    not in a thread while the user's cell has returned). And a freed function leaves the tasks without the GIL.
+    """
+    with _PREPARED_LOCK:
+        if _STATE.get("prepared") or "tensorflow" not in sys.modules:
+            return
+        gc.collect()
+        gc.freeze()
+        tf_compat.release_gil_in_function_removal()  # a job's end frees its functions: no kernel-wide stall
+        _STATE["prepared"] = True
 
 
 def free_garbage() -> None:
