@@ -119,9 +119,9 @@ def failures(parts) -> list[str]:
             continue
         for case in ElementTree.parse(report).iter("testcase"):
             for problem in (*case.iter("failure"), *case.iter("error")):
-                message = (problem.get("message") or "").splitlines()[0:1]
+                said = [line.strip() for line in (problem.get("message") or "").splitlines() if line.strip()]
                 lines.append(f"run_suite: [{name}] {problem.tag.upper()} {case.get('classname')}::{case.get('name')}"
-                             f" - {message[0][:300] if message else ''}")
+                             f" - {' / '.join(said[:3])[:300]}")
     return lines
 
 
