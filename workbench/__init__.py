@@ -33,6 +33,10 @@ let_kernel_memory_grow()  # before the user's first TensorFlow op: the kernel mu
 
 native_logs.route()  # in a notebook kernel, TensorFlow's and gRPC's C++ log lines go to a log file, not into cells
 
+from . import compat  # noqa: E402
+
+compat.warn_unchecked()  # a library whose internals the workbench uses, at a version they were not checked on
+
 from .errors import (  # noqa: E402
     ClusterStartError,
     ClusterStateError,
@@ -46,6 +50,7 @@ from .errors import (  # noqa: E402
     ServerStartError,
     TaskFaultWarning,
     TensorFlowImportError,
+    UncheckedVersionWarning,
     UnknownTaskError,
     VersionMismatchError,
     WorkbenchError,
@@ -87,6 +92,7 @@ __all__ = [
     "ServerStartError",
     "TaskId",
     "TaskFaultWarning",
+    "UncheckedVersionWarning",
     "TaskRecord",
     "TensorFlowImportError",
     "UnknownTaskError",

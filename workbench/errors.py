@@ -65,6 +65,11 @@ class LauncherOptionsWarning(UserWarning):
     """The workbench added options to the engine launcher's command (e.g. mpiexec's --allow-run-as-root); the message says which and why."""
 
 
+class UncheckedVersionWarning(UserWarning):
+    """An installed library's version is outside the range the workbench's use of its internals was checked on;
+    the message says which features may break and what to install."""
+
+
 class TaskFaultWarning(UserWarning):
     """A task was lost, went silent or straggles, and what the workbench did about it (re-hosted it, restored a checkpoint...)."""
 

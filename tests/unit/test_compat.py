@@ -1,24 +1,51 @@
-"""The fence around TensorFlow's internals: the client's function removal, the GIL released, behaves as TensorFlow's."""
+"""The fence around other libraries' internals: versions checked at import, and TensorFlow's function removal with
+the GIL released behaving as TensorFlow's own."""
+
+import warnings
 
 import pytest
 import tensorflow as tf
-from tensorflow.python.eager import context
 
+import workbench
+from workbench import compat
 from workbench.compat import tensorflow as tf_compat
+
+
+def test_the_installed_libraries_are_the_checked_ones():
+    assert compat.unchecked() == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", workbench.UncheckedVersionWarning)
+        compat.warn_unchecked()
+
+
+@pytest.mark.parametrize("library, version", [("TensorFlow", "2.20.1"), ("TensorFlow", "2.22.0"), ("Keras", "3.11.0"),
+                                              ("ipyparallel", "9.3.0"), ("jupyter_bokeh", "4.2.1")])
+def test_a_version_outside_the_checked_range_says_what_may_break_and_what_to_install(library, version):
+    message = compat.outside(library, version)
+    distributions, lowest, below, features = compat.FENCES[library]
+    assert message.startswith(f"{library} {version} is outside {lowest} to below {below}")
+    assert features in message and f"pip install '{distributions[0]}>={lowest},<{below}'" in message
+
+
+@pytest.mark.parametrize("library, version", [("TensorFlow", "2.21.0"), ("TensorFlow", "2.21.3rc1"),
+                                              ("Keras", "3.15.1"), ("ipyparallel", "9.2.0"), ("jupyter_bokeh", "4.1.0")])
+def test_a_checked_version_says_nothing(library, version):
+    assert compat.outside(library, version) == ""
 
 
 def test_function_removal_goes_through_the_c_api_on_this_tensorflow():
     assert tf_compat.release_gil_in_function_removal() == ""  # "" once installed; else why TensorFlow's binding stays
-    assert context.Context.remove_function.__module__ == tf_compat.__name__
+    assert type(tf_compat.eager_context()).remove_function.__module__ == tf_compat.__name__
 
 
 def test_a_removed_function_is_gone_and_a_second_removal_fails_as_tensorflows_does():
     tf_compat.release_gil_in_function_removal()
+    context = tf_compat.eager_context()
     concrete = tf.function(lambda x: x + 1).get_concrete_function(tf.TensorSpec([], tf.float32))
     name, definition = concrete.name, concrete.function_def
-    assert context.context().has_function(name)
-    context.context().remove_function(name)
-    assert not context.context().has_function(name)
+    assert context.has_function(name)
+    context.remove_function(name)
+    assert not context.has_function(name)
     with pytest.raises(tf.errors.InvalidArgumentError, match="non-existent function"):
-        context.context().remove_function(name.decode() if isinstance(name, bytes) else name)
-    context.context().add_function_def(definition)  # back, for the function's own removal when freed
+        context.remove_function(name.decode() if isinstance(name, bytes) else name)
+    context.add_function_def(definition)  # back, for the function's own removal when freed

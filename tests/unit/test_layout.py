@@ -164,8 +164,32 @@ def test_no_submodule_imports_the_package_itself():
     assert not offenders, f"import from workbench's own modules instead of the package: {offenders}"
 
 
-def test_compat_imports_no_other_workbench_module():
+def test_compat_imports_no_other_workbench_module_but_errors():
     # the fence around other libraries' internals sits below everything: any room may use it, it uses none
     wrong = sorted(f"{m} -> {t}" for m, targets in GRAPH.items() if m.startswith("workbench.compat")
-                   for t in targets if not t.startswith("workbench.compat"))
-    assert not wrong, f"workbench/compat/ must import only the libraries it fences: {wrong}"
+                   for t in targets if not t.startswith("workbench.compat") and t != "workbench.errors")
+    assert not wrong, f"workbench/compat/ must import only the libraries it fences (and workbench.errors): {wrong}"
+
+
+INTERNAL = ("tensorflow.python", "tensorflow.core.function", "keras.src", "pywrap_tfe")
+
+
+def _internal_uses(module: str) -> list[str]:
+    """Imports of (and names of) a fenced library's internal modules in ``module``'s source."""
+    found = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value]
+        found += [f"{module}:{node.lineno}: {name}" for name in names if name.startswith(INTERNAL)]
+    return found
+
+
+def test_internal_modules_of_other_libraries_are_used_only_behind_the_fence():
+    wrong = [use for module in sorted(MODULES) if not module.startswith("workbench.compat") for use in _internal_uses(module)]
+    assert not wrong, "use them through workbench/compat/ (one function each, with the versions checked): " + "; ".join(wrong)
+    assert _internal_uses("workbench.compat.tensorflow") and _internal_uses("workbench.compat.keras")  # the walker sees them

@@ -1,26 +1,108 @@
-"""TensorFlow internals: the client's function removal, made without holding the GIL.
+"""TensorFlow internals the workbench uses, each behind one function here. Checked on TensorFlow 2.16 to 2.21.
 
-Freeing a ``tf.function`` (a finished job's step functions, collected at the job's end) calls
-``Context.remove_function``, whose binding to ``TFE_ContextRemoveFunction`` keeps the GIL while the removal goes
-to every remote task and their answers come back: one round of RPCs during which no thread of the kernel runs
-Python (0.4 s seen with two busy cores, 2.4 s on a loaded CI machine; a task that does not answer froze the kernel).
-The same C function called through ``ctypes`` runs with the GIL released, and raises the same errors.
-
-Checked on TensorFlow 2.16 to 2.21 (Linux and macOS wheels: the C API's symbols are exported by
-``libtensorflow_cc`` and ``libtensorflow_framework``). Where they cannot be found, TensorFlow's own binding stays.
+- ``eager_context()``: the process's eager context (``tensorflow.python.eager.context``): its server def, updated
+  in place when a cluster is scaled or a task re-hosted (``get_server_def``/``update_server_def``), its config
+  (``_config``), which the tasks' thread pools follow, and its device scope (``device_name``).
+- ``context_created()``: whether that context exists yet (TensorFlow's runtime started), without importing it.
+- ``run_on_own_executor(work)``: a thread's ops on a synchronous executor of its own (``pywrap_tfe`` and the
+  context's ``_context_handle``), so that a stalled task's calls do not block the other threads'.
+- ``sharded_variable(shards, name)``: a variable split over the ps tasks (``ShardedVariable``).
+- ``autograph_loader()``: the module whose temporary files autograph writes (pointed at a directory of the process).
+- ``release_gil_in_function_removal()``: freeing a ``tf.function`` removes it from every task; TensorFlow's
+  binding of ``TFE_ContextRemoveFunction`` keeps the GIL while the removal goes to every remote task and their
+  answers come back: one round of RPCs during which no thread of the kernel runs Python (0.4 s seen with two
+  busy cores, 2.4 s on a loaded CI machine; a task that does not answer froze the kernel). The same C function
+  called through ``ctypes`` runs with the GIL released and raises the same errors. Where its symbols cannot be
+  found (a build that does not export them), TensorFlow's own binding stays.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
+
+CHECKED = ("tensorflow", "2.16", "2.22")  # [from, below): the versions every function here was checked on
 
 log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
 _STATE: dict = {"installed": False, "why_not": ""}
+_DEFAULT_EXECUTOR: list = []  # the default executor's handle, read once: each thread returns to it
+_DEFAULT_EXECUTOR_LOCK = threading.Lock()
+
+
+def eager_context() -> Any:
+    """This process's eager context (created on first use)."""
+    from tensorflow.python.eager import context
+
+    return context.context()
+
+
+def context_created() -> bool:
+    """Whether this process's eager context exists (its runtime started); imports nothing."""
+    context = sys.modules.get("tensorflow.python.eager.context")
+    return context is not None and getattr(context, "_context", None) is not None
+
+
+def context_config(context: Any) -> Any:
+    """The ``ConfigProto`` a context was created with (None when it was given none)."""
+    return getattr(context, "_config", None)
+
+
+def set_context_config(context: Any, config: Any) -> None:
+    """The config the context hands to the tasks it connects to next (its remote contexts' thread pools)."""
+    context._config = config
+
+
+def run_on_own_executor(work: Callable) -> Callable:
+    """``work`` wrapped to run its ops on a synchronous executor of its own, then go back to the default one.
+
+    Not ``context.executor_scope``: leaving it drops a wrapper of the default executor, whose ``__del__`` waits
+    for *every* thread's pending work, and so hangs behind a stalled task. So the thread switches with the raw
+    handles that ``context.executor`` itself uses. An error a lost task left on the executor is cleared here.
+    """
+
+    @functools.wraps(work)
+    def run(*args, **kwargs):
+        from tensorflow.python import pywrap_tfe
+        from tensorflow.python.eager import executor
+
+        ctx = eager_context()
+        ctx.ensure_initialized()
+        with _DEFAULT_EXECUTOR_LOCK:
+            if not _DEFAULT_EXECUTOR:  # a new thread starts on the default executor
+                _DEFAULT_EXECUTOR.append(pywrap_tfe.TFE_ContextGetExecutorForThread(ctx._context_handle))
+        own = executor.new_executor(enable_async=False, enable_streaming_enqueue=False)
+        ctx.executor = own
+        try:
+            return work(*args, **kwargs)
+        finally:
+            pywrap_tfe.TFE_ContextSetExecutorForThread(ctx._context_handle, _DEFAULT_EXECUTOR[0])
+            try:
+                own.wait()
+            except Exception:  # noqa: BLE001 - the work function has classified it already
+                own.clear_error()
+
+    return run
+
+
+def sharded_variable(shards: list, name: str) -> Any:
+    """One variable made of ``shards`` (each on its own device), as ``ParameterServerStrategy`` makes them."""
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    return ShardedVariable(shards, name=name)
+
+
+def autograph_loader() -> Any:
+    """Autograph's loader module, whose ``tempfile`` attribute makes the files of converted functions."""
+    from tensorflow.python.autograph.pyct import loader
+
+    return loader
 
 
 def release_gil_in_function_removal() -> str:
@@ -30,7 +112,7 @@ def release_gil_in_function_removal() -> str:
     with _LOCK:
         if not _STATE["installed"] and not _STATE["why_not"]:
             try:
-                _install()
+                _install_removal()
                 _STATE["installed"] = True
             except (OSError, AttributeError, ImportError) as exc:
                 _STATE["why_not"] = f"{type(exc).__name__}: {exc}"
@@ -43,7 +125,7 @@ def _library(directory: str, stem: str) -> ctypes.CDLL:
     return ctypes.CDLL(os.path.join(directory, f"lib{stem}{suffix}"))
 
 
-def _install() -> None:
+def _install_removal() -> None:
     import tensorflow as tf
     from tensorflow.python.eager import context
     from tensorflow.python.framework import errors_impl

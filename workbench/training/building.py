@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..compat import keras as keras_compat
 from ..errors import ConfigurationError
 from .placement import variable_device
 
@@ -18,12 +19,8 @@ def seed_initializers(seed: int) -> None:
     import random
 
     import numpy as np
-    from keras.src.backend.common import global_state
-    from keras.src.random import seed_generator
-    from keras.src.utils import rng_utils
 
-    global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
-    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
+    keras_compat.seed_initializers(seed)
     random.seed(seed)
     np.random.seed(seed)
 
@@ -96,8 +93,7 @@ def update_where_the_variable_lives(optimizer) -> None:
 
     optimizer.update_step = colocated
     optimizer.apply = applied_by_the_counter
-    if hasattr(optimizer, "_all_reduce_sum_gradients"):
-        optimizer._all_reduce_sum_gradients = as_they_are
+    keras_compat.sum_gradients_as_given(optimizer, as_they_are)
 
 
 def learning_rate_of(optimizer) -> float | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cluster.process import connection
+from ..compat import keras as keras_compat
 from ..errors import ConfigurationError
 from ..tables import html_table, text_table
 from .placement import task_of, variable_devices
@@ -276,9 +277,7 @@ def place(model: Any, layout: dict[str, str], *, cluster=None) -> PlacedModel:
     default = next(iter(layer_devices.values()))
 
     def creator(next_creator, **kwargs):
-        from keras.src.backend.common.name_scope import current_path
-
-        with tf.device(_device_for_path(current_path(), layer_devices, default)):
+        with tf.device(_device_for_path(keras_compat.current_layer_path(), layer_devices, default)):
             return next_creator(**kwargs)
 
     with tf.variable_creator_scope(creator):

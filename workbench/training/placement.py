@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from ..compat import tensorflow as tf_compat
+
 
 def task_of(device: str) -> str:
     """``"worker:1"`` for ``/job:worker/replica:0/task:1/device:CPU:0``; the device itself (or ``"-"``) if it names no task."""
@@ -104,13 +106,11 @@ class PsPlacer:
 
     def __call__(self, next_creator, **kwargs):
         import tensorflow as tf
-        from tensorflow.python.distribute.sharded_variable import ShardedVariable
-        from tensorflow.python.eager import context
 
         value = kwargs.get("initial_value")
         if callable(value):  # Keras passes a lazy initializer: run it to learn the size
             value = kwargs["initial_value"] = value()
-        requested = context.context().device_name or ""
+        requested = tf_compat.eager_context().device_name or ""
         nbytes = self._bytes(value)
         rows = None if requested.startswith("/job:ps") else self.shard_rows(getattr(value, "shape", None), nbytes)
         if rows is None:
@@ -124,4 +124,4 @@ class PsPlacer:
             with tf.device(device):
                 shards.append(next_creator(**{**kwargs, "initial_value": part, "name": f"{name}/part_{i}"}))
         self.partitioned[name] = [shard.device for shard in shards]
-        return ShardedVariable(shards, name=name)
+        return tf_compat.sharded_variable(shards, name)

@@ -9,8 +9,9 @@ it answers again).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+
+from ..compat import tensorflow as tf_compat
 
 ACTIVE, LOST, RECOVERING, DROPPED = "active", "lost", "recovering", "dropped"
 TICK_SECONDS = 0.05  # how often a job's loop looks at its calls, its tasks' health and its queue
@@ -37,43 +38,13 @@ def input_device(record) -> str:
     return f"{record.task.device}/device:CPU:0"
 
 
-_DEFAULT_EXECUTOR: list = []  # the raw handle of TF's default executor (no Python wrapper: see below)
-_DEFAULT_EXECUTOR_LOCK = threading.Lock()
-
-
 def own_executor(work: Callable) -> Callable:
     """Run a worker's thread on its own TF executor.
 
     Threads of one process share TensorFlow's default executor, which runs their remote calls one
     after the other: a worker that is slow to produce its batch then holds up every other
     worker's calls (measured: the fast workers' parameter pulls took 93 ms instead of 7 behind a
-    straggler's 110 ms step). ClusterCoordinator does the same for the same reason.
-
-    Not ``context.executor_scope``: leaving it drops a wrapper of the default executor, whose
-    ``__del__`` waits for *every* thread's pending work, and so hangs behind a stalled task. So
-    the thread switches with the raw handles that ``context.executor`` itself uses.
+    straggler's 110 ms step). ClusterCoordinator does the same for the same reason. How the thread
+    switches executors (TensorFlow's raw handles) is ``compat.tensorflow.run_on_own_executor``'s.
     """
-    import functools
-
-    @functools.wraps(work)
-    def run(*args, **kwargs):
-        from tensorflow.python import pywrap_tfe
-        from tensorflow.python.eager import context, executor
-
-        ctx = context.context()
-        ctx.ensure_initialized()
-        with _DEFAULT_EXECUTOR_LOCK:
-            if not _DEFAULT_EXECUTOR:  # a new thread starts on the default executor
-                _DEFAULT_EXECUTOR.append(pywrap_tfe.TFE_ContextGetExecutorForThread(ctx._context_handle))
-        own = executor.new_executor(enable_async=False, enable_streaming_enqueue=False)
-        ctx.executor = own
-        try:
-            return work(*args, **kwargs)
-        finally:
-            pywrap_tfe.TFE_ContextSetExecutorForThread(ctx._context_handle, _DEFAULT_EXECUTOR[0])
-            try:  # a lost task leaves its error on the executor; clear it here, not in a noisy __del__
-                own.wait()
-            except Exception:  # noqa: BLE001 - already classified by the work function
-                own.clear_error()
-
-    return run
+    return tf_compat.run_on_own_executor(work)

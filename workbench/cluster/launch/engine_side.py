@@ -16,6 +16,7 @@ import time
 import traceback
 from typing import Any
 
+from ...compat import tensorflow as tf_compat
 from ...errors import ConfigurationError
 from ..machine import threads
 from ..machine.gpus import discover_gpus
@@ -87,8 +88,7 @@ def devices_untouched() -> bool:
     """
     if "server" in _SERVER:
         return False
-    context = sys.modules.get("tensorflow.python.eager.context")
-    return context is None or getattr(context, "_context", None) is None
+    return not tf_compat.context_created()
 
 
 def import_tensorflow(visible_gpus: list[str] | None) -> dict[str, Any]:

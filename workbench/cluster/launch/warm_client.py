@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 
+from ...compat import tensorflow as tf_compat
 from ..process.connection import CLIENT_ENVIRONMENT
 
 # Environment variables read when these libraries load: an engine forked from here runs with the
@@ -126,7 +127,6 @@ def fork_problem() -> str:
     if driver:
         return (f"the GPU driver ({driver}) was loaded in the warm process while importing, and a process forked "
                 "after that cannot use the GPU safely")
-    context = sys.modules.get("tensorflow.python.eager.context")
-    if context is not None and getattr(context, "_context", None) is not None:
+    if tf_compat.context_created():
         return "TensorFlow's runtime was started in the warm process (a preloaded module ran TensorFlow code)"
     return ""

@@ -19,6 +19,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ...compat import tensorflow as tf_compat
 from ...errors import ConfigurationError
 
 SPINNING_ENV = "WORKBENCH_THREAD_SPINNING"
@@ -52,10 +53,9 @@ def apply_to_context(context: Any = None, environ: Mapping[str, str] | None = No
     at its creation in ``_config`` (usually none); the user's fields there are kept.
     """
     from tensorflow.core.protobuf import config_pb2
-    from tensorflow.python.eager import context as eager_context
 
-    context = eager_context.context() if context is None else context
+    context = tf_compat.eager_context() if context is None else context
     config = config_pb2.ConfigProto()
-    if getattr(context, "_config", None) is not None:
-        config.CopyFrom(context._config)
-    context._config = apply(config, environ)
+    if tf_compat.context_config(context) is not None:
+        config.CopyFrom(tf_compat.context_config(context))
+    tf_compat.set_context_config(context, apply(config, environ))

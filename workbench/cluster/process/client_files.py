@@ -28,6 +28,8 @@ from pathlib import Path
 
 import psutil
 
+from ...compat import tensorflow as tf_compat
+
 PREFIX = "workbench-client-"
 _LOCK = threading.Lock()
 _OURS: dict[str, str] = {}
@@ -46,8 +48,7 @@ def adopt_autograph() -> str:
     with _LOCK:
         if "path" in _OURS:
             return _OURS["path"]
-        from tensorflow.python.autograph.pyct import loader  # TensorFlow's own module: pinned with TensorFlow
-
+        loader = tf_compat.autograph_loader()
         if getattr(loader, "tempfile", None) is not tempfile:
             return ""
         path = _own_directory()

@@ -171,20 +171,19 @@ def _apply_spec(spec: dict, deadline: float, what: str) -> None:
     Every task must accept a connection first: TensorFlow's update that fails on a task that is down leaves
     the connection without that task's devices ("unknown device" at the next op placed there).
     """
-    from tensorflow.python.eager import context
-
     for address in (a for job in spec.values() for a in job):
         problem = connect_problem(address, timeout=max(0.1, min(5.0, deadline - time.monotonic())))
         if problem:
             raise TaskUnreachable(f"{what} was put off: the task at {address} does not answer ({problem}).")
-    server_def = type(context.context().get_server_def())()
-    server_def.CopyFrom(context.context().get_server_def())
+    context = tf_compat.eager_context()
+    server_def = type(context.get_server_def())()
+    server_def.CopyFrom(context.get_server_def())
     for job in server_def.cluster.job:
         if job.name in spec:  # not this process's own job ("localhost")
             job.tasks.clear()
             for index, address in enumerate(spec[job.name]):
                 job.tasks[index] = address
-    _bounded(lambda: _update_server_def(context.context(), server_def, deadline), max(1.0, deadline - time.monotonic()), what)
+    _bounded(lambda: _update_server_def(context, server_def, deadline), max(1.0, deadline - time.monotonic()), what)
     _STATE["spec"] = spec
 
 
