@@ -6,7 +6,7 @@ to every remote task and their answers come back: one round of RPCs during which
 Python (0.4 s seen with two busy cores, 2.4 s on a loaded CI machine; a task that does not answer froze the kernel).
 The same C function called through ``ctypes`` runs with the GIL released, and raises the same errors.
 
-Checked on TensorFlow 2.16 to 2.21 (Linux and macOS wheels: the C API's symbols are exported by
+Checked on TensorFlow 2.21, the version pyproject.toml admits (Linux wheels: the C API's symbols are exported by
 ``libtensorflow_cc`` and ``libtensorflow_framework``). Where they cannot be found, TensorFlow's own binding stays.
 """
 
