@@ -4,10 +4,11 @@ and what the per-worker TensorBoard runs say (staleness, dropped gradients, rate
 import keras
 import pytest
 
+from workbench.compat.keras import watch_model_reads
 from workbench.errors import ConfigurationError
 from workbench.telemetry.tensorboard import dropped_gradients, run_name, staleness, worker_rates
 from workbench.training.async_ps import chunks_of
-from workbench.training.fit import check_callbacks, epoch_averages, tensorboard_dir, validation_due, watch_model_reads
+from workbench.training.fit import check_callbacks, epoch_averages, tensorboard_dir, validation_due
 from workbench.training.options import resolve_epochs
 
 

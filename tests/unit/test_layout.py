@@ -171,7 +171,7 @@ def test_compat_imports_no_other_workbench_module_but_errors():
     assert not wrong, f"workbench/compat/ must import only the libraries it fences (and workbench.errors): {wrong}"
 
 
-INTERNAL = ("tensorflow.python", "tensorflow.core.function", "keras.src", "pywrap_tfe")
+INTERNAL = ("tensorflow.python", "tensorflow.tsl", "tensorflow.core.function", "keras.src", "pywrap_tfe", "ipyparallel.traitlets")
 
 
 def _internal_uses(module: str) -> list[str]:

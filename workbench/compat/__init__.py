@@ -1,7 +1,7 @@
 """What the workbench takes from other libraries' internals, fenced: one module per library.
 
 Every use of a private part of TensorFlow (``tensorflow.py``), Keras (``keras.py``), ipyparallel
-(``ipyparallel.py``) or jupyter_bokeh (``jupyter_bokeh.py``) goes through a function of that library's
+(``ipyparallel.py``), jupyter_bokeh (``jupyter_bokeh.py``) or Bokeh (``bokeh.py``) goes through a function of that library's
 module here; the rest of the package imports no internal module of theirs (``tests/unit/test_layout.py``
 checks it). ``FENCES`` says, per library, the versions those functions were checked on (those
 ``pyproject.toml`` admits: CI tests the newest) and what may break outside them; importing the workbench
@@ -28,6 +28,7 @@ FENCES = {
     "ipyparallel": (("ipyparallel",), "9.2", "9.3", "engines forked from the warm process, launchers' logs and "
                     "exits, attaching to a running cluster"),
     "jupyter_bokeh": (("jupyter_bokeh", "jupyter-bokeh"), "4.0", "4.2", "live dashboards in a notebook"),
+    "Bokeh": (("bokeh",), "3.6", "4.0", "dashboards served on a port the system chose"),
 }
 
 

@@ -1,9 +1,11 @@
-"""Keras internals the workbench uses, each behind one function here. Checked on Keras 3.3 to 3.13.
+"""Keras internals the workbench uses, each behind one function here (checked on: ``compat.FENCES``).
 
 - ``seed_initializers(seed)``: the seed Keras draws initializer seeds from (``keras.src`` global state), without
   ``tf.random.set_seed``, which clears the eager caches of every connected task and blocks behind a stalled one.
 - ``current_layer_path()``: the name scope a variable is being created under (``keras.src`` name scopes), which
   says which layer it belongs to.
+- ``learning_rate_schedule(optimizer)``: the schedule an optimizer's learning rate follows, if any (``_learning_rate``).
+- ``watch_model_reads(callback, on_read)``: a callback's ``model`` attribute (``Callback._model``) read through a hook.
 - ``sum_gradients_as_given(optimizer, how)``: the optimizer's own sum of gradients over replicas
   (``_all_reduce_sum_gradients``), replaced where there are no replicas to sum over.
 """
@@ -12,8 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-
-CHECKED = ("keras", "3.3", "3.14")  # [from, below): the versions every function here was checked on
 
 
 def seed_initializers(seed: int) -> None:
@@ -37,3 +37,28 @@ def sum_gradients_as_given(optimizer: Any, how: Callable) -> None:
     """Replace the optimizer's sum of gradients over replicas with ``how`` (where it has one)."""
     if hasattr(optimizer, "_all_reduce_sum_gradients"):
         optimizer._all_reduce_sum_gradients = how
+
+
+def learning_rate_schedule(optimizer: Any) -> Any:
+    """The ``LearningRateSchedule`` the optimizer's learning rate follows, else None."""
+    import keras
+
+    rate = getattr(optimizer, "_learning_rate", None)
+    return rate if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) else None
+
+
+def watch_model_reads(callback: Any, on_read: Callable[[], None]) -> type:
+    """Make ``callback.model`` call ``on_read()`` before it answers; return the class to put back afterwards.
+
+    Keras's own hook for the same need (``jax_state_sync``) runs in ``Callback.model``; the TensorFlow
+    backend has none, so the callback gets a subclass of its own class that adds it.
+    """
+    base = type(callback)
+
+    def model(self):
+        on_read()
+        return self._model
+
+    callback.__class__ = type(base.__name__, (base,), {"model": property(model), "__module__": base.__module__,
+                                                         "__qualname__": base.__qualname__})
+    return base

@@ -1,4 +1,4 @@
-"""TensorFlow internals the workbench uses, each behind one function here. Checked on TensorFlow 2.16 to 2.21.
+"""TensorFlow internals the workbench uses, each behind one function here (checked on: ``compat.FENCES``).
 
 - ``eager_context()``: the process's eager context (``tensorflow.python.eager.context``): its server def, updated
   in place when a cluster is scaled or a task re-hosted (``get_server_def``/``update_server_def``), its config
@@ -7,6 +7,7 @@
 - ``run_on_own_executor(work)``: a thread's ops on a synchronous executor of its own (``pywrap_tfe`` and the
   context's ``_context_handle``), so that a stalled task's calls do not block the other threads'.
 - ``sharded_variable(shards, name)``: a variable split over the ps tasks (``ShardedVariable``).
+- ``xspace()``: an empty profiler capture message (``tensorflow.tsl``'s ``XSpace``), to parse a task's trace.
 - ``autograph_loader()``: the module whose temporary files autograph writes (pointed at a directory of the process).
 - ``release_gil_in_function_removal()``: freeing a ``tf.function`` removes it from every task; TensorFlow's
   binding of ``TFE_ContextRemoveFunction`` keeps the GIL while the removal goes to every remote task and their
@@ -26,8 +27,6 @@ import sys
 import threading
 from collections.abc import Callable
 from typing import Any
-
-CHECKED = ("tensorflow", "2.16", "2.22")  # [from, below): the versions every function here was checked on
 
 log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
@@ -96,6 +95,13 @@ def sharded_variable(shards: list, name: str) -> Any:
     from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
     return ShardedVariable(shards, name=name)
+
+
+def xspace() -> Any:
+    """An empty ``XSpace`` message (what a task's profiler capture holds)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    return xplane_pb2.XSpace()
 
 
 def autograph_loader() -> Any:

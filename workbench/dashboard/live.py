@@ -7,6 +7,7 @@ import threading
 import time
 import weakref
 
+from ..compat import jupyter_bokeh as bokeh_compat
 from ..errors import ConfigurationError
 from .components import DEFAULT_INTERVAL, PLOTS, make_components
 from .data import device_rows
@@ -73,11 +74,10 @@ class Dashboard:
             optional.require("jupyter_bokeh", "notebook dashboards")
             from bokeh.io import output_notebook
             from bokeh.resources import INLINE
-            from jupyter_bokeh import BokehModel
 
             output_notebook(resources=INLINE, hide_banner=True)
             self.update()
-            self._widget = _live_widget(BokehModel, self._lock)(self.layout)
+            self._widget = bokeh_compat.live_widget_class(self._lock)(self.layout)
         return self._widget
 
     def start(self) -> Dashboard:
@@ -122,42 +122,6 @@ class Dashboard:
         live = "live" if self._thread is not None and self._thread.is_alive() else "not live"
         return (f"<workbench.Dashboard of cluster {self.cluster.name!r} ({', '.join(self.components)}; {live}): display "
                 "it in a notebook, or dashboard.serve() for URLs to open in a browser>")
-
-
-def _live_widget(base: type, lock: threading.Lock) -> type:
-    """``jupyter_bokeh.BokehModel`` whose whole state, when a frontend asks for it, is the plots as they are now.
-
-    BokehModel sends the document once, as it was when the widget was made, then only patches, and a
-    view drops the patches sent before it rendered. So a page reloaded while a job trains would
-    show the plots as they were at display time plus what streamed since: the timeline's history
-    gone. A frontend that (re)loads asks for every widget's whole state; here that state is the
-    document as it is then, taken under the dashboard's lock so that no update is half made.
-
-    What the browser sends back (a range BokehJS computed, a tool's event) is applied to the same
-    document by the kernel's comm thread; that too takes the lock. Without it, the live thread adding a
-    worker's lines raced it ("Set changed size during iteration" in Bokeh's change notification) and the
-    widget stopped updating for good (3 of about 40 runs of the browser test here).
-    """
-    from bokeh.core.json_encoder import serialize_json
-
-    class LiveBokehModel(base):
-        def get_state(self, key=None, drop_defaults=False):
-            state = super().get_state(key, drop_defaults)
-            if key is None and "render_bundle" in state and self._model.document is not None:
-                with lock:
-                    state["render_bundle"] = serialize_json(self._model_to_traits(self._model))
-            return state
-
-        def _sync_model(self, model, content, buffers):
-            with lock:
-                super()._sync_model(model, content, buffers)
-
-        def close(self):  # once: jupyter_bokeh's raises KeyError the second time (ipywidgets closes again at GC)
-            if not getattr(self, "_closed_once", False):
-                self._closed_once = True
-                super().close()
-
-    return LiveBokehModel
 
 
 def _live(ref, stop: threading.Event, interval: float) -> None:

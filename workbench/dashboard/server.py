@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from ..cluster.registry import Endpoint
+from ..compat import bokeh as bokeh_compat
 from ..errors import ConfigurationError, WorkbenchError
 from ..serving import ServingThread, local_host
 from .components import DEFAULT_INTERVAL, PLOTS, make_components
@@ -152,7 +153,7 @@ class DashboardServer:
         self._server.start()
         self.port = self._server.port
         if not self._origins:  # port 0 chose a port: allow pages from it
-            self._server._tornado._websocket_origins.update({f"127.0.0.1:{self.port}", f"localhost:{self.port}"})
+            bokeh_compat.allow_websocket_origins(self._server, {f"127.0.0.1:{self.port}", f"localhost:{self.port}"})
         return self._server.stop
 
     @property

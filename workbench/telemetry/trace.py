@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..compat import tensorflow as tf_compat
 from .events import OpEvent
 
 # Threads whose events are the profiler's and the thread pools' own bookkeeping, and the eager
@@ -62,9 +63,7 @@ def _thread_names(lines) -> dict[int, str]:
 
 def parse_xspace(source: str | Path | bytes, task: str, device_prefix: str, clock_offset: float = 0.0) -> list[OpEvent]:
     """The op events of one task's capture, on the kernel's clock (``clock_offset``: the task's clock ahead)."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    space = xplane_pb2.XSpace()
+    space = tf_compat.xspace()
     space.ParseFromString(source if isinstance(source, bytes) else Path(source).read_bytes())
     start_ns = 0
     for plane in space.planes:

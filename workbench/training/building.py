@@ -98,9 +98,8 @@ def update_where_the_variable_lives(optimizer) -> None:
 
 def learning_rate_of(optimizer) -> float | None:
     """The optimizer's learning rate as a number; None where it follows a schedule (Keras cannot set one then)."""
-    import keras
     import tensorflow as tf
 
-    if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
+    if keras_compat.learning_rate_schedule(optimizer) is not None:
         return None
     return float(tf.convert_to_tensor(optimizer.learning_rate).numpy())

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..compat import keras as keras_compat
 from ..errors import ConfigurationError, WorkbenchError
 
 RELEASE_POLL_SECONDS = 0.002  # how often a thread waiting for the next epoch looks again
@@ -89,23 +90,6 @@ def wait_until(ready: Callable[[], bool], give_up: Callable[[], bool], timeout: 
             return False
         time.sleep(RELEASE_POLL_SECONDS)
     return True
-
-
-def watch_model_reads(callback, on_read: Callable[[], None]) -> type:
-    """Make ``callback.model`` call ``on_read()`` before it answers; return the class to put back afterwards.
-
-    Keras's own hook for the same need (``jax_state_sync``) runs in ``Callback.model``; the TensorFlow
-    backend has none, so the callback gets a subclass of its own class that adds it.
-    """
-    base = type(callback)
-
-    def model(self):
-        on_read()
-        return self._model
-
-    callback.__class__ = type(base.__name__, (base,), {"model": property(model), "__module__": base.__module__,
-                                                         "__qualname__": base.__qualname__})
-    return base
 
 
 class EpochLoop:
@@ -183,7 +167,7 @@ class EpochLoop:
         for callback in self.callbacks:
             callback.set_model(self.model)
             if self._sync is not None and callback is not self.history and not self._watched(callback):
-                self._restore_classes.append((callback, watch_model_reads(callback, self._sync.read)))
+                self._restore_classes.append((callback, keras_compat.watch_model_reads(callback, self._sync.read)))
         self.model.history = self.history
 
     def _watched(self, callback) -> bool:

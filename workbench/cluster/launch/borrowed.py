@@ -26,7 +26,7 @@ class AttachedPool:
         self.launcher = launcher
         self._close_client = close_client
         self._cluster = cluster
-        self.name = getattr(cluster, "cluster_id", "") or getattr(client, "_cluster_id", "") or ""
+        self.name = getattr(cluster, "cluster_id", "") or ""
         self.controller_ip = getattr(cluster, "controller_ip", "") or "127.0.0.1"
 
     def watch(self, pids: Iterable[int]) -> None:

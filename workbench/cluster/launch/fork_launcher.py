@@ -27,6 +27,7 @@ import psutil
 from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
 from traitlets import Bool, Float, Instance, List, Unicode
 
+from ...compat import ipyparallel as ipp_compat
 from ..process.containment import engine_environment
 from .engine_main import ENGINE_MAIN, WARM_SOCKET_ENV
 from .warm_client import WARM_LOG, WarmError, adopt_import_time, import_time_mismatch, request
@@ -231,7 +232,7 @@ class ForkEngineLauncher(LocalEngineLauncher):
         self.pid = pid
         self.process = psutil.Process(pid)
         self.notify_start(pid)
-        self._start_waiting()
+        ipp_compat.watch_started_process(self)
         return pid
 
 

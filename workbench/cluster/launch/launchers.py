@@ -35,8 +35,9 @@ def controller_args(given: Iterable[str]) -> list[str]:
 
 def engine_launcher_class(name: str) -> type:
     """ipyparallel's engine launcher class for ``name`` ("local", "mpi", "slurm", ...)."""
+    from importlib.metadata import entry_points
+
     from ipyparallel.cluster.launcher import find_launcher_class
-    from ipyparallel.traitlets import entry_points
 
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"engines={name!r} is not a launcher name: use e.g. engines='local'.")

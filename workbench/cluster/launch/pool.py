@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 
+from ...compat import ipyparallel as ipp_compat
 from ...errors import ClusterStartError, EngineStartTimeout
 from ..process.containment import engine_environment
 from . import batch, mpi, placement_hosts
@@ -256,7 +257,7 @@ class OwnedPool:
         # with it, SSH with the remote Python (which has the workbench: its tasks run the workbench's code).
         # A user's own engine_cmd is kept; the lifeline is then attached after registration.
         trait = cls.class_traits().get("engine_cmd")
-        if trait is not None and not hasattr(cls, "_engine_cmd_default"):
+        if trait is not None and not ipp_compat.computes_engine_command(cls):
             if list(trait.default() or []) == [sys.executable, "-m", "ipyparallel.engine"]:
                 kwargs.setdefault("engine_cmd", list(ENGINE_MAIN))
         elif trait is not None and "remote_python" in cls.class_traits():

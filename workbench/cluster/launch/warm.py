@@ -47,6 +47,7 @@ import time
 import traceback
 import types
 
+from ...compat import ipyparallel as ipp_compat
 from .warm_client import MAX_MESSAGE, REQUEST_TIMEOUT, WARM_LOG, fork_problem, import_time_mismatch
 
 # Modules every engine needs: imported here once, shared by every fork.
@@ -276,13 +277,11 @@ class WarmServer:
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
-        from ipyparallel.engine.nanny import KernelNanny
-
         kwargs = pickle.loads(base64.b64decode(message["kwargs"]))  # from an engine of this user (private socket)
         _set_title(f"{sys.executable} -m ipyparallel.engine.nanny [engine pid {kwargs.get('pid')}, forked from "
                    f"{os.getppid()}]")
         os.environ["PYTHONUNBUFFERED"] = "1"
-        KernelNanny.main(**kwargs, pipe=os.fdopen(report, "w", buffering=1))
+        ipp_compat.run_nanny(os.fdopen(report, "w", buffering=1), **kwargs)
         return 0
 
 
