@@ -86,10 +86,13 @@ def test_a_job_of_an_attached_kernel_shows_in_the_owners_summary_while_it_trains
         while time.monotonic() < deadline and len(seen) < 3:
             summary = _owners_summary("wb-test-owner")
             if summary and summary["job"] == shown and summary["state"] == "running" and summary["examples_per_s"] > 0:
-                seen.append((summary["steps_done"], summary["examples_per_s"], sorted(summary["workers"])))
+                # the workers with steps in the summary's recent window: both, once the second's first step is in
+                assert set(summary["workers"]) <= {"worker:0", "worker:1"}, summary
+                if len(summary["workers"]) == 2:
+                    seen.append((summary["steps_done"], summary["examples_per_s"]))
             time.sleep(1.0)
-        assert len(seen) == 3, f"the owner's summary never showed {shown} training: {summary}"
-        assert seen[0][0] < seen[-1][0] and all(w == ["worker:0", "worker:1"] for _, _, w in seen), seen
+        assert len(seen) == 3, f"the owner's summary never showed {shown} training on both workers: {summary}"
+        assert seen[0][0] < seen[-1][0], seen
         job.stop()
     finally:
         cluster.stop()

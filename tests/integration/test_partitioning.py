@@ -10,6 +10,7 @@ import workbench as wb
 pytestmark = pytest.mark.cluster
 
 PS0, PS1 = "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"
+ACCURACY = 0.80  # what a partitioned model must reach on held-out digits (distributions measured: see the test)
 
 
 def wide_model():
@@ -42,9 +43,12 @@ def test_large_variable_is_split_over_the_ps_tasks_and_trains(cluster_two_ps, st
             assert variable.value.device == kernel.value.variables[part].device
     rows = [r for r in wb.placement(job).rows if r.layer == "hidden" and r.variable == "kernel"]
     assert sorted(rows[0].task.split(", ")) == ["ps:0", "ps:1"]
-    assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.90
-    x, y = wb.datasets.digits_arrays("test")
-    assert float(np.mean(np.argmax(job.model.predict(x, verbose=0), axis=1) == y)) >= 0.90
+    # It learned (chance: 0.10). Held-out accuracy over 20 runs of each with one core kept busy: sync-ps 0.98 every
+    # time; async-ps 0.958 to 0.984 and once 0.900; under three test processes on the two cores, 0.893 and 0.898.
+    accuracy = job.evaluate(wb.datasets.digits_test)["accuracy"]
+    assert accuracy >= ACCURACY
+    x, y = wb.datasets.digits_arrays("test")  # the trained weights in the kernel's model give the same answers
+    assert float(np.mean(np.argmax(job.model.predict(x, verbose=0), axis=1) == y)) == pytest.approx(accuracy, abs=0.01)
 
 
 def test_partitioned_checkpoints_resume(cluster_two_ps, tmp_path):
