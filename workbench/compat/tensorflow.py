@@ -14,7 +14,10 @@
   answers come back: one round of RPCs during which no thread of the kernel runs Python (0.4 s seen with two
   busy cores, 2.4 s on a loaded CI machine; a task that does not answer froze the kernel). The same C function
   called through ``ctypes`` runs with the GIL released and raises the same errors. Where its symbols cannot be
-  found (a build that does not export them), TensorFlow's own binding stays.
+  found (a build that does not export them), TensorFlow's own binding stays. With the GIL released, a removal
+  could run while another thread sets or updates the context's server def; TensorFlow's binding had made the
+  two take turns, and they still do: both hold ``context_change()``.
+- ``context_change()``: held while the context's server def is set or updated, and while a function is removed.
 """
 
 from __future__ import annotations
@@ -31,8 +34,14 @@ from typing import Any
 log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
 _STATE: dict = {"installed": False, "why_not": ""}
+_CONTEXT_CHANGE = threading.RLock()  # a server def set or updated, a function removed: one at a time
 _DEFAULT_EXECUTOR: list = []  # the default executor's handle, read once: each thread returns to it
 _DEFAULT_EXECUTOR_LOCK = threading.Lock()
+
+
+def context_change() -> threading.RLock:
+    """Hold it (``with context_change():``) while setting or updating the eager context's server def."""
+    return _CONTEXT_CHANGE
 
 
 def eager_context() -> Any:
@@ -151,7 +160,8 @@ def _install_removal() -> None:
         self.ensure_initialized()
         status = new_status()
         try:
-            remove(pointer(self._handle, None), name.encode() if isinstance(name, str) else name, status)
+            with _CONTEXT_CHANGE:
+                remove(pointer(self._handle, None), name.encode() if isinstance(name, str) else name, status)
             code = code_of(status)
             if code:
                 raise errors_impl.exception_type_from_error_code(code)(None, None, message_of(status).decode(errors="replace"))

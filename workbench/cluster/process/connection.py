@@ -274,7 +274,8 @@ def _connect_with_timeout(tf, spec: dict, name: str, timeout: float) -> None:
 
     def run() -> None:
         threads.apply_to_context()
-        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+        with tf_compat.context_change():  # not while a freed function is being removed from the tasks
+            tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
         # One tiny remote op: it proves the connection, and TensorFlow opens this process's own
         # port only then, so what it listens on can be checked now rather than at some later op.
         job = "worker" if "worker" in spec else sorted(spec)[0]
@@ -363,7 +364,8 @@ def _update_server_def(ctx, server_def, deadline: float) -> None:
     deadline = min(deadline, time.monotonic() + RECONNECT_SECONDS)
     while True:
         try:
-            ctx.update_server_def(server_def)
+            with tf_compat.context_change():  # not while a freed function is being removed from the tasks
+                ctx.update_server_def(server_def)
             return
         except tf.errors.UnavailableError:
             if time.monotonic() + LINK_RETRY_SECONDS * 2 > deadline:
