@@ -18,11 +18,14 @@ from importlib import metadata
 
 from ..errors import UncheckedVersionWarning
 
+# TensorFlow ships under several distribution names; all install the `tensorflow` module.
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-macos",
+                            "tf-nightly")
 # distribution names, [lowest, below) the versions checked, and what relies on the internals
 FENCES = {
-    "TensorFlow": (("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-macos"),
-                   "2.21", "2.22", "scaling and re-hosting (the kernel's connection updated in place), workers' own "
-                   "executors, partitioned ps variables, autograph's files, function removal without the GIL"),
+    "TensorFlow": (TENSORFLOW_DISTRIBUTIONS, "2.21", "2.22", "scaling and re-hosting (the kernel's connection updated in "
+                   "place), workers' own executors, partitioned ps variables, autograph's files, function removal without "
+                   "the GIL"),
     "Keras": (("keras",), "3.12", "3.16", "seeded initial weights, layer-by-layer placement (wb.place), ps optimizer "
               "updates"),
     "ipyparallel": (("ipyparallel",), "9.2", "9.3", "engines forked from the warm process, launchers' logs and "

@@ -45,4 +45,3 @@ def live_widget_class(lock: threading.Lock) -> type:
                 super().close()
 
     return LiveBokehModel
-

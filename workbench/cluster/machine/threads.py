@@ -56,6 +56,7 @@ def apply_to_context(context: Any = None, environ: Mapping[str, str] | None = No
 
     context = tf_compat.eager_context() if context is None else context
     config = config_pb2.ConfigProto()
-    if tf_compat.context_config(context) is not None:
-        config.CopyFrom(tf_compat.context_config(context))
+    given = tf_compat.context_config(context)
+    if given is not None:
+        config.CopyFrom(given)
     tf_compat.set_context_config(context, apply(config, environ))
