@@ -63,7 +63,7 @@ def training_rate(cluster) -> float:
                                  keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
 
     job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                   strategy="async-ps", steps=1200, batch_size=64, seed=0, telemetry=False, wait=True)
+                   strategy="async-ps", steps=1200, batch_size=64, seed=0, telemetry=False).wait()
     return job.throughput(warmup=200)["steps_per_s"]
 
 

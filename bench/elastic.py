@@ -37,6 +37,7 @@ import keras
 from training_helpers import LOSS, make_model, wait_for
 
 import workbench as wb
+from workbench.training import strategy_named
 
 STRATEGIES = ("async-ps", "sync-ps")
 MODELS = ("compute", "link")
@@ -63,8 +64,8 @@ def one_case(strategy: str, model: str, args) -> dict:
         if model == "link":
             cluster.shape(rate=args.rate, between="worker")
         job = wb.train(cluster, wide_model if model == "compute" else make_model, wb.datasets.digits, LOSS,
-                       keras.optimizers.Adam(0.001), strategy=strategy, steps=STEPS, batch_size=32, steps_per_call=5,
-                       seed=1)
+                       keras.optimizers.Adam(0.001), strategy=strategy_named(strategy, steps_per_call=5), steps=STEPS,
+                       batch_size=32, seed=1)
         try:
             wait_for(lambda: job.steps_done > 0 or job.state != "running", 180, "the first step")
             time.sleep(args.warmup + args.window)

@@ -1,4 +1,4 @@
-"""What a lost or hung task costs a running job, with automatic recovery (``wb.train(..., recover=True)``).
+"""What a lost or hung task costs a running job, with automatic recovery (``wb.train(..., recovery=wb.Recovery())``, the default).
 
 For each fault, on a fresh local cluster (1 ps + 2 workers; all-reduce: 2 workers), a job trains
 digits in the background; once it has run ``--warmup`` seconds and one ``--window`` more, the fault
@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from training_helpers import train
 
 import workbench as wb
+from workbench.training import strategy_named
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,9 @@ def _wait(condition, seconds: float, what: str) -> None:
 def measure(fault: Fault, warmup: float, window: float) -> dict:
     with tempfile.TemporaryDirectory() as checkpoints, \
             wb.Cluster(ps=fault.ps, workers=2, name=f"wb-bench-{fault.name}", progress=False) as cluster:
-        job = train(cluster, strategy=fault.strategy, steps=10**7, steps_per_call=5, checkpoint_dir=checkpoints,
-                    checkpoint_every=fault.checkpoint_every, hang_timeout=HANG_TIMEOUT)
+        job = train(cluster, strategy=strategy_named(fault.strategy, steps_per_call=5), steps=10**7,
+                    checkpoint=wb.Checkpoint(checkpoints, every=fault.checkpoint_every),
+                    recovery=wb.Recovery(hang_timeout=HANG_TIMEOUT))
         _wait(lambda: job.steps_done > 0, 120, "the first step")
         time.sleep(warmup + window)
         victim = cluster.task(fault.target)

@@ -174,8 +174,8 @@ def wide_job(cluster, transfer: str, batch: int, steps: int, metrics: tuple = ()
 
     return finished(wb.train(cluster, wide_model, wb.datasets.digits,
                              keras.losses.SparseCategoricalCrossentropy(from_logits=True), keras.optimizers.Adam(1e-3),
-                             steps=steps, batch_size=batch, seed=seed, transfer=transfer, metrics=metrics,
-                             steps_per_call=steps_per_call, telemetry=False))
+                             strategy=wb.AsyncPS(transfer=transfer, steps_per_call=steps_per_call), steps=steps,
+                             batch_size=batch, seed=seed, metrics=metrics, telemetry=False))
 
 
 def convergence(seeds: int, steps: int, backend: str) -> dict:
@@ -337,7 +337,7 @@ def cost_model(steps: int, backend: str, repeats: int) -> dict:
         for transfer in ("fp32", "bf16"):
             for batch in (64, 512):
                 cluster.shape(None)
-                profile = wb.estimate(wide_model, cluster, batch, transfer=transfer).profile
+                profile = wb.estimate(wide_model, cluster, batch, wb.AsyncPS(transfer=transfer)).profile
                 links = ["1gbit", "10gbit"]
                 runs: dict[str, list[float]] = {link: [] for link in links}
                 for repeat in range(repeats):
@@ -345,7 +345,7 @@ def cost_model(steps: int, backend: str, repeats: int) -> dict:
                         cluster.shape(link)
                         runs[link].append(measured_rate(cluster, transfer, batch, steps))
                 for link in links:
-                    predicted = wb.estimate(wide_model, cluster, batch, transfer=transfer, link=link, profile=profile)
+                    predicted = wb.estimate(wide_model, cluster, batch, wb.AsyncPS(transfer=transfer), link=link, profile=profile)
                     measured = statistics.median(runs[link])
                     rows.append({"transfer": transfer, "batch": batch, "link": link, "predicted": predicted.steps_per_s,
                                  "measured": measured, "repeats": runs[link], "error": measured / predicted.steps_per_s - 1,

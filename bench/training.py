@@ -199,11 +199,18 @@ def workbench_run(cluster, *, strategy: str, steps: int, batch: int, steps_per_c
         asked = time.time()
         job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                        keras.optimizers.Adam(LEARNING_RATE), steps=None if "epochs" in extra else steps, batch_size=batch,
-                       steps_per_call=steps_per_call, seed=SEED, strategy=strategy, backup_workers=backup_workers, **extra)
+                       seed=SEED, strategy=_strategy(strategy, backup_workers, steps_per_call), **extra)
         history = finished(job).history
         return Timing(completion_points(history), sum(r["examples"] for r in history) / len(history), asked, time.time())
 
     return measured(run, steps, cluster, client_here=True)
+
+
+def _strategy(name: str, backup_workers: int, steps_per_call: int):
+    from workbench.training import strategy_named
+
+    options = {"backup_workers": backup_workers} if backup_workers else {}
+    return strategy_named(name, steps_per_call=steps_per_call, **options)
 
 
 def pss_run(cluster, *, steps: int, steps_per_call: int, per_worker_batch: int) -> Run:

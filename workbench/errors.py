@@ -83,4 +83,4 @@ class TrainingError(WorkbenchError):
 
 
 class ParameterServerLost(TrainingError):
-    """A ps task became unreachable and the job does not recover (``recover=False``): its variables lived there."""
+    """A ps task became unreachable and the job does not recover (``recovery=None``): its variables lived there."""

@@ -41,13 +41,15 @@ workbench magics (each one calls the Python API shown on the right)
   %%wb on worker:1 [--name NAME]          with cluster.device("worker:1"): <the cell>
   %%wb spmd [--name NAME] [--timeout S]   wb.run_spmd(cluster, <the cell>): on every worker at once, with
                                           `strategy` (MultiWorkerMirroredStrategy), `worker_index`, TF_CONFIG
-  %wb train MODEL_FN DATA_FN --loss LOSS [--optimizer adam] [--learning-rate LR] [--strategy async-ps|sync-ps|allreduce]
-            [--backup-workers K] [--steps N | --epochs E [--steps-per-epoch S]] [--batch-size B]
-            [--metrics accuracy ...] [--validation-data DATA [--validation-steps V]] [--callbacks NAME]
-            [--log-dir DIR] [--transfer fp32|bf16|fp16|int8] [--wait] [--name NAME]
-                                          wb.train(cluster, MODEL_FN, DATA_FN, ...) -> a Job (also in `_wb_job`);
-                                          DATA, NAME: a data function or dataset, a list of Keras callbacks,
-                                          defined in the notebook
+  %wb train MODEL_FN DATA_FN [--loss LOSS] [--optimizer adam] [--learning-rate LR] [--metrics accuracy ...]
+            [--strategy async-ps|sync-ps|allreduce] [--backup-workers K] [--transfer fp32|bf16|fp16|int8]
+            [--steps-per-call C] [--steps N | --epochs E [--steps-per-epoch S]] [--batch-size B]
+            [--validation-data DATA [--validation-steps V]] [--callbacks NAME]
+            [--checkpoint DIR [--checkpoint-every N] [--resume]] [--seed S] [--wait] [--name NAME]
+                                          wb.train(cluster, MODEL_FN, DATA_FN, strategy=wb.SyncPS(...), ...) -> a
+                                          Job (also in `_wb_job`); loss, optimizer, metrics left out: the compiled
+                                          model's; DATA, NAME: a data function or dataset, a list of Keras
+                                          callbacks, defined in the notebook
   %wb placement [NAME]                    wb.placement(NAME, or the last job)
   %wb dashboard [--serve] [--name NAME]   wb.dashboard(cluster): live timeline, throughput and progress
                                           (--serve: wb.serve_dashboard(cluster), Bokeh apps with URLs)
@@ -105,22 +107,25 @@ def _parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", prog="%wb train", add_help=False)
     train.add_argument("model")
     train.add_argument("data")
-    train.add_argument("--loss", required=True)
-    train.add_argument("--optimizer", default="adam")
+    train.add_argument("--loss")
+    train.add_argument("--optimizer")
     train.add_argument("--learning-rate", type=float)
     train.add_argument("--strategy", default="async-ps")
-    train.add_argument("--backup-workers", type=int, default=0)
+    train.add_argument("--backup-workers", type=int)
+    train.add_argument("--transfer")
+    train.add_argument("--steps-per-call", type=int)
     train.add_argument("--steps", type=int)
     train.add_argument("--epochs", type=int)
     train.add_argument("--steps-per-epoch", type=int)
     train.add_argument("--validation-data")
     train.add_argument("--validation-steps", type=int)
     train.add_argument("--callbacks")
-    train.add_argument("--log-dir")
+    train.add_argument("--checkpoint")
+    train.add_argument("--checkpoint-every", type=int, default=0)
+    train.add_argument("--resume", action="store_true")
     train.add_argument("--batch-size", type=int, default=64)
-    train.add_argument("--metrics", nargs="*", default=[])
+    train.add_argument("--metrics", nargs="*")
     train.add_argument("--seed", type=int)
-    train.add_argument("--transfer", default="fp32")
     train.add_argument("--wait", action="store_true")
     train.add_argument("--name")
     placement = commands.add_parser("placement", prog="%wb placement", add_help=False)
@@ -271,13 +276,19 @@ class WorkbenchMagics(Magics):
                if args.callbacks else None}
         optimizer = args.optimizer
         if args.learning_rate is not None:  # a Keras optimizer config, built (and checked) by wb.train
-            optimizer = {"class_name": args.optimizer, "config": {"learning_rate": args.learning_rate}}
+            optimizer = {"class_name": args.optimizer or "adam", "config": {"learning_rate": args.learning_rate}}
+        options = {name: value for name, value in (("backup_workers", args.backup_workers), ("transfer", args.transfer),
+                                                   ("steps_per_call", args.steps_per_call)) if value is not None}
+        if (args.checkpoint_every or args.resume) and not args.checkpoint:
+            raise UsageError("%wb train: --checkpoint-every and --resume need --checkpoint DIR (where the checkpoints are).")
+        checkpoint = (training.Checkpoint(args.checkpoint, every=args.checkpoint_every, resume=args.resume)
+                      if args.checkpoint else None)
         try:
             job = training.train(cluster, model, data, args.loss, optimizer, metrics=args.metrics,
-                                 strategy=args.strategy, backup_workers=args.backup_workers, steps=args.steps,
+                                 strategy=training.strategy_named(args.strategy, **options), steps=args.steps,
                                  epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
-                                 validation_steps=args.validation_steps, log_dir=args.log_dir,
-                                 batch_size=args.batch_size, seed=args.seed, transfer=args.transfer, **fit)
+                                 validation_steps=args.validation_steps, checkpoint=checkpoint,
+                                 batch_size=args.batch_size, seed=args.seed, **fit)
             self._last_job = job
             self.shell.user_ns["_wb_job"] = job
             if job.state == "queued":

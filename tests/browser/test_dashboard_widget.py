@@ -18,7 +18,7 @@ CELLS = [
     "def make_model():\n"
     "    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation='relu'), keras.layers.Dense(10)])\n"
     "job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
-    "               steps=4000, steps_per_call=5)\n"
+    "               strategy=wb.AsyncPS(steps_per_call=5), steps=4000)\n"
     "print('training started')",
 ]
 

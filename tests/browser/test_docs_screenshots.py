@@ -25,7 +25,7 @@ CELLS = [
     "    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation='relu'),\n"
     "                             keras.layers.Dense(256, activation='relu'), keras.layers.Dense(10)])\n"
     "job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
-    "               steps=100_000, steps_per_call=5)\n"
+    "               strategy=wb.AsyncPS(steps_per_call=5), steps=100_000)\n"
     "job.wait_set_up()\n"
     "print('training')",
     "import time\ntime.sleep(4)\nprofile = cluster.profile(seconds=1)\nprint(len(profile.transfers), 'transfers linked')",

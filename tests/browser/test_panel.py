@@ -29,7 +29,7 @@ CELLS = [
     "def make_model():\n"
     "    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation='relu'), keras.layers.Dense(10)])\n"
     "job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
-    "               steps=100_000, steps_per_call=5)\n"
+    "               strategy=wb.AsyncPS(steps_per_call=5), steps=100_000)\n"
     "print('training started')",
 ]
 # every bar in the timeline's Bokeh documents, in the frame of the pane

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.cluster
 
 def test_allreduce_learns_digits_with_every_worker_in_every_step(cluster):
     cursor = cluster.telemetry.cursor
-    job = train(cluster, strategy="allreduce", steps=300, steps_per_call=25).wait(600)
+    job = train(cluster, strategy=wb.AllReduce(steps_per_call=25), steps=300).wait(600)
     assert job.state == "finished"
     history = job.history
     assert [r["step"] for r in history] == list(range(300))
@@ -40,18 +40,16 @@ def test_allreduce_follows_the_same_loss_curve_as_sync_ps(cluster):
     # Same seed and global batch: both average the two workers' gradients of the same data split, so
     # both follow the single-worker curve (tests/integration/test_training_faults.py checks sync-ps
     # with 1 vs 2 workers). Sums in another order differ in the last bits; Adam carries that on.
-    allreduce = train(cluster, strategy="allreduce", steps=60, steps_per_call=20).wait(300)
+    allreduce = train(cluster, strategy=wb.AllReduce(steps_per_call=20), steps=60).wait(300)
     sync = train(cluster, strategy="sync-ps", steps=60).wait(300)
     np.testing.assert_allclose([r["loss"] for r in allreduce.history], [r["loss"] for r in sync.history], rtol=1e-3, atol=1e-4)
 
 
 def test_allreduce_resumes_from_its_checkpoints(cluster, tmp_path):
-    first = train(cluster, strategy="allreduce", steps=100, steps_per_call=25, checkpoint_dir=str(tmp_path),
-                  checkpoint_every=50).wait(300)
+    first = train(cluster, strategy=wb.AllReduce(steps_per_call=25), checkpoint=wb.Checkpoint(tmp_path, every=50), steps=100).wait(300)
     assert sorted(int(p.name[5:-6]) for p in tmp_path.glob("ckpt-*.index")) == [50, 100]
     assert first.last_checkpoint.endswith("ckpt-100")
-    second = train(cluster, strategy="allreduce", steps=150, steps_per_call=25, checkpoint_dir=str(tmp_path),
-                   resume=True).wait(300)
+    second = train(cluster, strategy=wb.AllReduce(steps_per_call=25), checkpoint=wb.Checkpoint(tmp_path, resume=True), steps=150).wait(300)
     assert second.start_step == 100
     assert [r["step"] for r in second.history] == list(range(100, 150))
     assert np.mean([r["loss"] for r in second.history[:10]]) < np.mean([r["loss"] for r in first.history[:10]]) / 3

@@ -39,7 +39,7 @@ def test_an_attached_cluster_trains_on_the_owners_tasks_and_detaches(owner):
         assert cluster.attached and cluster.state == "running"
         assert [t.name for t in cluster.tasks] == ["ps:0", "worker:0", "worker:1"]
         assert cluster.spec_dict == owners.spec
-        job = train(cluster, strategy="async-ps", steps=30, steps_per_call=5).wait(300)
+        job = train(cluster, strategy=wb.AsyncPS(steps_per_call=5), steps=30).wait(300)
         assert job.state == "finished" and len(job.history) == 30
         with pytest.raises(wb.ClusterStateError, match="is attached: process .* owns it"):
             cluster.scale(workers=3)
@@ -80,7 +80,7 @@ def test_a_job_of_an_attached_kernel_shows_in_the_owners_summary_while_it_trains
 
     cluster = wb.attach("wb-test-owner")
     try:
-        job = train(cluster, strategy="async-ps", steps=3000, steps_per_call=5)
+        job = train(cluster, strategy=wb.AsyncPS(steps_per_call=5), steps=3000)
         shown = f"{job.name} (pid {os.getpid()})"  # job names are per process: the sender's pid tells them apart
         seen, deadline = [], time.monotonic() + 120
         while time.monotonic() < deadline and len(seen) < 3:
@@ -109,7 +109,7 @@ def test_every_running_job_of_every_kernel_is_listed_in_the_owners_summary(owner
     try:
         theirs = other.stdout.readline().strip()
         assert theirs.endswith(f"(pid {other.pid})"), theirs
-        job = train(cluster, strategy="async-ps", steps=100000, steps_per_call=5)
+        job = train(cluster, strategy=wb.AsyncPS(steps_per_call=5), steps=100000)
         ours = f"{job.name} (pid {os.getpid()})"
         deadline, summary = time.monotonic() + 120, None
         while time.monotonic() < deadline:

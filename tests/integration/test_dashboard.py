@@ -38,7 +38,7 @@ def test_timeline_shows_every_worker_and_steps_while_they_run(cluster):
     timeline = board.components["timeline"]
     board.update()
     start = len(timeline.columns()["left"])  # earlier jobs on the session's cluster come first
-    job = train(cluster, strategy="async-ps", steps=400, steps_per_call=20)
+    job = train(cluster, strategy=wb.AsyncPS(steps_per_call=20), steps=400)
     seen_running = _run_with_dashboard(cluster, job, board)
     time.sleep(0.3)
     board.update()
@@ -71,7 +71,7 @@ def _binned(throughput) -> dict[int, tuple[float, float]]:
             zip(data["time"], data[f"{TOTAL}:examples"], data[f"{TOTAL}:steps"])}
 
 
-@pytest.mark.parametrize("strategy", ["async-ps", "sync-ps"])
+@pytest.mark.parametrize("strategy", [wb.AsyncPS, wb.SyncPS], ids=["async-ps", "sync-ps"])
 def test_throughput_agrees_with_job_history(cluster, strategy):
     board = wb.dashboard(cluster, plots=("throughput", "progress"))
     throughput = board.components["throughput"]
@@ -80,7 +80,7 @@ def test_throughput_agrees_with_job_history(cluster, strategy):
     time.sleep(throughput.bins.settle + throughput.bins.width + 0.2)
     board.update()
     before = _binned(throughput)
-    job = train(cluster, strategy=strategy, steps=150, steps_per_call=5)
+    job = train(cluster, strategy=strategy(steps_per_call=5), steps=150)
     _run_with_dashboard(cluster, job, board)
     time.sleep(throughput.bins.settle + throughput.bins.width + 0.2)
     board.update()
@@ -175,7 +175,7 @@ def test_a_live_dashboard_that_stops_on_an_error_says_so_above_its_plots(cluster
 
 
 def test_a_jobs_timeline_saves_as_a_perfetto_trace_with_tasks_as_processes(cluster, tmp_path):
-    job = train(cluster, strategy="async-ps", steps=60, steps_per_call=5)
+    job = train(cluster, strategy=wb.AsyncPS(steps_per_call=5), steps=60)
     job.wait(300)
     spans = job.timeline.spans()
     assert spans and {s.job for s in spans} == {job.name}

@@ -25,10 +25,10 @@ def _scale_twice(cluster, job, up: int, down: int) -> None:
     cluster.scale(workers=down)
 
 
-@pytest.mark.parametrize("strategy", ["async-ps", "sync-ps"])
+@pytest.mark.parametrize("strategy", [wb.AsyncPS, wb.SyncPS], ids=["async-ps", "sync-ps"])
 def test_scale_up_and_down_while_a_job_trains(strategy, capsys, no_leftover_processes):
-    with wb.Cluster(ps=1, workers=1, name=f"wb-test-elastic-{strategy}", progress=False) as cluster:
-        job = train(cluster, strategy=strategy, steps=STEPS, steps_per_call=5)
+    with wb.Cluster(ps=1, workers=1, name=f"wb-test-elastic-{strategy.name}", progress=False) as cluster:
+        job = train(cluster, strategy=strategy(steps_per_call=5), steps=STEPS)
         board = wb.dashboard(cluster, plots=("timeline", "throughput"))  # opened on one worker
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
@@ -50,7 +50,7 @@ def test_scale_up_and_down_while_a_job_trains(strategy, capsys, no_leftover_proc
         assert all(e["pause_seconds"] >= 0 and e["drain_seconds"] >= 0 for e in events)
         assert all(r["step"] < down["step"] for r, ws in zip(history, workers) if "worker:2" in ws)
         assert all("worker:1" not in ws for ws in workers[:up["step"]])
-        if strategy == "sync-ps":  # no backup workers: each step waits for every worker, one, then three, then two
+        if strategy is wb.SyncPS:  # no backup workers: each step waits for every worker, one, then three, then two
             assert {r["aggregated"] for r in history[:up["step"]]} == {1}
             assert {r["aggregated"] for r in history[up["step"]:down["step"]]} == {3}
             assert {r["aggregated"] for r in history[down["step"]:]} == {2}
@@ -72,7 +72,7 @@ def test_scale_up_and_down_while_a_job_trains(strategy, capsys, no_leftover_proc
 
 def test_global_batch_is_kept_when_asked(no_leftover_processes):
     with wb.Cluster(ps=1, workers=1, name="wb-test-elastic-global", progress=False) as cluster:
-        job = train(cluster, strategy="async-ps", steps=STEPS, steps_per_call=5, batch_size=64, elastic_batch="global")
+        job = train(cluster, strategy=wb.AsyncPS(elastic_batch="global", steps_per_call=5), steps=STEPS, batch_size=64)
         wait_for(lambda: job.steps_done >= 50 or job.state != "running", 120, "the first steps")
         with pytest.raises(wb.ConfigurationError, match="does not split evenly over 3 workers"):
             cluster.scale(workers=3)  # refused before any engine starts
@@ -101,7 +101,7 @@ def test_allreduce_refuses_a_scale_while_it_trains(no_leftover_processes):
 
 def test_sync_ps_refuses_to_scale_below_its_backup_workers(no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-elastic-backup", progress=False) as cluster:
-        job = train(cluster, strategy="sync-ps", backup_workers=1, steps=STEPS, steps_per_call=5)
+        job = train(cluster, strategy=wb.SyncPS(backup_workers=1, steps_per_call=5), steps=STEPS)
         wait_for(lambda: job.steps_done >= 20 or job.state != "running", 120, "the first steps")
         with pytest.raises(wb.ConfigurationError, match="backup_workers=1"):
             cluster.scale(workers=1)
@@ -147,14 +147,14 @@ def test_a_scale_in_the_jobs_last_steps_is_in_its_events(capsys, no_leftover_pro
         assert f"job {job.name}: 2 worker(s) after its last step (joined: worker:1)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("strategy", ["async-ps", "sync-ps"])
+@pytest.mark.parametrize("strategy", [wb.AsyncPS, wb.SyncPS], ids=["async-ps", "sync-ps"])
 def test_a_scale_right_after_a_worker_is_killed_goes_on_while_it_is_rehosted(strategy, no_leftover_processes):
     import os
     import signal
     import time
 
-    with wb.Cluster(ps=1, workers=3, name=f"wb-test-elastic-kill-{strategy}", progress=False) as cluster:
-        job = train(cluster, strategy=strategy, steps=STEPS, steps_per_call=5, batch_size=96)
+    with wb.Cluster(ps=1, workers=3, name=f"wb-test-elastic-kill-{strategy.name}", progress=False) as cluster:
+        job = train(cluster, strategy=strategy(steps_per_call=5), steps=STEPS, batch_size=96)
         wait_for(lambda: job.steps_done >= 100 or job.state != "running", 120, "the job's first 100 steps")
         os.kill(cluster.task("worker:1").pid, signal.SIGKILL)
         started = time.monotonic()

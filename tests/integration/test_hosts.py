@@ -70,7 +70,7 @@ def test_a_cluster_over_three_hosts_trains_across_the_bridge_and_recovers_a_lost
         assert {a.rpartition(":")[0] for job in cluster.spec_dict.values() for a in job} == addresses
 
         before = emulated.bridge_bytes()
-        job = train(cluster, steps=3000, steps_per_call=5)
+        job = train(cluster, steps=3000, strategy=wb.AsyncPS(steps_per_call=5))
         wait_for(lambda: job.steps_done >= 300 or job.state != "running", 120, "300 steps")
         assert emulated.bridge_bytes() - before > 1_000_000  # parameters and gradients went between hosts
         lost_host = emulated.hosts[2]  # worker:1's

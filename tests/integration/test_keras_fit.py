@@ -259,6 +259,39 @@ def test_wb_train_magic_takes_epochs_validation_data_and_callbacks(cluster, tmp_
 
     with pytest.raises(UsageError, match="the callbacks 'nosuch' is not defined.*nosuch = \\[keras.callbacks"):
         shell.run_line_magic("wb", f"train make_model digits --loss mse --callbacks nosuch --name {cluster.name}")
+    with pytest.raises(UsageError, match="backup_workers does not apply to strategy 'async-ps': it is an option of 'sync-ps'"):
+        shell.run_line_magic("wb", f"train make_model digits --loss mse --backup-workers 1 --name {cluster.name}")
+    with pytest.raises(UsageError, match="needs a loss: pass loss= .* or compile the model"):
+        shell.run_line_magic("wb", f"train make_model digits --name {cluster.name}")
+    assert cluster.job_queue.current is None  # nothing was started
+
+
+def compiled(optimizer):
+    """A model function that returns a compiled model, as a Keras user writes one before ``fit`` (self-contained: an
+    all-reduce job sends it to the engines by value, and they have no ``training_helpers`` to import)."""
+    def make():
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+        model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer=optimizer,
+                      metrics=["accuracy"])
+        return model
+
+    return make
+
+
+@pytest.mark.parametrize("strategy", ["async-ps", "allreduce"])
+def test_a_compiled_model_trains_with_what_it_was_compiled_with_unless_the_call_says_otherwise(cluster, strategy):
+    frozen = compiled(keras.optimizers.SGD(learning_rate=0.0))  # its compiled optimizer changes no weight
+
+    def falls(job) -> float:
+        losses = [r["loss"] for r in job.history]
+        return float(np.mean(losses[-10:]) / np.mean(losses[:10]))
+
+    kept = wb.train(cluster, frozen, wb.datasets.digits, strategy=strategy, steps=100, seed=7).wait(300)
+    assert "accuracy" in kept.history[-1]  # the compiled metrics, and the compiled loss and optimizer:
+    assert falls(kept) > 0.8  # a learning rate of 0 learns nothing
+    given = wb.train(cluster, frozen, wb.datasets.digits, optimizer=keras.optimizers.Adam(0.01), metrics=[],
+                     strategy=strategy, steps=100, seed=7).wait(300)
+    assert "accuracy" not in given.history[-1] and falls(given) < 0.5  # the call's optimizer and metrics win
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

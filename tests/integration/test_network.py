@@ -375,7 +375,9 @@ def test_estimate_profiles_once_and_predicts_links(linked):
     assert 0.9 * 1e6 / 8 / parameters <= slow.steps_per_s < 1e6 / 8 / parameters  # the link, the workers add a little
     more = wb.estimate(make_model, linked, 64, link="10gbit", profile=fast.profile, workers=8)
     assert more.workers == 8 and more.batch_size == 256 and "limited by" in str(more)
-    with pytest.raises(ConfigurationError, match="measured for strategy='async-ps', transfer='fp32'"):
+    with pytest.raises(ConfigurationError, match=r"measured for wb.AsyncPS\(\); this estimate asks for wb.AsyncPS\(transfer='bf16'\)"):
+        wb.estimate(make_model, linked, 64, strategy=wb.AsyncPS(transfer="bf16"), profile=fast.profile)
+    with pytest.raises(TypeError, match=r"transfer= is now strategy=wb.AsyncPS\(transfer=...\)"):
         wb.estimate(make_model, linked, 64, transfer="bf16", profile=fast.profile)
-    with pytest.raises(ConfigurationError, match="models strategy='async-ps' and 'sync-ps'"):
+    with pytest.raises(ConfigurationError, match=r"models the ps strategies .*, not wb.AllReduce\(\)"):
         wb.estimate(make_model, linked, 64, strategy="allreduce")

@@ -22,14 +22,13 @@ def wide_model():
     ])
 
 
-def _train(cluster, **kwargs):
-    options = dict(optimizer=keras.optimizers.Adam(0.005), metrics=["accuracy"], steps=300, batch_size=64, seed=3,
-                   partition_bytes=64 * 1024)
+def _train(cluster, strategy=wb.AsyncPS, partition_bytes=64 * 1024, **kwargs):
+    options = dict(optimizer=keras.optimizers.Adam(0.005), metrics=["accuracy"], steps=300, batch_size=64, seed=3)
     options.update(kwargs)
-    return wb.train(cluster, wide_model, wb.datasets.digits, LOSS, **options)
+    return wb.train(cluster, wide_model, wb.datasets.digits, LOSS, strategy=strategy(partition_bytes=partition_bytes), **options)
 
 
-@pytest.mark.parametrize("strategy", ["async-ps", "sync-ps"])
+@pytest.mark.parametrize("strategy", [wb.AsyncPS, wb.SyncPS], ids=["async-ps", "sync-ps"])
 def test_large_variable_is_split_over_the_ps_tasks_and_trains(cluster_two_ps, strategy):
     job = _train(cluster_two_ps, strategy=strategy).wait(300)
     assert list(job.info["partitioned"].values()) == [[PS0, PS1]] or list(job.info["partitioned"].values()) == [[PS1, PS0]]
@@ -52,13 +51,13 @@ def test_large_variable_is_split_over_the_ps_tasks_and_trains(cluster_two_ps, st
 
 
 def test_partitioned_checkpoints_resume(cluster_two_ps, tmp_path):
-    first = _train(cluster_two_ps, strategy="sync-ps", steps=100, checkpoint_dir=str(tmp_path), checkpoint_every=50).wait(300)
-    second = _train(cluster_two_ps, strategy="sync-ps", steps=150, checkpoint_dir=str(tmp_path), resume=True).wait(300)
+    first = _train(cluster_two_ps, strategy=wb.SyncPS, steps=100, checkpoint=wb.Checkpoint(tmp_path, every=50)).wait(300)
+    second = _train(cluster_two_ps, strategy=wb.SyncPS, steps=150, checkpoint=wb.Checkpoint(tmp_path, resume=True)).wait(300)
     assert second.start_step == 100
     assert np.mean([r["loss"] for r in second.history[:10]]) < np.mean([r["loss"] for r in first.history[:10]]) / 3
 
 
 def test_below_the_threshold_nothing_is_split(cluster_two_ps):
-    job = _train(cluster_two_ps, strategy="async-ps", steps=5, partition_bytes=0).wait(120)
+    job = _train(cluster_two_ps, partition_bytes=0, steps=5).wait(120)
     assert job.info["partitioned"] == {}
     assert set(job.info["ps_bytes"]) == {PS0, PS1}  # whole variables spread by size

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.cluster
 
 
 def test_profile_traces_every_task_and_links_sends_between_them(cluster, tmp_path):
-    job = train(cluster, strategy="async-ps", steps=100_000, steps_per_call=10)
+    job = train(cluster, strategy=wb.AsyncPS(steps_per_call=10), steps=100_000)
     try:
         deadline = time.monotonic() + 120
         while job.steps_done < 20 and time.monotonic() < deadline:  # training is under way

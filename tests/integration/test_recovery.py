@@ -44,11 +44,10 @@ def _assert_recovered(cluster, name: str, old, restarts: int = 1) -> None:
     assert f"re-hosted {restarts}x" in str(cluster.status())
 
 
-@pytest.mark.parametrize("strategy, steps", [("async-ps", 4000), ("sync-ps", 1200)])
+@pytest.mark.parametrize("strategy, steps", [(wb.AsyncPS, 4000), (wb.SyncPS, 1200)], ids=["async-ps", "sync-ps"])
 def test_killed_worker_is_rehosted_and_rejoins_without_losing_a_step(strategy, steps, tmp_path, no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-rehost", progress=False) as cluster:
-        job = train(cluster, strategy=strategy, steps=steps, steps_per_call=5,
-                    checkpoint_dir=str(tmp_path), checkpoint_every=200)
+        job = train(cluster, strategy=strategy(steps_per_call=5), steps=steps, checkpoint=wb.Checkpoint(tmp_path, every=200))
         wait_for(_steps_reached(job, 150), 120, "150 steps")
         old = cluster.task("worker:1")
         signal_process(old.pid, signal.SIGKILL)
@@ -81,13 +80,13 @@ def test_killed_worker_is_rehosted_and_rejoins_without_losing_a_step(strategy, s
         assert states[:3] == ["lost", "recovering", "running"], events
 
 
-@pytest.mark.parametrize("strategy", ["async-ps", "sync-ps"])
+@pytest.mark.parametrize("strategy", [wb.AsyncPS, wb.SyncPS], ids=["async-ps", "sync-ps"])
 def test_killed_ps_is_restored_from_the_newest_checkpoint_in_the_same_kernel(strategy, tmp_path, no_leftover_processes):
-    every, steps = 100, 1500 if strategy == "async-ps" else 500
+    every, steps = 100, 1500 if strategy is wb.AsyncPS else 500
     with wb.Cluster(ps=1, workers=2, name="wb-test-restoreps", progress=False) as cluster:
         # Adam(0.003): at 0.01 async-ps's held-out accuracy after a restore once ended at 0.896
-        job = train(cluster, strategy=strategy, steps=steps, steps_per_call=5, optimizer=keras.optimizers.Adam(0.003),
-                    checkpoint_dir=str(tmp_path), checkpoint_every=every)
+        job = train(cluster, strategy=strategy(steps_per_call=5), steps=steps, optimizer=keras.optimizers.Adam(0.003),
+                    checkpoint=wb.Checkpoint(tmp_path, every=every))
         wait_for(lambda: job.last_checkpoint is not None and job.steps_done >= 250 or job.state != "running", 120,
                   "a checkpoint and 250 steps")
         old = cluster.task("ps:0")
@@ -112,7 +111,7 @@ def test_killed_ps_is_restored_from_the_newest_checkpoint_in_the_same_kernel(str
         # steps); every other step ran after the restore
         assert sum(r["recovery"] == 0 for r in history) == fault["resumed_from"]
         assert {r["recovery"] for r in history} == {0, 1}
-        if strategy == "sync-ps":  # steps finish in order
+        if strategy is wb.SyncPS:  # steps finish in order
             assert {r["recovery"] for r in history if r["step"] >= fault["resumed_from"]} == {1}
         _assert_recovered(cluster, "ps:0", old)
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.90
@@ -120,7 +119,7 @@ def test_killed_ps_is_restored_from_the_newest_checkpoint_in_the_same_kernel(str
 
 def test_stopped_worker_is_flagged_then_replaced(no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-hang", progress=False) as cluster:
-        job = train(cluster, strategy="async-ps", steps=4000, steps_per_call=5, hang_timeout=3)
+        job = train(cluster, strategy=wb.AsyncPS(steps_per_call=5), recovery=wb.Recovery(hang_timeout=3), steps=4000)
         wait_for(_steps_reached(job, 150), 120, "150 steps")
         old = cluster.task("worker:1")
         signal_process(old.pid, signal.SIGSTOP)  # alive, but answering nothing: a frozen host
@@ -171,7 +170,7 @@ def test_task_health_and_replace_task_without_a_job(no_leftover_processes):
 def test_lost_controller_fails_the_job_within_seconds_and_leaves_nothing(no_leftover_processes):
     cluster = wb.Cluster(ps=1, workers=2, name="wb-test-controller", progress=False).start()
     try:
-        job = train(cluster, strategy="async-ps", steps=100000, steps_per_call=5)
+        job = train(cluster, strategy=wb.AsyncPS(steps_per_call=5), steps=100000)
         wait_for(_steps_reached(job, 100), 120, "100 steps")
         (controller,) = cluster._pool.controller_pids
         signal_process(controller, signal.SIGKILL)
@@ -203,8 +202,8 @@ def test_lost_controller_fails_the_job_within_seconds_and_leaves_nothing(no_left
 def test_allreduce_forms_its_group_again_and_resumes_from_the_checkpoint(fault, tmp_path, no_leftover_processes):
     every = 100
     with wb.Cluster(ps=0, workers=2, name="wb-test-arrecover", progress=False) as cluster:
-        job = train(cluster, strategy="allreduce", steps=600, steps_per_call=10, hang_timeout=3,
-                    checkpoint_dir=str(tmp_path), checkpoint_every=every)
+        job = train(cluster, strategy=wb.AllReduce(steps_per_call=10), recovery=wb.Recovery(hang_timeout=3),
+                    checkpoint=wb.Checkpoint(tmp_path, every=every), steps=600)
         wait_for(_steps_reached(job, 250), 120, "250 steps")
         old = {name: cluster.task(name) for name in ("worker:0", "worker:1")}
         signal_process(old["worker:1"].pid, fault)
@@ -225,10 +224,10 @@ def test_allreduce_forms_its_group_again_and_resumes_from_the_checkpoint(fault, 
 
 def test_allreduce_without_recovery_fails_fast_naming_the_worker(no_leftover_processes):
     with wb.Cluster(ps=0, workers=2, name="wb-test-arfail", progress=False) as cluster:
-        job = train(cluster, strategy="allreduce", steps=100000, steps_per_call=10, recover=False)
+        job = train(cluster, strategy=wb.AllReduce(steps_per_call=10), recovery=None, steps=100000)
         wait_for(_steps_reached(job, 50), 120, "50 steps")
         signal_process(cluster.task("worker:1").pid, signal.SIGKILL)
-        with pytest.raises(wb.TrainingError, match=r"worker:1 was lost .*recover=True"):
+        with pytest.raises(wb.TrainingError, match=r"worker:1 was lost .*wb.Recovery\(\)"):
             job.wait(60)
         assert job.state == "failed" and cluster.task("worker:1").state == "lost"
 
@@ -236,7 +235,7 @@ def test_allreduce_without_recovery_fails_fast_naming_the_worker(no_leftover_pro
 def test_sync_ps_drops_a_hung_worker_and_takes_it_back_when_it_answers(no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-drop", progress=False) as cluster:
         cursor = cluster.telemetry.cursor
-        job = train(cluster, strategy="sync-ps", steps=800, hang_timeout=3, on_hang="drop")
+        job = train(cluster, strategy="sync-ps", steps=800, recovery=wb.Recovery(hang_timeout=3, on_hang="drop"))
         wait_for(_steps_reached(job, 100), 120, "100 steps")
         stopped = cluster.task("worker:1")
         signal_process(stopped.pid, signal.SIGSTOP)

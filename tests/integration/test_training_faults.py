@@ -38,9 +38,9 @@ def slow_last_worker(ctx):
 
 def test_backup_worker_keeps_steps_from_waiting_for_a_straggler(cluster3):
     cluster3.scale(workers=3)
-    waiting = wb.train(cluster3, make_model, slow_last_worker, LOSS, strategy="sync-ps", backup_workers=0, steps=40,
+    waiting = wb.train(cluster3, make_model, slow_last_worker, LOSS, strategy=wb.SyncPS(backup_workers=0), steps=40,
                        batch_size=60, seed=7, metrics=["accuracy"]).wait(600)
-    backup = wb.train(cluster3, make_model, slow_last_worker, LOSS, strategy="sync-ps", backup_workers=1, steps=300,
+    backup = wb.train(cluster3, make_model, slow_last_worker, LOSS, strategy=wb.SyncPS(backup_workers=1), steps=300,
                       batch_size=60, seed=7, metrics=["accuracy"], optimizer=keras.optimizers.Adam(0.01)).wait(600)
     waiting_interval, backup_interval = _step_interval(waiting), _step_interval(backup)
     print(f"straggler: k=0 {waiting_interval * 1000:.0f} ms/step, k=1 {backup_interval * 1000:.0f} ms/step, "
@@ -89,7 +89,7 @@ def test_async_steps_laid_out_in_pairs_compute_what_single_steps_do(cluster3, mo
 
 def test_without_recovery_a_killed_worker_does_not_stop_async_training(no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-killworker", progress=False) as cluster:
-        job = train(cluster, strategy="async-ps", steps=1500, steps_per_call=5, recover=False)
+        job = train(cluster, strategy=wb.AsyncPS(steps_per_call=5), recovery=None, steps=1500)
         deadline = time.monotonic() + 120
         while job.steps_done < 100 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -107,7 +107,7 @@ def test_without_recovery_a_stalled_worker_is_given_up_on_and_async_training_fin
     with wb.Cluster(ps=1, workers=2, name="wb-test-stallworker", progress=False) as cluster:
         stalled = cluster.task("worker:1").pid
         # a call of 5 steps takes 10-40 ms here, its first (functions set up) about a second: 5 s is a stall
-        job = train(cluster, strategy="async-ps", steps=1200, steps_per_call=5, step_timeout=5, recover=False)
+        job = train(cluster, strategy=wb.AsyncPS(steps_per_call=5), recovery=wb.Recovery(rehost=False, step_timeout=5), steps=1200)
         deadline = time.monotonic() + 120
         while job.steps_done < 100 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -124,8 +124,7 @@ def test_without_recovery_a_stalled_worker_is_given_up_on_and_async_training_fin
 
 def test_without_recovery_a_killed_ps_fails_the_job_naming_the_checkpoint(tmp_path, no_leftover_processes):
     with wb.Cluster(ps=1, workers=2, name="wb-test-killps", progress=False) as cluster:
-        job = train(cluster, strategy="async-ps", steps=5000, steps_per_call=5,
-                    checkpoint_dir=str(tmp_path), checkpoint_every=50, recover=False)
+        job = train(cluster, strategy=wb.AsyncPS(steps_per_call=5), recovery=None, checkpoint=wb.Checkpoint(tmp_path, every=50), steps=5000)
         deadline = time.monotonic() + 120
         while (job.last_checkpoint is None or job.steps_done < 120) and time.monotonic() < deadline:
             time.sleep(0.05)

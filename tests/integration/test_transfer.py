@@ -1,4 +1,4 @@
-"""wb.train(..., transfer=...): parameters and gradients travel in 16 or 8 bits and the model still learns."""
+"""wb.train(..., strategy=wb.AsyncPS(transfer=...)): parameters and gradients travel in 16 or 8 bits and the model still learns."""
 
 import keras
 import pytest
@@ -17,9 +17,9 @@ def mlp():
 PARAMETERS = 64 * 64 + 64 + 64 * 10 + 10  # the model's weights: 4810
 
 
-def trained(cluster, transfer, strategy="async-ps"):
-    job = wb.train(cluster, mlp, wb.datasets.digits, LOSS, keras.optimizers.Adam(3e-3), strategy=strategy,
-                   steps=600, batch_size=64, seed=1, transfer=transfer, metrics=["accuracy"], telemetry=False)
+def trained(cluster, transfer, strategy=wb.AsyncPS):
+    job = wb.train(cluster, mlp, wb.datasets.digits, LOSS, keras.optimizers.Adam(3e-3), strategy=strategy(transfer=transfer),
+                   steps=600, batch_size=64, seed=1, metrics=["accuracy"], telemetry=False)
     job.wait(300)
     assert job.state == "finished", f"transfer={transfer}: the job ended {job.state}: {job.error}"
     return job
@@ -48,7 +48,7 @@ def test_int8_keeps_what_rounding_lost_on_each_worker(cluster):
                 seen[device] = [(v.device, float(abs(v).numpy().max())) for v in variables]
 
     job = wb.train(cluster, mlp, wb.datasets.digits, LOSS, keras.optimizers.Adam(3e-3), steps=200, batch_size=64, seed=1,
-                   transfer="int8", telemetry=False, callbacks=[ErrorFeedback()])
+                   strategy=wb.AsyncPS(transfer="int8"), telemetry=False, callbacks=[ErrorFeedback()])
     job.wait(300)
     assert job.state == "finished", job.error
     assert set(seen) == {f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in range(2)}
@@ -61,14 +61,14 @@ def test_int8_keeps_what_rounding_lost_on_each_worker(cluster):
 
 @pytest.mark.parametrize("transfer", ["bf16", "int8"])
 def test_sync_ps_with_reduced_precision_learns_too(cluster, transfer):
-    accuracy = trained(cluster, transfer, strategy="sync-ps").evaluate(wb.datasets.digits_test)["accuracy"]
+    accuracy = trained(cluster, transfer, strategy=wb.SyncPS).evaluate(wb.datasets.digits_test)["accuracy"]
     assert accuracy >= 0.90, f"sync-ps, transfer={transfer}: test accuracy {accuracy:.3f}"
 
 
-@pytest.mark.parametrize("options, match", [
-    (dict(transfer="fp8"), "transfer='fp8' is not a precision: use one of 'fp32', 'bf16', 'fp16', 'int8'"),
-    (dict(transfer="bf16", strategy="allreduce"), "strategy='allreduce' has no such transfers"),
-])
-def test_bad_transfer_options_say_what_to_use(cluster, options, match):
-    with pytest.raises(ConfigurationError, match=match):
-        wb.train(cluster, mlp, wb.datasets.digits, LOSS, **options)
+def test_bad_transfer_options_say_what_to_use(cluster):
+    with pytest.raises(ConfigurationError, match="transfer='fp8' is not a precision: use one of 'fp32', 'bf16', 'fp16', 'int8'"):
+        wb.SyncPS(transfer="fp8")
+    with pytest.raises(TypeError, match="transfer"):  # all-reduce moves no parameters between ps and workers
+        wb.AllReduce(transfer="bf16")
+    with pytest.raises(TypeError, match=r"transfer= is now strategy=wb.AsyncPS\(transfer=...\)"):
+        wb.train(cluster, mlp, wb.datasets.digits, LOSS, transfer="bf16")

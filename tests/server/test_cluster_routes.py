@@ -51,7 +51,7 @@ async def test_plots_are_served_through_the_jupyter_server(jp_fetch, jp_base_url
 
 
 async def test_summary_reports_the_newest_job(jp_fetch, cluster):
-    train(cluster, strategy="async-ps", steps=40, steps_per_call=10).wait(300)
+    train(cluster, strategy=wb.AsyncPS(steps_per_call=10), steps=40).wait(300)
     body = await _json(jp_fetch, "workbench", "api", "clusters", cluster.name, "summary")
     assert body["cluster"] == cluster.name
     assert body["job"]["steps_done"] == body["job"]["steps_total"] == 40 and body["job"]["state"] == "finished"

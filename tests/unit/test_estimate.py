@@ -2,14 +2,15 @@
 
 import pytest
 
+import workbench as wb
 from workbench.training.estimate import COMBINE, Profile, predict
 from workbench.training.steps import UNROLL
 
 MB = 1_000_000
 
 
-def profile(strategy="async-ps", overlap=True, ps=1, workers=2, step=0.010, parameter_bytes=4 * MB):
-    return Profile(strategy, "fp32", 64, workers, ps, step, step / workers, parameter_bytes, parameter_bytes, overlap)
+def profile(strategy=None, overlap=True, ps=1, workers=2, step=0.010, parameter_bytes=4 * MB):
+    return Profile(strategy or wb.AsyncPS(), 64, workers, ps, step, step / workers, parameter_bytes, parameter_bytes, overlap)
 
 
 def joined(*bounds):
@@ -68,6 +69,6 @@ def test_more_ps_tasks_share_the_bytes():
 
 
 def test_sync_ps_pays_every_workers_transfers_through_the_ps():
-    seconds, bottleneck = predict(profile(strategy="sync-ps"), 1e9, workers=4)
+    seconds, bottleneck = predict(profile(strategy=wb.SyncPS()), 1e9, workers=4)
     assert seconds == pytest.approx(0.005 + 4 * 2 * 4 * MB / 125e6)
     assert bottleneck == "the ps's link"

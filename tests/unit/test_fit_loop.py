@@ -61,8 +61,8 @@ def test_epoch_logs_are_plain_means_over_the_epoch():
 def test_callbacks_are_checked_and_the_tensorboard_dir_found():
     board = keras.callbacks.TensorBoard("/tmp/somewhere")
     assert check_callbacks(None) == [] and check_callbacks(board) == [board]
-    assert tensorboard_dir([board], None) == "/tmp/somewhere" and tensorboard_dir([board], "/x") == "/x"
-    assert tensorboard_dir([keras.callbacks.History()], None) is None
+    assert tensorboard_dir([board]) == "/tmp/somewhere"
+    assert tensorboard_dir([keras.callbacks.History()]) is None
     with pytest.raises(ConfigurationError, match="list of keras.callbacks.Callback"):
         check_callbacks([board, "CSVLogger"])
 

@@ -193,3 +193,29 @@ def test_internal_modules_of_other_libraries_are_used_only_behind_the_fence():
     wrong = [use for module in sorted(MODULES) if not module.startswith("workbench.compat") for use in _internal_uses(module)]
     assert not wrong, "use them through workbench/compat/ (one function each, with the versions checked): " + "; ".join(wrong)
     assert _internal_uses("workbench.compat.tensorflow") and _internal_uses("workbench.compat.keras")  # the walker sees them
+
+
+STRATEGY_NAMES = {"async-ps", "sync-ps", "allreduce", "model-parallel"}
+REGISTRY = "workbench.training.config"
+
+
+def _strategy_name_comparisons(source: str) -> list[int]:
+    """Lines comparing something with a strategy's name (``== "sync-ps"``, ``in ("async-ps", ...)``, a match case)."""
+    def names_in(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Constant) and n.value in STRATEGY_NAMES for n in ast.walk(node))
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(names_in(part) for part in (node.left, *node.comparators)):
+            found.append(node.lineno)
+        elif isinstance(node, ast.match_case) and names_in(node.pattern):
+            found.append(node.pattern.lineno)
+    return found
+
+
+def test_strategies_are_told_apart_only_in_their_registry():
+    # what differs between strategies is said by the strategy objects (config.py), not by switches on their names
+    wrong = [f"{module}:{line}" for module in sorted(MODULES) if module != REGISTRY
+             for line in _strategy_name_comparisons(MODULES[module].read_text())]
+    assert not wrong, f"compare strategies through their objects' attributes, not their names: {wrong}"
+    assert _strategy_name_comparisons('if strategy in ("async-ps", "sync-ps"): pass') == [1]  # the walker sees them

@@ -79,7 +79,7 @@ class JobSummaries:
     def __init__(self, log_dir: str | Path):
         from ..optional import require
 
-        require("tensorboard", "TensorBoard logs (log_dir=, or a keras.callbacks.TensorBoard callback)")
+        require("tensorboard", "TensorBoard logs (a keras.callbacks.TensorBoard callback)")
         self.log_dir = Path(log_dir)
         self._writers: dict = {}
         self.workers: list[str] = []
@@ -112,15 +112,16 @@ class JobSummaries:
                 self.workers.append(worker)
             self._write(worker, step, rates)
 
-    def epoch(self, records: list[dict], strategy: str, bytes_per_step: dict | None, step: int) -> None:
-        """What an epoch's records say per worker: staleness (async-ps), dropped gradients (sync-ps), bytes per step."""
+    def epoch(self, records: list[dict], scalars: tuple[str, ...], bytes_per_step: dict | None, step: int) -> None:
+        """What an epoch's records say per worker: bytes per step, and those of ``scalars`` the job's strategy has
+        (``"staleness"``: async-ps; ``"dropped_gradients"``: sync-ps)."""
         self.steps([], now=True)
         workers = sorted({w for r in records for w in contributors(r)} | set(self.workers))
         values: dict[str, dict[str, float]] = {w: {} for w in workers}
-        if strategy == "async-ps":
+        if "staleness" in scalars:
             for worker, mean in staleness(records).items():
                 values[worker]["staleness"] = mean
-        if strategy == "sync-ps":
+        if "dropped_gradients" in scalars:
             for worker, count in dropped_gradients(records, workers).items():
                 values[worker]["dropped_gradients"] = count
         if bytes_per_step:

@@ -3,11 +3,13 @@
 from ..errors import ParameterServerLost, TrainingError
 from .allreduce import WorkerOutput, run_spmd
 from .api import train
+from .config import AllReduce, AsyncPS, Checkpoint, ModelParallel, Recovery, Strategy, SyncPS, strategy_named
 from .data import DataContext
 from .estimate import Estimate, estimate
 from .fit import CallbackError
 from .job import Job
 from .model_parallel import PlacedModel, Placement, place, placement
 
-__all__ = ["CallbackError", "WorkerOutput", "run_spmd", "DataContext", "Estimate", "estimate", "Job", "ParameterServerLost", "Placement",
-           "PlacedModel", "TrainingError", "place", "placement", "train"]
+__all__ = ["AllReduce", "AsyncPS", "CallbackError", "Checkpoint", "ModelParallel", "Recovery", "Strategy", "SyncPS",
+           "WorkerOutput", "run_spmd", "DataContext", "Estimate", "estimate", "Job", "ParameterServerLost", "Placement",
+           "PlacedModel", "TrainingError", "place", "placement", "strategy_named", "train"]

@@ -231,7 +231,8 @@ class AllReduceJob(Job):
         self._group.form()
         seed = 0 if options.seed is None else options.seed
         settings = dict(seed=seed, seeded=options.seed is not None, num_workers=len(self._engines),
-                        per_worker_batch=options.per_worker_batch, resume=resume, checkpoint_dir=options.checkpoint_dir)
+                        per_worker_batch=options.per_worker_batch, resume=resume,
+                        checkpoint_dir=options.checkpoint.directory if options.checkpoint else None)
         prepared = self._call_all(
             {e: (allreduce_engine.prepare, self._run_id, self._payload, {**settings, "index": i}) for i, e in enumerate(self._engines)},
             "building the model on the workers", GROUP_TIMEOUT)
@@ -249,13 +250,13 @@ class AllReduceJob(Job):
         if step != self.start_step + kept:
             raise TrainingError(f"the all-reduce workers restored step {step} from {self.last_checkpoint}, but the job "
                                 f"saved step {self.start_step + kept} there: another run wrote to "
-                                f"{self.options.checkpoint_dir!r}; give each job a checkpoint_dir of its own.")
+                                f"{self.options.checkpoint.directory!r}; give each job a checkpoint directory of its own.")
         return kept
 
     def _latest_checkpoint(self) -> str | None:
         import tensorflow as tf
 
-        return tf.train.latest_checkpoint(self.options.checkpoint_dir)
+        return tf.train.latest_checkpoint(self.options.checkpoint.directory)
 
     def _call_all(self, calls: dict[int, tuple], what: str, timeout: float) -> dict[int, Any]:
         """Call the workers together; a worker lost or hung meanwhile ends the call with ``TaskLost``."""
@@ -285,9 +286,9 @@ class AllReduceJob(Job):
         while True:
             lost = [n for n in names if self._supervisor is not None and self._supervisor.state(n) in (LOST, RECOVERING)]
             hung = self._supervisor.hung(names) if self._supervisor is not None else []
-            if hung and self.options.hang_policy != "replace":
+            if hung and self.options.recovery.hang_policy != "replace":
                 for name in hung:
-                    self._supervisor.fault(name, "silent", f"answered nothing for {self.options.hang_timeout:.0f} s", "waited")
+                    self._supervisor.fault(name, "silent", f"answered nothing for {self.options.recovery.hang_timeout:.0f} s", "waited")
                 hung = []
             if lost or hung or time.monotonic() >= deadline:
                 break
@@ -295,10 +296,10 @@ class AllReduceJob(Job):
         if not (lost or hung):
             return
         at_fault = lost or hung
-        why = "was lost (its engine exited)" if lost else f"answered nothing for {self.options.hang_timeout:.0f} s"
+        why = "was lost (its engine exited)" if lost else f"answered nothing for {self.options.recovery.hang_timeout:.0f} s"
         error = TrainingError(f"{', '.join(at_fault)} {why}, and an all-reduce needs every worker: the job stopped at step "
-                              f"{self.start_step + self.steps_done}. With recover=True the workbench forms the group "
-                              "again on new engines and resumes from the newest checkpoint.")
+                              f"{self.start_step + self.steps_done}. With recovery=wb.Recovery() (the default) the "
+                              "workbench forms the group again on new engines and resumes from the newest checkpoint.")
         raise TaskLost(names, f"{why}; every worker is re-hosted (TensorFlow cannot take a new member into a running "
                        "all-reduce group)", error, label=", ".join(at_fault))
 
@@ -309,7 +310,7 @@ class AllReduceJob(Job):
         return info
 
     def _run(self) -> None:
-        chunk = self.options.steps_per_call
+        chunk = self.options.strategy.steps_per_call
         names = ",".join(r.name for r in self._workers)
         next_checkpoint = self.first_checkpoint_at()
         done = self.steps_done  # after a restore: the steps its checkpoint includes
@@ -325,7 +326,7 @@ class AllReduceJob(Job):
             keys = {r.engine_id: self._recorder.call_started(r.name, self._devices[r.engine_id], first, n) for r in self._workers}
             try:
                 results = self._call_all({e: (allreduce_engine.run_steps, self._run_id, n) for e in self._engines},
-                                         f"steps {first}-{first + n - 1}", self.options.step_timeout * n)
+                                         f"steps {first}-{first + n - 1}", self.options.recovery.step_timeout * n)
             finally:
                 for key in keys.values():
                     self._recorder.call_ended(key)  # a no-op for the spans the results complete below
@@ -351,8 +352,9 @@ class AllReduceJob(Job):
     def _save(self) -> None:
         done = self.steps_done
         step = self.start_step + done
-        saved = self._call_all({e: (allreduce_engine.save, self._run_id, self.options.checkpoint_dir, step) for e in self._engines},
-                               "writing a checkpoint", GROUP_TIMEOUT)
+        checkpoint = self.options.checkpoint
+        saved = self._call_all({e: (allreduce_engine.save, self._run_id, checkpoint.directory, step, checkpoint.keep)
+                                for e in self._engines}, "writing a checkpoint", GROUP_TIMEOUT)
         self.last_checkpoint = saved[self._engines[0]]
         self._saved_records[self.last_checkpoint] = done
 

@@ -185,7 +185,7 @@ def finish(run_id: str) -> bool:
     return trim_memory()
 
 
-def save(run_id: str, checkpoint_dir: str, step: int) -> str | None:
+def save(run_id: str, checkpoint_dir: str, step: int, keep: int) -> str | None:
     """Checkpoint collectively: worker 0 writes ``checkpoint_dir``, the others a scratch copy."""
     import tensorflow as tf
 
@@ -194,7 +194,7 @@ def save(run_id: str, checkpoint_dir: str, step: int) -> str | None:
     chief = run["settings"]["index"] == 0
     target = checkpoint_dir if chief else tempfile.mkdtemp(prefix="workbench-ckpt-")
     try:
-        return tf.train.CheckpointManager(run["checkpoint"], target, max_to_keep=3).save(checkpoint_number=step)
+        return tf.train.CheckpointManager(run["checkpoint"], target, max_to_keep=keep).save(checkpoint_number=step)
     finally:
         if not chief:
             shutil.rmtree(target, ignore_errors=True)

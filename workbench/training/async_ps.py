@@ -45,7 +45,7 @@ class AsyncRun(WorkerRun):
 
     def __init__(self, job):
         super().__init__(job)
-        self.pending = chunks_of(job.missing_steps(), self.options.steps_per_call, self.options.epoch_steps)[::-1]  # pop() next
+        self.pending = chunks_of(job.missing_steps(), self.options.strategy.steps_per_call, self.options.epoch_steps)[::-1]  # pop() next
         self.in_flight: dict[int, _Call] = {}
         self.warm: set[int] = set()  # workers whose function is set up on the tasks: a call of theirs came back
         self.stalled_since: float | None = None  # when the last worker able to take work went away
@@ -89,7 +89,7 @@ class AsyncRun(WorkerRun):
 
         now = time.monotonic()
         self.stalled_since = self.stalled_since or now
-        if DROPPED not in self.slots.values() or now - self.stalled_since > self.options.step_timeout:
+        if DROPPED not in self.slots.values() or now - self.stalled_since > self.options.recovery.step_timeout:
             lost = [n for i, n in enumerate(self.names) if self.slots[i] != ACTIVE]
             raise TrainingError(f"every worker was lost or is hung ({', '.join(lost)}); {self.job.steps_done} of "
                                 f"{self.options.steps - self.job.start_step} steps ran. Check cluster.status().")
@@ -111,7 +111,7 @@ class AsyncRun(WorkerRun):
         if over():
             return False
         self.wake.set()
-        return wait_until(released, over, self.options.step_timeout)
+        return wait_until(released, over, self.options.recovery.step_timeout)
 
     def _has_work(self) -> bool:
         with self.job._lock:
@@ -206,10 +206,10 @@ class AsyncRun(WorkerRun):
             calls = list(self.in_flight.items())
         for index, call in calls:
             elapsed, n = now - call.started, call.chunk[1]
-            if elapsed > self.options.step_timeout:
+            if elapsed > self.options.recovery.step_timeout:
                 self._overdue(index, elapsed)
                 continue
-            limit = self.times.limit(self.options.straggler_factor, n)
+            limit = self.times.limit(self.options.recovery.straggler_factor, n)
             if limit is not None and elapsed > limit and not call.flagged:
                 call.flagged = True
                 self._straggles(index, self._straggler_detail(n, elapsed))

@@ -103,3 +103,53 @@ def learning_rate_of(optimizer) -> float | None:
     if keras_compat.learning_rate_schedule(optimizer) is not None:
         return None
     return float(tf.convert_to_tensor(optimizer.learning_rate).numpy())
+
+
+def compiled_settings(model: Any, loss: Any, optimizer: Any, metrics: Any) -> tuple[Any, Any, tuple]:
+    """``(loss, optimizer, metrics)`` as Keras users expect from ``compile`` then ``fit``: each one not given is the
+    compiled model's when ``model`` returns a compiled one (the call's arguments win), else ``"adam"`` and no
+    metrics; a loss is needed from one or the other."""
+    compiled = None if None not in (loss, optimizer, metrics) else _compiled_model(model)
+    if compiled is None:
+        if loss is None:
+            raise ConfigurationError("wb.train needs a loss: pass loss= (e.g. 'sparse_categorical_crossentropy'), or "
+                                     "compile the model the model function returns (model.compile(loss=..., optimizer=...)).")
+        return loss, "adam" if optimizer is None else optimizer, tuple(metrics or ())
+    import keras
+
+    return (compiled.loss if loss is None else loss,
+            keras.optimizers.serialize(compiled.optimizer) if optimizer is None else optimizer,
+            _compiled_metrics(compiled) if metrics is None else tuple(metrics))
+
+
+def _compiled_model(model: Any):
+    """The compiled Keras model ``model`` stands for, or None (built here, on this kernel's CPU, only to look)."""
+    import keras
+    import tensorflow as tf
+
+    built = getattr(model, "model", model)  # a placed model (wb.place) holds its Keras model
+    if not isinstance(built, keras.Model) and callable(built):
+        try:
+            with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+                built = built()
+        except Exception:  # noqa: BLE001 - the job's set-up builds it again and says what is wrong
+            return None
+    if not isinstance(built, keras.Model) or not getattr(built, "compiled", False) or built.loss is None:
+        return None
+    return built
+
+
+def _compiled_metrics(model) -> tuple:
+    """The metrics ``model`` was compiled with, as ``wb.train`` computes them (names, or functions)."""
+    import keras
+
+    found = []
+    for metric in (model.get_compile_config() or {}).get("metrics") or ():
+        if isinstance(metric, dict):
+            metric = keras.saving.deserialize_keras_object(metric)
+        if isinstance(metric, keras.metrics.Metric) or not (isinstance(metric, str) or callable(metric)):
+            raise ConfigurationError(
+                f"the model was compiled with metric {metric!r}, which wb.train computes per batch only from a name "
+                "('accuracy', 'mae', 'mse') or a function (y_true, y_pred) -> scalar: pass metrics=[...] to wb.train.")
+        found.append(metric)
+    return tuple(found)

@@ -85,7 +85,7 @@ def _prepare(job) -> None:
     if cluster.state != "running":
         raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}.")
     _tasks_ready(job)
-    if options.strategy != "model-parallel":
+    if options.strategy.data_parallel:
         job._workers = [r for r in cluster.tasks if r.job == "worker"]
         if len(job._workers) != options.num_workers:  # scaled while the job waited in the queue
             job.options = options = validate(replace(options, num_workers=len(job._workers)))
@@ -95,17 +95,17 @@ def _prepare(job) -> None:
 
 def _tasks_ready(job) -> None:
     """Begin on tasks that serve: wait for a re-hosting still under way (the previous job lost a worker and
-    ended before it was back), and re-host a task found lost (``recover``) or say which one is."""
+    ended before it was back), and re-host a task found lost (``Recovery.rehost``) or say which one is."""
     if not job.cluster.settle(TASKS_READY_SECONDS):
         raise ClusterStateError(f"cluster {job.cluster.name!r} was still starting, scaling or re-hosting a task after "
                                 f"{TASKS_READY_SECONDS:.0f} s: check cluster.status().")
     down = [r for r in job.cluster.tasks if r.state in (LOST, RECOVERING)
             or (r.state == RUNNING_TASK and connection.connect_problem(r.address, 2.0))]
     for record in down:
-        if not job.options.recover:
+        if not job.options.recovery.rehost:
             raise ClusterStateError(
                 f"{record.name} of cluster {job.cluster.name!r} is lost ({record.note or 'its server refuses connections'})"
-                f": re-host it with cluster.replace_task({record.name!r}), or train with recover=True.")
+                f": re-host it with cluster.replace_task({record.name!r}), or train with recovery=wb.Recovery() (the default).")
         job.cluster.replace_task(record.name, refresh_connection=job._uses_connection)
 
 
@@ -113,13 +113,13 @@ def _train_with_recovery(job) -> None:
     while True:
         try:
             job._run()
-            if job.options.checkpoint_dir and not job._stop.is_set():
+            if job.options.checkpoint and not job._stop.is_set():
                 job._save_or_lost()
             return
         except WorkersChanged as changed:
             job._adopt_workers(changed.drained)  # the cluster was scaled: the next run has its new workers
         except TaskLost as lost:
-            if not job.options.recover or job._stop.is_set():
+            if not job.options.recovery.rehost or job._stop.is_set():
                 raise lost.error from None
             restore_after_loss(job, lost)
 

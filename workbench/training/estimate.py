@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError
+from .config import Strategy, refusing_moved_arguments, strategy_from
 from .options import overlap_transfers
 from .steps import UNROLL
 
@@ -42,8 +43,7 @@ STEADY = (0.25, 0.9)  # the part of the profile's steps used (start-up and the l
 class Profile:
     """What ``wb.estimate`` measured: one short job on unshaped links."""
 
-    strategy: str
-    transfer: str
+    strategy: Strategy  # wb.AsyncPS or wb.SyncPS, with the transfer precision measured
     batch_size: int  # global
     workers: int
     ps: int
@@ -58,8 +58,7 @@ class Profile:
 class Estimate:
     """A prediction of ``wb.estimate``; ``profile`` can be given again to predict other links or worker counts."""
 
-    strategy: str
-    transfer: str
+    strategy: Strategy
     link_bits: float
     workers: int
     ps: int
@@ -75,7 +74,7 @@ class Estimate:
     def __str__(self) -> str:
         from ..cluster.network.shaping import format_rate
 
-        return (f"{self.strategy}, transfer {self.transfer}, {self.workers} worker(s) + {self.ps} ps on "
+        return (f"{self.strategy.name}, transfer {self.strategy.transfer}, {self.workers} worker(s) + {self.ps} ps on "
                 f"{format_rate(self.link_bits)} links, global batch {self.batch_size}: "
                 f"{(self.parameter_bytes + self.gradient_bytes) / 1e6:.2f} MB per step, "
                 f"{self.steps_per_s:.1f} steps/s ({self.examples_per_s:,.0f} examples/s), limited by {self.bottleneck}")
@@ -89,7 +88,7 @@ def predict(profile: Profile, link_bits: float, workers: int | None = None) -> t
     workers = workers or profile.workers
     per_ps = 1.0 / profile.ps  # variables spread evenly by size over the ps tasks
     read, push = profile.parameter_bytes / rate, profile.gradient_bytes / rate
-    if profile.strategy == "sync-ps":
+    if profile.strategy.synchronous:
         fixed = profile.global_step_seconds  # compute, barrier and apply, measured unshaped
         through_ps = workers * per_ps * (read + push)
         return fixed + through_ps, ("the ps's link" if through_ps > fixed else "compute and coordination")
@@ -106,40 +105,41 @@ def predict(profile: Profile, link_bits: float, workers: int | None = None) -> t
     return (candidates["the workers' steps"] ** COMBINE + link ** COMBINE) ** (1 / COMBINE), bottleneck
 
 
-def estimate(model: Any, cluster, batch_size: int = 64, strategy: str = "async-ps", transfer: str = "fp32",
-             link: Any = "1gbit", *, workers: int | None = None, profile: Profile | None = None,
-             profile_steps: int = PROFILE_STEPS) -> Estimate:
-    """Predict bytes and time per step of ``wb.train(cluster, model, ..., strategy, transfer)`` on ``link``.
+@refusing_moved_arguments("wb.estimate")
+def estimate(model: Any, cluster, batch_size: int = 64, strategy: Any = "async-ps", link: Any = "1gbit", *,
+             workers: int | None = None, profile: Profile | None = None, profile_steps: int = PROFILE_STEPS) -> Estimate:
+    """Predict bytes and time per step of ``wb.train(cluster, model, ..., strategy=strategy)`` on ``link``.
 
     ``model``: as for ``wb.train`` (a function returning a Keras model). ``link``: a rate as
     ``cluster.shape`` takes it (``"1gbit"``, ``"10gbit"``). ``workers``: predict for this many workers
     (default: the cluster's). The first call runs a short profile job (``profile_steps`` steps,
     synthetic data, unshaped links: call ``cluster.shape(None)`` first); pass ``profile=`` (an earlier
     estimate's ``.profile``) to predict other links or worker counts without measuring again.
-    Strategies: ``"async-ps"`` and ``"sync-ps"``.
+    Strategies: the ps ones, ``wb.AsyncPS(transfer=...)`` and ``wb.SyncPS(transfer=...)`` (or their names).
     """
     from ..cluster.network.shaping import parse_rate
 
-    if strategy not in ("async-ps", "sync-ps"):
-        raise ConfigurationError(f"wb.estimate models strategy='async-ps' and 'sync-ps', not {strategy!r}.")
+    strategy = strategy_from(strategy, placed=False)
+    if not strategy.variables_on_ps:
+        raise ConfigurationError(f"wb.estimate models the ps strategies (wb.AsyncPS, wb.SyncPS), not {strategy.spelled()}.")
     link_bits = parse_rate(link)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ConfigurationError(f"workers={workers!r}: pass a whole number of workers >= 1.")
     if profile is None:
-        profile = measure_profile(model, cluster, batch_size, strategy, transfer, profile_steps)
-    elif (profile.strategy, profile.transfer) != (strategy, transfer):
+        profile = measure_profile(model, cluster, batch_size, strategy, profile_steps)
+    elif (type(profile.strategy), profile.strategy.transfer) != (type(strategy), strategy.transfer):
         raise ConfigurationError(
-            f"profile= was measured for strategy={profile.strategy!r}, transfer={profile.transfer!r}; this estimate "
-            f"asks for {strategy!r}, {transfer!r}: measure again (leave profile= out).")
+            f"profile= was measured for {profile.strategy.spelled()}; this estimate asks for {strategy.spelled()}: "
+            "measure again (leave profile= out).")
     n = workers or profile.workers
     step, bottleneck = predict(profile, link_bits, n)
     per_worker = profile.batch_size // profile.workers
-    examples = per_worker * n if strategy == "sync-ps" else per_worker  # what one global step trains on
-    return Estimate(strategy, transfer, link_bits, n, profile.ps, per_worker * n, profile.parameter_bytes,
+    examples = per_worker * n if strategy.synchronous else per_worker  # what one global step trains on
+    return Estimate(strategy, link_bits, n, profile.ps, per_worker * n, profile.parameter_bytes,
                     profile.gradient_bytes, step, 1 / step, examples / step, bottleneck, profile)
 
 
-def measure_profile(model: Any, cluster, batch_size: int, strategy: str, transfer: str, steps: int) -> Profile:
+def measure_profile(model: Any, cluster, batch_size: int, strategy: Strategy, steps: int) -> Profile:
     """Run the short profile job on ``cluster`` (unshaped links) and read its step times and bytes."""
     from . import api
 
@@ -148,8 +148,8 @@ def measure_profile(model: Any, cluster, batch_size: int, strategy: str, transfe
             f"cluster {cluster.name!r} has shaped links ({cluster.network}): the profile measures compute on "
             "unshaped ones. Call cluster.shape(None) first, or pass profile= from an earlier estimate.")
     shapes = _shapes(model)
-    job = api.train(cluster, model, lambda ctx: _synthetic(shapes, ctx), "mse", "adam", strategy=strategy,
-                    steps=steps, batch_size=batch_size, transfer=transfer, telemetry=False, seed=0)
+    job = api.train(cluster, model, lambda ctx: _synthetic(shapes, ctx), "mse", "adam", strategy=strategy, metrics=(),
+                    steps=steps, batch_size=batch_size, telemetry=False, seed=0)
     try:
         job.wait(600)
     except TimeoutError:
@@ -165,11 +165,11 @@ def measure_profile(model: Any, cluster, batch_size: int, strategy: str, transfe
     rate = (len(steady) - 1) / (steady[-1]["end"] - steady[0]["end"])
     info = job.info
     per_step = statistics.median(r["end"] - r["start"] for r in steady)
-    if strategy == "async-ps":  # a worker's mean cycle: the gaps between its calls count too (the rate sees them)
+    if not strategy.synchronous:  # async-ps: a worker's mean cycle: the gaps between its calls count too (the rate sees them)
         per_step = max(per_step, len(info["workers"]) / rate)
     moved = info["bytes_per_step"] or {"parameters": 0, "gradients": 0}
-    overlap = strategy == "async-ps" and overlap_transfers()
-    return Profile(strategy, transfer, batch_size, len(info["workers"]), len(info["ps_bytes"]) or 1, per_step,
+    overlap = not strategy.synchronous and overlap_transfers()
+    return Profile(strategy, batch_size, len(info["workers"]), len(info["ps_bytes"]) or 1, per_step,
                    1 / rate, moved["parameters"], moved["gradients"], overlap)
 
 

@@ -146,14 +146,14 @@ def validate_on_workers(job, data: Callable, steps: int | None) -> dict[str, flo
                for p, i in enumerate(up)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + job.options.step_timeout
+    deadline = time.monotonic() + job.options.recovery.step_timeout
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     for index in up:
         part = parts.get(index)
         name = job._workers[index].name
         if part is None:
-            raise TrainingError(f"validation on {name} did not finish within step_timeout={job.options.step_timeout:.0f} s: "
+            raise TrainingError(f"validation on {name} did not finish within step_timeout={job.options.recovery.step_timeout:.0f} s: "
                                 "lower validation_steps, or raise step_timeout.")
         if isinstance(part, Exception):
             raise classify(job, part, f"{name} (validating)")

@@ -41,7 +41,6 @@ class FitArguments:
 
     validation_data: Any = None  # a data function like ``data``, or a tf.data.Dataset held in the kernel
     callbacks: list = field(default_factory=list)
-    log_dir: str | None = None  # the distributed scalars' TensorBoard runs (default: a TensorBoard callback's)
 
 
 def check_callbacks(callbacks: Any) -> list:
@@ -59,12 +58,10 @@ def check_callbacks(callbacks: Any) -> list:
     return list(callbacks)
 
 
-def tensorboard_dir(callbacks: list, log_dir: str | None) -> str | None:
-    """Where the job's distributed scalars go: ``log_dir``, else the first TensorBoard callback's."""
+def tensorboard_dir(callbacks: list) -> str | None:
+    """Where the job's distributed scalars go: the first TensorBoard callback's directory."""
     import keras
 
-    if log_dir is not None:
-        return str(log_dir)
     boards = [c for c in callbacks if isinstance(c, keras.callbacks.TensorBoard)]
     return str(boards[0].log_dir) if boards else None
 
@@ -105,7 +102,7 @@ class EpochLoop:
         users_history = [c for c in self.user_callbacks if isinstance(c, keras.callbacks.History)]
         self.history = users_history[0] if users_history else keras.callbacks.History()
         self.callbacks = self.user_callbacks + ([] if users_history else [self.history])
-        self.log_dir = tensorboard_dir(self.user_callbacks, arguments.log_dir)
+        self.log_dir = tensorboard_dir(self.user_callbacks)
         self._records: queue.SimpleQueue = queue.SimpleQueue()  # (record, newest step of its call)
         self.epoch = 0
         self.limit = 0  # steps below it may run (the end of the current epoch)
@@ -226,7 +223,7 @@ class EpochLoop:
             values = job._validate(self.validation_data, options.validation_steps)
             logs.update({f"val_{name}": value for name, value in values.items() if name != "examples"})
         if self._summaries is not None:
-            self._summaries.epoch(records, job.options.strategy, job._bytes_per_step(), self.limit)
+            self._summaries.epoch(records, job.options.strategy.epoch_scalars, job._bytes_per_step(), self.limit)
         self._dispatch("on_epoch_end", self.epoch, logs)
         self.last_logs = logs
         if self.closing or self.limit >= options.steps:

@@ -83,7 +83,7 @@ class Job:
         self.placer: PsPlacer | None = None  # ps strategies: where each variable went
         self._workers = [r for r in cluster.tasks if r.job == "worker"]
         self.metric_names = list(resolve_metrics(options.metrics))
-        self.name = f"{options.strategy}-{next(_JOB_NUMBERS)}"
+        self.name = f"{options.strategy.name}-{next(_JOB_NUMBERS)}"
         self._saved_records: dict[str, int] = {}  # checkpoint path -> records of the history it includes
         self._local_weights: list | None = None  # the trained weights, kept when the kernel's connection is replaced
         self._loss_source = loss
@@ -127,7 +127,7 @@ class Job:
         ``timeout`` (default: the wait for re-hosted tasks plus ``step_timeout``, the longest a remote call may
         take) ends the wait with a ``TimeoutError`` that says the set-up goes on; an interrupt ends it too.
         """
-        timeout = TASKS_READY_SECONDS + self.options.step_timeout if timeout is None else timeout
+        timeout = TASKS_READY_SECONDS + self.options.recovery.step_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         try:
             while not self._set_up.wait(0.2):
@@ -153,26 +153,26 @@ class Job:
     def _report_progress(self, state: str | None = None) -> None:
         moved = self._bytes_per_step()
         self._recorder.progress(self.steps_done, self.options.steps - self.start_step, state or self.state, self._started,
-                                self.options.strategy, [r.name for r in self._workers], self.options.transfer,
+                                self.options.strategy.name, [r.name for r in self._workers], self.options.strategy.transfer,
                                 moved["total"] if moved else 0)
 
     @property
     def info(self) -> dict:
         """How the job is laid out: strategy, batches, devices, variable placement."""
         return {
-            "strategy": self.options.strategy,
+            "strategy": self.options.strategy.name,
             "steps": self.options.steps,
             "start_step": self.start_step,
             "global_batch_size": self.options.batch_size,
             "per_worker_batch_size": self.options.per_worker_batch,
             "workers": [r.name for r in self._workers],
-            "backup_workers": self.options.backup_workers,
-            "gradients_per_step": self.options.required_gradients if self.options.strategy == "sync-ps" else None,
+            "backup_workers": self.options.strategy.backup_workers,
+            "gradients_per_step": self.options.strategy.gradients_per_step(len(self._workers)),
             "ps_bytes": dict(self.placer.loads) if self.placer else {},
             "partitioned": dict(self.placer.partitioned) if self.placer else {},
-            "checkpoint_dir": self.options.checkpoint_dir,
-            "recover": self.options.recover,
-            "transfer": self.options.transfer,
+            "checkpoint_dir": self.options.checkpoint.directory if self.options.checkpoint else None,
+            "recover": self.options.recovery.rehost,
+            "transfer": self.options.strategy.transfer,
             "bytes_per_step": self._bytes_per_step(),
         }
 
@@ -325,7 +325,7 @@ class Job:
             self._rescales.append(request)
         if not leaving:
             return
-        timeout = self.options.step_timeout + 60.0 if timeout is None else timeout
+        timeout = self.options.recovery.step_timeout + 60.0 if timeout is None else timeout
         try:
             if request[1].wait(timeout):
                 return
@@ -451,7 +451,7 @@ class Job:
     def checkpoint_due(self, next_at: int) -> int:
         """Save if ``next_at`` steps are done (then return the next multiple to save at); else return ``next_at``."""
         every = self.options.checkpoint_every
-        if self.options.checkpoint_dir and every and self.start_step + self.steps_done >= next_at:
+        if every and self.start_step + self.steps_done >= next_at:
             if any(r.state == SILENT for r in self.cluster.tasks):
                 return next_at  # saving could block on it (see _save): after it answers, or is replaced
             self._save_or_lost()

@@ -234,11 +234,12 @@ class PlacedModel:
         again = place(self._source, self.layer_tasks, cluster=self.cluster)
         self.model, self._epoch = again.model, again._epoch
 
-    def train(self, data: Callable, loss: Any, optimizer: Any = "adam", **kwargs):
-        """Train the placed model; same arguments as ``wb.train`` except strategy (model parallel)."""
+    def train(self, data: Callable, loss: Any = None, optimizer: Any = None, **kwargs):
+        """Train the placed model: ``wb.train(cluster, placed, data, loss, optimizer, ...)`` (model parallel;
+        ``strategy=wb.ModelParallel(steps_per_call=...)`` to set its option)."""
         from .api import train
 
-        return train(self.cluster, self, data, loss, optimizer, strategy="model-parallel", **kwargs)
+        return train(self.cluster, self, data, loss, optimizer, **kwargs)
 
     def __repr__(self) -> str:
         layout = ", ".join(f"{layer}: {task}" for layer, task in self.layer_tasks.items())

@@ -11,7 +11,7 @@ and split on the ps, where the optimizer applies them. One group per ps task and
 Variables of unknown shape and sparse gradients (``tf.IndexedSlices``) travel on their own, as
 before: densifying an embedding's gradient would cost more than it saves.
 
-``transfer`` sets the precision a packed group travels in (``wb.train(..., transfer=...)``): parameters
+``transfer`` sets the precision a packed group travels in (``wb.AsyncPS(transfer=...)``, ``wb.SyncPS(transfer=...)``): parameters
 are encoded on the ps and decoded on the worker, gradients encoded on the worker and decoded on the
 ps. ``"bf16"``/``"fp16"`` cast; ``"int8"`` rounds each variable's values to 255 levels of its own
 scale (its largest magnitude / 127), the scales travelling in the same tensor, and keeps on the

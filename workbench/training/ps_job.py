@@ -37,7 +37,7 @@ class PsJob(Job):
         ps_tasks = [r for r in cluster.tasks if r.job == "ps"]
         if not ps_tasks:
             raise ConfigurationError(
-                f"strategy={options.strategy!r} keeps the variables on ps tasks, and cluster {cluster.name!r} has none: "
+                f"strategy={options.strategy.name!r} keeps the variables on ps tasks, and cluster {cluster.name!r} has none: "
                 "start it with ps=1 or more."
             )
         self._ps_devices = [f"{r.task.device}/device:CPU:0" for r in ps_tasks]
@@ -53,7 +53,7 @@ class PsJob(Job):
         """The model, the optimizer and the step counter, with their variables on the ps tasks; the step functions."""
         import tensorflow as tf
 
-        self.placer = PsPlacer(self._ps_devices, self.options.partition_bytes)
+        self.placer = PsPlacer(self._ps_devices, self.options.strategy.partition_bytes)
         with tf.variable_creator_scope(self.placer):
             self._model = build_model(self._model_source, tf.zeros(self._example_shape, self._example_dtype))
             targets, splits = optimizer_targets(self._model.trainable_variables)
@@ -63,10 +63,10 @@ class PsJob(Job):
             with tf.device(self._ps_devices[0]):
                 self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
         self._fns = StepFunctions(self._model, self._optimizer, self._loss_fn, resolve_metrics(self.options.metrics),
-                                  targets, splits, packing_for(self._model, targets, self.options.transfer))
-        if self.options.transfer != "fp32" and self._fns.packing is None:
+                                  targets, splits, packing_for(self._model, targets, self.options.strategy.transfer))
+        if self.options.strategy.transfer != "fp32" and self._fns.packing is None:
             raise ConfigurationError(
-                f"transfer={self.options.transfer!r} needs a model whose trainable variables are all Keras "
+                f"transfer={self.options.strategy.transfer!r} needs a model whose trainable variables are all Keras "
                 "variables (it runs on the received values through keras.StatelessScope); this one has others. "
                 "Build it from Keras layers, or leave transfer='fp32'.")
 
@@ -84,7 +84,7 @@ class PsJob(Job):
         import tensorflow as tf
 
         self._checkpoint = None
-        if self.options.checkpoint_dir:
+        if self.options.checkpoint:
             if self.placer is not None and self.placer.partitioned:
                 # a Keras model cannot checkpoint a partitioned variable itself: save the shards
                 weights = [shard for w in self._model.weights for shard in shards_of(w)]
@@ -93,7 +93,8 @@ class PsJob(Job):
                 self._checkpoint = tf.train.Checkpoint(model=self._model, optimizer=self._optimizer, step=self._step)
             with tf.device(self._ps_devices[0]):
                 self._checkpoint.save_counter  # noqa: B018 - made now, on the ps (see _save)
-            self._manager = tf.train.CheckpointManager(self._checkpoint, self.options.checkpoint_dir, max_to_keep=3)
+            self._manager = tf.train.CheckpointManager(self._checkpoint, self.options.checkpoint.directory,
+                                                     max_to_keep=self.options.checkpoint.keep)
             if resume:
                 self._restore(self._manager.latest_checkpoint)
                 self.start_step = int(self._step.numpy())
@@ -203,7 +204,7 @@ class PsJob(Job):
         return {}
 
     def _run(self) -> None:
-        (AsyncRun if self.options.strategy == "async-ps" else SyncRun)(self).run()
+        (SyncRun if self.options.strategy.synchronous else AsyncRun)(self).run()
 
     def _save(self) -> None:
         import tensorflow as tf
@@ -240,15 +241,10 @@ class PsJob(Job):
     # -- the cluster scaled while the job trains ---------------------------------------------------
 
     def check_rescale(self, workers: int) -> None:
-        options = self.options
-        if options.strategy == "sync-ps" and options.backup_workers >= workers:
-            raise ConfigurationError(
-                f"{self.describe()} waits for all but backup_workers={options.backup_workers} gradients a step: "
-                f"with {workers} worker(s) none would be left. Keep at least {options.backup_workers + 1} workers.")
-        if options.elastic_batch == "global" and options.batch_size % workers:
-            raise ConfigurationError(
-                f"{self.describe()} keeps its global batch_size={options.batch_size} (elastic_batch='global'), which "
-                f"does not split evenly over {workers} workers: scale to a number of workers that divides it.")
+        try:
+            self.options.strategy.check_workers(workers, self.options.batch_size)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{self.describe()} cannot follow a scale to {workers} worker(s): {exc}") from None
 
     def _adopt_workers(self, drained: float) -> None:
         """At a step boundary (no call in flight): the job's workers become the cluster's, less those leaving.
@@ -270,9 +266,9 @@ class PsJob(Job):
         names = [r.name for r in workers]
         if names == before:  # followed already (the job set up after the scale): nothing changed
             return
-        connection.resize(self.cluster, tuple(sorted(leaving)), timeout=self.options.step_timeout)
+        connection.resize(self.cluster, tuple(sorted(leaving)), timeout=self.options.recovery.step_timeout)
         per_worker = self.options.per_worker_batch
-        batch = per_worker * len(workers) if self.options.elastic_batch == "per-worker" else self.options.batch_size
+        batch = per_worker * len(workers) if self.options.strategy.elastic_batch == "per-worker" else self.options.batch_size
         self.options = validate(replace(self.options, num_workers=len(workers), batch_size=batch))
         devices = [compute_device(r) for r in workers]
         for device in set(self._worker_devices) - set(devices):

@@ -39,7 +39,7 @@ STRAGGLER_SAMPLES = 8  # completed calls needed before calls are compared with t
 
 
 class TaskLost(Exception):
-    """Tasks a run cannot go on without were lost; ``error`` is what a job with ``recover=False`` raises."""
+    """Tasks a run cannot go on without were lost; ``error`` is what a job with ``recovery=None`` raises."""
 
     def __init__(self, tasks: list[str], why: str, error: BaseException, label: str = ""):
         super().__init__(why)
@@ -130,7 +130,7 @@ class Supervisor:
         now = time.time()
         records = {r.name: r for r in self.cluster.tasks}
         return [n for n in names if n in records and records[n].state == SILENT
-                and now - records[n].since >= self.options.hang_timeout]
+                and now - records[n].since >= self.options.recovery.hang_timeout]
 
     def state(self, name: str) -> str:
         try:
@@ -245,8 +245,9 @@ def engine_exited(job, task: str) -> bool:
 
 def ps_lost(job, lost: list[str]) -> TaskLost:
     step = job.start_step + job.steps_done
-    where = (f"resume from {job.last_checkpoint} with wb.train(..., resume=True) on a new cluster"
-             if job.last_checkpoint else "no checkpoint was written (pass checkpoint_dir= and checkpoint_every=)")
+    where = (f"resume from {job.last_checkpoint} with wb.train(..., checkpoint=wb.Checkpoint(directory, resume=True)) "
+                 "on a new cluster"
+             if job.last_checkpoint else "no checkpoint was written (pass checkpoint=wb.Checkpoint(directory, every=...))")
     names = ", ".join(lost)
     error = ParameterServerLost(
         f"the {job._holders} {names} ({', '.join(_where(job, n) for n in lost)}) is unreachable, so "
@@ -265,7 +266,7 @@ def restore_after_loss(job, lost: TaskLost) -> None:
         raise TrainingError(f"{', '.join(lost.tasks)} {lost.why}, after {job.recoveries} restores already in this job: "
                             "giving up (check what kills the task: cluster.status(), the engines' memory).")
     label = lost.label
-    source = job.last_checkpoint or "the initial weights (no checkpoint yet: pass checkpoint_every= to redo less)"
+    source = job.last_checkpoint or "the initial weights (no checkpoint yet: pass checkpoint=wb.Checkpoint(directory, every=...) to redo less)"
     fault = job._supervisor.fault(label, "lost", lost.why, "restored")
     fault.detail += f"; restoring {source}"
     # the dead first: re-hosting a live task updates this kernel's connection, which needs every other task up

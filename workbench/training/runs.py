@@ -5,7 +5,7 @@ A run (``AsyncRun``, ``SyncRun``) is one pass of a job's loop over its missing s
 (``Supervisor``), and acts:
 
 * a worker whose engine exited, or whose call failed while the ps tasks are fine, is **lost**: its
-  work goes to the others; with ``recover`` it is re-hosted in the background and comes back;
+  work goes to the others; with ``Recovery.rehost`` it is re-hosted in the background and comes back;
 * a task silent for ``hang_timeout`` is handled by ``on_hang``: ``replace`` (kill and re-host it),
   ``drop`` (go on without it until it answers) or ``wait`` (flag it and wait, up to ``step_timeout``);
 * a call ``straggler_factor`` times its peers' median is handled by ``on_straggler`` the same way;
@@ -129,7 +129,7 @@ class WorkerRun:
         self._abandon(index)
         if self.slots[index] in (RECOVERING, SLOT_LOST):
             return
-        if self.options.recover:
+        if self.options.recovery.rehost:
             self.slots[index] = RECOVERING
             self.supervisor.fault(name, "lost", detail, "re-hosted")
             self.supervisor.rehost(name, lambda: self._rebuild(index))
@@ -168,7 +168,7 @@ class WorkerRun:
         self._handle_hangs()
 
     def _handle_hangs(self) -> None:
-        policy, seconds = self.options.hang_policy, self.options.hang_timeout
+        policy, seconds = self.options.recovery.hang_policy, self.options.recovery.hang_timeout
         detail = f"answered nothing for {seconds:.0f} s"
         for name in self.supervisor.hung(self.job._ps_names):
             if policy == "replace":
@@ -186,7 +186,7 @@ class WorkerRun:
 
     def _straggles(self, index: int, detail: str) -> None:
         """A call of worker ``index`` straggles: ``on_straggler`` says what to do."""
-        policy = self.options.on_straggler
+        policy = self.options.recovery.on_straggler
         if policy == "replace":
             self.worker_lost(index, detail)
         elif policy == "drop":
@@ -196,9 +196,9 @@ class WorkerRun:
             self.supervisor.fault(self.names[index], "straggler", detail, "waited")
 
     def _overdue(self, index: int, seconds: float) -> None:
-        """A call ran past ``step_timeout``: replace the worker (``recover``), or give up on it."""
-        detail = f"ran one call for more than step_timeout={self.options.step_timeout:.0f} s"
-        if self.options.recover:
+        """A call ran past ``step_timeout``: replace the worker (``Recovery.rehost``), or give up on it."""
+        detail = f"ran one call for more than step_timeout={self.options.recovery.step_timeout:.0f} s"
+        if self.options.recovery.rehost:
             self.worker_lost(index, detail)
         else:
             self._abandon(index)
@@ -222,7 +222,7 @@ class WorkerRun:
                 self.job.lost_workers.append(name)
 
     def _straggler_detail(self, steps: int, elapsed: float) -> str:
-        return (f"straggles: a call of {steps} step(s) ran {elapsed:.1f} s, over {self.options.straggler_factor:g}x "
+        return (f"straggles: a call of {steps} step(s) ran {elapsed:.1f} s, over {self.options.recovery.straggler_factor:g}x "
                 "its peers' median")
 
 

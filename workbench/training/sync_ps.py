@@ -34,7 +34,7 @@ class SyncRun(WorkerRun):
 
     def __init__(self, job):
         super().__init__(job)
-        self.chunks = chunks_of(job.missing_steps(), self.options.steps_per_call, self.options.epoch_steps)
+        self.chunks = chunks_of(job.missing_steps(), self.options.strategy.steps_per_call, self.options.epoch_steps)
         self.chunk = 0  # the chunk of steps the workers' calls make now
         self.step_started = time.monotonic()  # when the ps's call in flight (of ``chunks[chunk]``) was made
         self.aggregated = 0
@@ -221,7 +221,7 @@ class SyncRun(WorkerRun):
         if not seconds:
             return
         own = statistics.median(seconds)
-        limit = self.times.limit(self.options.straggler_factor)
+        limit = self.times.limit(self.options.recovery.straggler_factor)
         for value in seconds:
             self.times.add(value)
         if limit is not None and own > limit:
@@ -247,7 +247,7 @@ class SyncRun(WorkerRun):
             if self.slots[index] == ACTIVE:
                 self._straggles(index, detail)
         elapsed = time.monotonic() - self.step_started
-        if self.chunk < len(self.chunks) and elapsed > self.options.step_timeout and not self.parked:
+        if self.chunk < len(self.chunks) and elapsed > self.options.recovery.step_timeout and not self.parked:
             first, n = self.chunks[self.chunk]
             raise TrainingError(
                 f"sync-ps steps {first}-{first + n - 1}: the ps's call waited {elapsed:.0f} s for their gradients "
