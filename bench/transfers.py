@@ -6,7 +6,7 @@ the worker and adds it back on the ps:
 
 * ``alone``: each variable read and written as its own tensor (what TensorFlow does by itself);
 * ``packed``: the ps concatenates the six, the worker splits them, and the gradients travel back
-  as one tensor, split on the ps (what the workbench's ps strategies do, ``training/packing.py``);
+  as one tensor, split on the ps (what the workbench's ps strategies do, ``training/strategies/ps/packing.py``);
 * ``tiny``: one 16-float variable, the cost of a step's loop and a transfer each way with no bytes.
 
 Reports wall ms and CPU ms per step of the ps and the worker, medians over alternating repeats:

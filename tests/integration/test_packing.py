@@ -8,7 +8,7 @@ import pytest
 from training_helpers import LOSS, wait_for
 
 import workbench as wb
-from workbench.training.steps import UNROLL
+from workbench.training.modelling.steps import UNROLL
 
 pytestmark = pytest.mark.cluster
 

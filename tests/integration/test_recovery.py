@@ -275,7 +275,7 @@ def test_a_steps_scalar_made_for_a_stopped_worker_does_not_freeze_the_kernel(no_
     import tensorflow as tf
     from training_helpers import Watchdog
 
-    from workbench.training.steps import host_scalar
+    from workbench.training.modelling.steps import host_scalar
 
     with wb.Cluster(ps=0, workers=1, name="wb-test-hostscalar", progress=False) as cluster:
         with cluster.device("worker:0"):

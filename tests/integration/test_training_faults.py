@@ -76,7 +76,7 @@ def test_sync_loss_curve_is_the_same_with_one_or_two_workers(cluster3):
 def test_async_steps_laid_out_in_pairs_compute_what_single_steps_do(cluster3, monkeypatch):
     # A worker's call lays out UNROLL steps per pass of its loop, ordered only by the state they share. With one
     # worker nothing else moves the parameters: the loss curve must be the one of one step per pass, bit for bit.
-    import workbench.training.steps as steps
+    import workbench.training.modelling.steps as steps
 
     cluster3.scale(workers=1)
     curves = {}

@@ -4,7 +4,7 @@ import pytest
 
 import workbench as wb
 from workbench.training.estimate import COMBINE, Profile, predict
-from workbench.training.steps import UNROLL
+from workbench.training.modelling.steps import UNROLL
 
 MB = 1_000_000
 

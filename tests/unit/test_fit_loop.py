@@ -7,9 +7,9 @@ import pytest
 from workbench.compat.keras import watch_model_reads
 from workbench.errors import ConfigurationError
 from workbench.telemetry.tensorboard import dropped_gradients, run_name, staleness, worker_rates
-from workbench.training.async_ps import chunks_of
-from workbench.training.fit import check_callbacks, epoch_averages, tensorboard_dir, validation_due
+from workbench.training.fit.loop import check_callbacks, epoch_averages, tensorboard_dir, validation_due
 from workbench.training.options import resolve_epochs
+from workbench.training.strategies.async_ps import chunks_of
 
 
 @pytest.mark.parametrize("given, expected", [

@@ -67,7 +67,7 @@ def _worker(devices: list[str]):
 
 
 def test_a_worker_computes_on_its_gpu_and_reads_its_input_on_its_cpu():
-    from workbench.training.workers import compute_device, input_device
+    from workbench.training.job.workers import compute_device, input_device
 
     cpu, gpu = "/job:worker/replica:0/task:1/device:CPU:0", "/job:worker/replica:0/task:1/device:GPU:0"
     with_gpu = _worker([cpu, gpu])
@@ -100,7 +100,7 @@ def test_an_allreduce_group_names_the_gpus_its_worker_sees(gpus, named):
     # MultiWorkerMirroredStrategy puts a worker's replicas on what its resolver names: a resolver that named no GPU
     # had a GPU worker's replica compute on its CPU (found on an H100). TensorFlow cannot fake a GPU on this machine,
     # so the strategy's side is checked by bench/gpu.py on a GPU machine.
-    from workbench.training.allreduce_engine import group_resolver
+    from workbench.training.strategies.allreduce.engine import group_resolver
 
     resolver = group_resolver(["127.0.0.1:1", "127.0.0.1:2"], 1, gpus)
     assert resolver.num_accelerators() == named

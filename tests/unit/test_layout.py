@@ -1,9 +1,10 @@
 """The package's layout, checked from its own source: no import circles, small modules, rooms that import downward.
 
 Imports are read with ``ast`` (nothing is imported): every ``import`` and ``from ... import`` of a
-``workbench`` module, at module level or inside a function (a lazy import still ties two modules
-together), except those under ``if TYPE_CHECKING:``, which never run. ``from package import name``
-counts as an import of the module ``package.name`` where that is a module, else of the package.
+``workbench`` module, at module level, inside a function (a lazy import still ties two modules
+together) or under ``if TYPE_CHECKING:`` (a reader follows a type-only import too).
+``from package import name`` counts as an import of the module ``package.name`` where that is a
+module the package's ``__init__`` does not bind a name over, else of the package.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "workbench"
 MAX_LINES = 500
 MAX_CLUSTER_TOP = 10  # modules directly in workbench/cluster/, __init__.py included
+MAX_TRAINING_TOP = 10  # modules directly in workbench/training/, __init__.py included
+MAX_TRAINING_LINES = 400  # the room every new capability touches stays in smaller modules
 # workbench/cluster/'s rooms, top to bottom: each may import the rooms below it, never one above or beside it
 CLUSTER_ROOMS = {"face": {"launch", "network", "process", "machine"}, "launch": {"process", "machine"},
                  "network": {"process", "machine"}, "process": {"machine"}, "machine": set()}
@@ -36,20 +39,18 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _import_nodes(node: ast.AST):
-    """Every import statement under ``node``, skipping the bodies of ``if TYPE_CHECKING:`` (their ``else`` runs)."""
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        yield node
-        return
-    children = node.orelse if isinstance(node, ast.If) and _is_type_checking(node) else ast.iter_child_nodes(node)
-    for child in children:
-        yield from _import_nodes(child)
+    """Every import statement under ``node``, wherever it is (type-only ones too)."""
+    return (n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom)))
+
+
+def _bound_in_init(package: str) -> set[str]:
+    """Names a package's ``__init__`` binds by importing them (they shadow its submodules of the same name)."""
+    path = MODULES.get(package)
+    if path is None or path.name != "__init__.py":
+        return set()
+    return {a.asname or a.name for n in ast.parse(path.read_text()).body
+            if isinstance(n, ast.ImportFrom) and (n.module or n.level != 1) for a in n.names}  # not `from . import sub`
 
 
 def _resolve(name: str) -> str | None:
@@ -71,7 +72,9 @@ def imports_of(module: str) -> set[str]:
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+            bound = _bound_in_init(base)
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES and a.name not in bound else base
+                     for a in node.names]
         targets |= {t for t in map(_resolve, (n for n in names if n.split(".")[0] == "workbench")) if t and t != module}
     return targets
 
@@ -110,10 +113,12 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return groups
 
 
-def test_the_walker_sees_lazy_imports_and_skips_type_checking_ones():
-    # the walker itself, on the package's own files: a function-level import is an edge, a type-only one is not
+def test_the_walker_sees_lazy_and_type_only_imports():
+    # the walker itself, on the package's own files and on a snippet: a function-level import is an edge, and so
+    # is a type-only one
     assert "workbench.cluster.launch.engine_side" in GRAPH["workbench.telemetry.profiler"]  # imported in a function
-    assert "workbench.training.model_parallel" not in GRAPH["workbench.training.placed_job"]  # under TYPE_CHECKING
+    snippet = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .model import PlacedModel\n")
+    assert [n.module for n in _import_nodes(snippet)] == ["typing", "model"]
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -219,3 +224,44 @@ def test_strategies_are_told_apart_only_in_their_registry():
              for line in _strategy_name_comparisons(MODULES[module].read_text())]
     assert not wrong, f"compare strategies through their objects' attributes, not their names: {wrong}"
     assert _strategy_name_comparisons('if strategy in ("async-ps", "sync-ps"): pass') == [1]  # the walker sees them
+
+
+TRAINING_ROOMS = {"face": {"strategies", "job", "fit", "modelling", "base"}, "strategies": {"job", "fit", "modelling", "base"},
+                  "job": {"fit", "modelling", "base"}, "fit": {"modelling", "base"}, "modelling": {"base"}, "base": set()}
+TRAINING_BASE = {"config", "options", "data"}  # pure declarations every room may use
+
+
+def _training_room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["workbench", "training"] or len(parts) < 3:
+        return None
+    if len(parts) == 3 and MODULES[module].name != "__init__.py":
+        return "base" if parts[2] in TRAINING_BASE else "face"
+    return parts[2]
+
+
+def test_training_top_level_holds_its_face_and_rooms():
+    top = sorted(p.name for p in (PACKAGE / "training").glob("*.py"))
+    assert len(top) <= MAX_TRAINING_TOP, f"workbench/training/ holds {len(top)} modules: {top}"
+    rooms = sorted(p.name for p in (PACKAGE / "training").iterdir() if (p / "__init__.py").exists())
+    assert rooms == sorted(set(TRAINING_ROOMS) - {"face", "base"})
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("workbench.training")))
+def test_training_modules_stay_under_its_own_cap(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_TRAINING_LINES, f"{module} has {lines} lines (at most {MAX_TRAINING_LINES} in training/)"
+
+
+def test_training_rooms_import_downward():
+    wrong = [f"{module} -> {target}" for module, targets in sorted(GRAPH.items()) for target in sorted(targets)
+             if _training_room(module) and _training_room(target) and _training_room(target) != _training_room(module)
+             and _training_room(target) not in TRAINING_ROOMS[_training_room(module)]]
+    assert not wrong, ("imports against the direction face -> strategies -> job -> fit -> modelling -> "
+                       "config/options/data: " + "; ".join(wrong))
+
+
+@pytest.mark.parametrize("room", sorted(set(TRAINING_ROOMS) - {"face", "base"}))
+def test_each_training_room_says_what_it_owns(room):
+    doc = ast.get_docstring(ast.parse((PACKAGE / "training" / room / "__init__.py").read_text())) or ""
+    assert "import" in doc and len(doc) > 200, f"training/{room}/__init__.py must say what it owns and may import"

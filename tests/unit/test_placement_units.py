@@ -5,10 +5,10 @@ import pytest
 
 import workbench as wb
 from workbench.tables import html_table, text_table
-from workbench.training.allreduce import portable
-from workbench.training.allreduce_engine import unpack
-from workbench.training.model_parallel import _device_for_path, resolve_layout
-from workbench.training.placement import PsPlacer, task_of
+from workbench.training.modelling.placement import PsPlacer, task_of
+from workbench.training.strategies.allreduce.engine import unpack
+from workbench.training.strategies.allreduce.group import portable
+from workbench.training.placing import _device_for_path, resolve_layout
 
 PS0, PS1 = "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"
 
@@ -80,13 +80,13 @@ def test_payloads_for_engines_rebuild_keras_objects_and_carry_local_functions_by
     import subprocess
     import sys
 
-    script = "import sys; from workbench.training.allreduce_engine import unpack; print(unpack(sys.stdin.buffer.read())[0](41))"
+    script = "import sys; from workbench.training.strategies.allreduce.engine import unpack; print(unpack(sys.stdin.buffer.read())[0](41))"
     result = subprocess.run([sys.executable, "-c", script], input=portable(local_function), capture_output=True, cwd="/", timeout=60)
     assert result.stdout.strip() == b"42", result.stderr[-2000:]
 
 
 def test_placement_diagram_puts_layers_in_task_columns_and_marks_crossings():
-    from workbench.training.model_parallel import Placement, PlacementRow, diagram_layout, diagram_svg
+    from workbench.training.placing import Placement, PlacementRow, diagram_layout, diagram_svg
 
     layers = [("embed", ["ps:0", "ps:1"]), ("hidden", ["worker:0"]), ("out", ["worker:0"]), ("logits", ["worker:1"])]
     layout = diagram_layout(layers)

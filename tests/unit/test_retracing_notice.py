@@ -4,7 +4,7 @@ import logging
 
 import tensorflow as tf
 
-from workbench.training.steps import steps_in_one_call
+from workbench.training.modelling.steps import steps_in_one_call
 
 
 class _Seen(logging.Handler):

@@ -7,14 +7,13 @@ from typing import Any
 
 from ..cluster.process import connection
 from ..errors import ClusterStateError
-from .allreduce import AllReduceJob
-from .building import compiled_settings
 from .config import Recovery, checkpoint_from, recovery_from, refusing_moved_arguments, strategy_from
-from .evaluation import check_validation_data
-from .fit import FitArguments, check_callbacks
-from .job import Job
+from .fit.evaluation import check_validation_data
+from .fit.loop import FitArguments, check_callbacks
+from .job.job import Job
+from .modelling.building import compiled_settings
 from .options import TrainOptions, resolve_epochs, validate
-from .ps_job import PsJob
+from .strategies import job_class
 
 
 @refusing_moved_arguments("wb.train")
@@ -121,8 +120,7 @@ def train(
     A keyword of an earlier version (``backup_workers=``, ``checkpoint_dir=``, ``wait=``...) raises a
     ``TypeError`` naming its new place.
     """
-    placed_job = getattr(model, "job_class", None)  # a placed model names its job: no import of the placing code
-    strategy = strategy_from(strategy, placed=placed_job is not None)
+    strategy = strategy_from(strategy, placed=getattr(model, "placed", False) is True)  # a wb.place model
     callbacks = check_callbacks(callbacks)
     check_validation_data(validation_data, validation_steps)
     steps, epochs, steps_per_epoch = resolve_epochs(
@@ -139,10 +137,9 @@ def train(
     ))
     if cluster.state != "running":
         raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}. Call cluster.start() first.")
-    job_class = placed_job or (PsJob if strategy.variables_on_ps else AllReduceJob)
     fit = FitArguments(validation_data=validation_data, callbacks=callbacks)
     connection.prepare_process()  # once per process, while wb.train's caller waits (not in the job's thread)
-    job = job_class(cluster, model, data, loss, optimizer, options, fit).start(queue=queue)
+    job = job_class(strategy)(cluster, model, data, loss, optimizer, options, fit).start(queue=queue)
     if job.state != "queued":
         job.wait_set_up()
     return job

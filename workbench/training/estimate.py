@@ -29,8 +29,8 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .config import Strategy, refusing_moved_arguments, strategy_from
+from .modelling.steps import UNROLL
 from .options import overlap_transfers
-from .steps import UNROLL
 
 PROFILE_STEPS = 200  # 120 left the workers' cycle to ~1 s of steps: 10 % apart between two profiles
 # p of the norm that joins the workers' bound and the ps link's: fitted on one run of ``bench/network.py

@@ -67,7 +67,7 @@ PRELOAD = (
     "workbench",
     "workbench.cluster.launch.warm_client",  # what an engine forked from here asks of it
     "workbench.cluster.launch.engine_main",
-    "workbench.training.allreduce_engine",
+    "workbench.training.strategies.allreduce.engine",
 )
 def preload(modules: list[str]) -> dict[str, str]:
     """Import ``modules``; return ``{module: error}`` for those that failed."""

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from ..cluster.machine import threads
+from ....cluster.machine import threads
 
 _GROUP: dict[str, Any] = {"strategy": None, "key": None, "workers": None, "index": None}
 _RUNS: dict[str, dict] = {}
@@ -81,9 +81,10 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
     import keras
     import tensorflow as tf
 
-    from .building import build_model, build_optimizer, seed_initializers
-    from .data import DataContext, training_dataset
-    from .steps import StepFunctions, resolve_loss, resolve_metrics, stamp_after, steps_in_one_call
+    from ...data import DataContext, training_dataset
+    from ...modelling.building import build_model, build_optimizer, seed_initializers
+    from ...modelling.losses import resolve_loss, resolve_metrics
+    from ...modelling.steps import StepFunctions, stamp_after, steps_in_one_call
 
     strategy = _GROUP["strategy"]
     model_source, data, loss, optimizer, metrics = unpack(payload)
@@ -175,7 +176,7 @@ def finish(run_id: str) -> bool:
     """
     import gc
 
-    from ..cluster.machine.memory import trim_memory
+    from ....cluster.machine.memory import trim_memory
 
     run = _RUNS.get(run_id)
     if run is not None:
@@ -204,7 +205,7 @@ def evaluate(run_id: str, payload: bytes, batch_size: int) -> dict:
     """Loss and metrics over one pass of the evaluation data, on this engine's copy of the weights."""
     import tensorflow as tf
 
-    from .data import evaluation_dataset
+    from ...data import evaluation_dataset
 
     run = _RUNS[run_id]
     (data,) = unpack(payload)
@@ -218,7 +219,7 @@ def validate(run_id: str, payload: bytes, steps: int | None) -> dict:
     """This worker's share of a validation pass (its shard; of ``steps`` batches in all, if given)."""
     import tensorflow as tf
 
-    from .data import DataContext, validation_dataset
+    from ...data import DataContext, validation_dataset
 
     run = _RUNS[run_id]
     settings, fns = run["settings"], run["fns"]
@@ -235,7 +236,7 @@ def validate(run_id: str, payload: bytes, steps: int | None) -> dict:
 
 def state(run_id: str) -> dict:
     """The weights, learning rate (None for a schedule) and iteration count of this worker's replica."""
-    from .building import learning_rate_of
+    from ...modelling.building import learning_rate_of
 
     run = _RUNS[run_id]
     optimizer = run["fns"].optimizer

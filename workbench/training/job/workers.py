@@ -9,13 +9,15 @@ it answers again).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
-from ..compat import tensorflow as tf_compat
+from ...compat import tensorflow as tf_compat
 
 ACTIVE, LOST, RECOVERING, DROPPED = "active", "lost", "recovering", "dropped"
 TICK_SECONDS = 0.05  # how often a job's loop looks at its calls, its tasks' health and its queue
 THREAD_JOIN_SECONDS = 30.0  # how long a finished run waits for its workers' threads (hung calls are not waited for)
+RELEASE_POLL_SECONDS = 0.002  # how often a thread waiting for the next epoch looks again
 
 
 class WorkersChanged(Exception):
@@ -48,3 +50,28 @@ def own_executor(work: Callable) -> Callable:
     switches executors (TensorFlow's raw handles) is ``compat.tensorflow.run_on_own_executor``'s.
     """
     return tf_compat.run_on_own_executor(work)
+
+
+def wait_until(ready: Callable[[], bool], give_up: Callable[[], bool], timeout: float | None) -> bool:
+    """Poll until ``ready()`` (True), or ``give_up()`` or ``timeout`` s (False). ``timeout=None`` waits for
+    ``give_up()`` only: for threads of a run, which the run's end (``halt``) releases."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not ready():
+        if give_up() or (deadline is not None and time.monotonic() > deadline):
+            return False
+        time.sleep(RELEASE_POLL_SECONDS)
+    return True
+
+
+def wait_for_event(event, timeout: float | None, interrupted: Callable[[], str], timed_out: Callable[[], str]) -> None:
+    """Wait for ``event`` in short steps, so that an interrupt (Jupyter's stop button) gets through: a
+    ``KeyboardInterrupt`` saying ``interrupted()``; past ``timeout`` s (None: none), a ``TimeoutError`` saying ``timed_out()``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while not event.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(timed_out())
+            event.wait(0.2 if left is None else min(0.2, left))
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(interrupted()) from None

@@ -23,12 +23,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from .. import native_logs
-from ..cluster.health import LOST, RECOVERING, SILENT
-from ..cluster.process import connection
-from ..errors import ClusterStateError, ParameterServerLost, TaskFaultWarning, TrainingError
-from ..native_logs import notice
-from ..telemetry.events import TaskEvent
+from ... import native_logs
+from ...cluster.health import LOST, RECOVERING, SILENT
+from ...cluster.process import connection
+from ...errors import ClusterStateError, ParameterServerLost, TaskFaultWarning, TrainingError
+from ...native_logs import notice
+from ...telemetry.events import TaskEvent
 
 # Errors that mean "a task went away", as opposed to a bug in the model or data functions.
 _INFRASTRUCTURE_ERRORS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError", "InternalError")
@@ -266,7 +266,8 @@ def restore_after_loss(job, lost: TaskLost) -> None:
         raise TrainingError(f"{', '.join(lost.tasks)} {lost.why}, after {job.recoveries} restores already in this job: "
                             "giving up (check what kills the task: cluster.status(), the engines' memory).")
     label = lost.label
-    source = job.last_checkpoint or "the initial weights (no checkpoint yet: pass checkpoint=wb.Checkpoint(directory, every=...) to redo less)"
+    source = job.last_checkpoint or ("the initial weights (no checkpoint yet: pass checkpoint=wb.Checkpoint(directory, "
+                                     "every=...) to redo less)")
     fault = job._supervisor.fault(label, "lost", lost.why, "restored")
     fault.detail += f"; restoring {source}"
     # the dead first: re-hosting a live task updates this kernel's connection, which needs every other task up

@@ -13,19 +13,21 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..cluster.process import connection
-from ..errors import ConfigurationError
-from .async_ps import AsyncRun
-from .building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
-from .data import DataContext, evaluation_dataset, training_dataset
-from .evaluation import is_dataset, validate_on_workers
-from .job import Job
-from .options import TrainOptions, validate
+from ....cluster.process import connection
+from ....errors import ConfigurationError
+from ...data import DataContext, evaluation_dataset, training_dataset
+from ...fit.evaluation import is_dataset
+from ...job.job import Job
+from ...job.workers import compute_device, input_device
+from ...modelling.building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
+from ...modelling.losses import resolve_loss, resolve_metrics
+from ...modelling.placement import PsPlacer, optimizer_targets, shards_of, tf_variable
+from ...modelling.steps import StepFunctions
+from ...options import TrainOptions, validate
+from ..async_ps import AsyncRun
+from ..sync_ps.run import SyncRun
 from .packing import packing_for
-from .placement import PsPlacer, optimizer_targets, shards_of, tf_variable
-from .steps import StepFunctions, resolve_loss, resolve_metrics
-from .sync_ps import SyncRun
-from .workers import compute_device, input_device
+from .validation import validate_on_workers
 
 
 class PsJob(Job):
@@ -200,6 +202,14 @@ class PsJob(Job):
             if hasattr(self, name):
                 setattr(self, name, None)
 
+    def _bytes_per_step(self) -> dict | None:
+        """What one step of one worker moves between it and the ps tasks: parameters in, gradients out."""
+        packing = getattr(self._fns, "packing", None)
+        if packing is None:
+            return None
+        each = packing.bytes_per_transfer()
+        return {"parameters": each, "gradients": each, "total": 2 * each}
+
     def _async_step_options(self) -> dict:
         return {}
 
@@ -252,7 +262,7 @@ class PsJob(Job):
         The kernel's connection grows or shrinks in place, each worker gets its input pipeline again (its new
         index and count), the options follow (``elastic_batch``), and ``job.events`` records the change.
         """
-        requests = self._take_rescales()
+        requests = self._scales.take()
         try:
             self._follow(requests, drained)
         finally:  # the scale waits for this, done or failed (the job's own error then says why)
@@ -277,5 +287,6 @@ class PsJob(Job):
         # a worker being re-hosted gets its pipeline when it is back (rebuild_worker): not on its lost server now
         self._iterators = [self._iterators[i] if self._supervisor.rehosting(r.name) else self._make_iterator(i)
                            for i, r in enumerate(workers)]
-        self._record_scale(requests, before, names, drained, time.time() - drained, f"from step {self.start_step + self.steps_done}")
+        self._scales.record(requests, before, names, drained, time.time() - drained, self.start_step + self.steps_done,
+                            f"from step {self.start_step + self.steps_done}", self.name)
         self._report_progress()

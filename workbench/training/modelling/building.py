@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..compat import keras as keras_compat
-from ..errors import ConfigurationError
+from ...compat import keras as keras_compat
+from ...errors import ConfigurationError
 from .placement import variable_device
 
 

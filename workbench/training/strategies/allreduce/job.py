@@ -8,136 +8,26 @@ engine to run the next ``steps_per_call`` steps together and records what they m
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from ..cluster.health import LOST, RECOVERING
-from ..cluster.launch import engine_side
-from ..cluster.launch.calls import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
-from ..errors import ClusterStateError, ConfigurationError, ControllerLost, TrainingError
-from ..telemetry.events import ALLREDUCE_APPLY
-from . import allreduce_engine
-from .building import learning_rate_of
-from .evaluation import is_dataset
-from .job import Job
-from .recovery import TaskLost
-from .steps import resolve_loss
+from ....cluster.health import LOST, RECOVERING
+from ....errors import ClusterStateError, ControllerLost, TrainingError
+from ....telemetry.events import ALLREDUCE_APPLY
+from ...fit.evaluation import is_dataset
+from ...job.checkpoints import checkpoint_due, first_checkpoint_at
+from ...job.job import Job
+from ...job.recovery import TaskLost
+from ...modelling.building import learning_rate_of
+from ...modelling.losses import resolve_loss
+from . import engine as allreduce_engine
+from .group import GROUP_TIMEOUT, WorkerGroup, portable
 
-GROUP_TIMEOUT = 120.0  # forming the group and building the model on every worker
 HEALTH_POLL_SECONDS = 0.1  # how often a waiting call looks at the workers' health
 LOSS_GRACE = 3.0  # seconds a failed call waits for the health monitor to say whether a worker was lost
-
-
-def _is_installed(module_name: str) -> bool:
-    """True for modules an engine can import by name (the standard library, site-packages)."""
-    module = sys.modules.get(module_name)
-    path = getattr(module, "__file__", None)
-    if module is None or path is None:
-        return module_name in sys.builtin_module_names
-    resolved = str(Path(path).resolve())
-    return "site-packages" in resolved or "dist-packages" in resolved or resolved.startswith(str(Path(sys.base_prefix).resolve()))
-
-
-def portable(value: Any) -> bytes:
-    """Pickle ``value`` for the engines; code from modules they may not have travels by value."""
-    import cloudpickle
-    import keras
-
-    def keras_portable(item):
-        if isinstance(item, keras.optimizers.Optimizer):
-            return keras.optimizers.deserialize, keras.optimizers.serialize(item)
-        if isinstance(item, keras.losses.Loss):
-            return keras.losses.deserialize, keras.losses.serialize(item)
-        if isinstance(item, keras.Model):
-            try:
-                return keras.models.model_from_json, item.to_json()
-            except Exception:  # noqa: BLE001 - subclassed models have no config
-                raise ConfigurationError(
-                    f"cannot send {type(item).__name__} to the engines: pass a function that builds the model instead, "
-                    "e.g. model=make_model.") from None
-        return None
-
-    items = value if isinstance(value, tuple) else (value,)
-    shipped = tuple(("rebuild", *keras_portable(i)) if keras_portable(i) else ("as-is", i) for i in items)
-    modules = {getattr(i, "__module__", None) for i in items if callable(i)} - {None, "__main__"}
-    by_value = [sys.modules[m] for m in modules if m in sys.modules and not _is_installed(m) and not m.startswith("workbench")]
-    for module in by_value:
-        cloudpickle.register_pickle_by_value(module)
-    try:
-        return cloudpickle.dumps(shipped)
-    finally:
-        for module in by_value:
-            cloudpickle.unregister_pickle_by_value(module)
-
-
-class WorkerGroup:
-    """A cluster's worker engines, called together, with the all-reduce group formed on them."""
-
-    def __init__(self, cluster):
-        self.cluster = cluster
-        self.client = cluster.client
-        self.workers = [r for r in cluster.tasks if r.job == "worker"]
-        self.engines = [r.engine_id for r in self.workers]
-
-    def name(self, engine_id: int) -> str:
-        return next(r.name for r in self.workers if r.engine_id == engine_id)
-
-    def call_all(self, calls: dict[int, tuple], what: str, timeout: float, check=None) -> dict[int, Any]:
-        """Run ``{engine: (function, *args)}`` on the worker engines at once; results by engine.
-
-        ``check()`` runs while waiting, and may raise to stop waiting (the calls are then left to fail).
-        """
-        try:
-            return run_on_engines(self.client, calls, Deadline(timeout), poll=0.005,
-                                  on_progress=(lambda _done, _total: check()) if check else None)
-        except RemoteCallFailed as exc:
-            raise TrainingError(f"{self.name(exc.engine)} failed while {what}: {exc.reason}") from None
-        except RemoteCallsTimedOut as exc:
-            raise TrainingError(
-                f"{', '.join(self.name(e) for e in exc.pending)} did not finish {what} within {timeout:.0f} s (a worker is "
-                "stalled or gone, and the others wait for it in the all-reduce). Check cluster.status(); restart the "
-                "cluster and resume from the last checkpoint.") from None
-
-    def _reserve_addresses(self, attempts: int = 5) -> list[str]:
-        """A free port on each worker's host, distinct per host: engines that reserve at the same moment on one
-        host can be handed the same ephemeral port (both then bind it, and one server fails to start)."""
-        for _ in range(attempts):
-            ports = self.call_all({e: (engine_side.reserve_port,) for e in self.engines}, "reserving all-reduce ports", 30)
-            addresses = [f"{r.address.rpartition(':')[0]}:{ports[r.engine_id]}" for r in self.workers]
-            if len(set(addresses)) == len(addresses):
-                return addresses
-        raise ClusterStateError(f"the workers were handed the same port {attempts} times in a row ({', '.join(addresses)}): "
-                                "the host is short of free ports. Free some (stop other clusters), then train again.")
-
-    @property
-    def key(self) -> list[str]:
-        """The group is these TF tasks in these processes, whatever ports it uses."""
-        return [f"{r.address} pid {r.pid}" for r in self.workers]
-
-    def stale(self) -> list[str]:
-        """Workers whose engine joined a group with other members (one was re-hosted, or the workers were scaled)
-        since: TensorFlow cannot change a process's group, and a new member waits forever for them."""
-        keys = self.call_all({e: (allreduce_engine.group_key,) for e in self.engines}, "reading the all-reduce groups", 30)
-        return [self.name(e) for e, key in keys.items() if key is not None and key != self.key]
-
-    def form(self) -> None:
-        """Join every worker engine to one MultiWorkerMirroredStrategy (reused if already formed)."""
-        addresses = self._reserve_addresses()
-        key = self.key
-        joined = self.call_all({e: (allreduce_engine.join_group, addresses, i, key) for i, e in enumerate(self.engines)},
-                               "forming the all-reduce group", GROUP_TIMEOUT)
-        refused = [(self.name(e), r["error"]) for e, r in joined.items() if not r["ok"]]
-        if refused:
-            raise ClusterStateError(
-                f"{', '.join(n for n, _ in refused)} cannot join an all-reduce group over "
-                f"{', '.join(r.name for r in self.workers)}: {refused[0][1]}. The worker set changed since the cluster's "
-                "first all-reduce; restart the cluster (cluster.stop(); cluster.start()) to all-reduce over the current workers.")
 
 
 class CallbackMirror:
@@ -152,7 +42,7 @@ class CallbackMirror:
     def __init__(self, job: AllReduceJob):
         import tensorflow as tf
 
-        from .building import build_model, build_optimizer
+        from ...modelling.building import build_model, build_optimizer
 
         self._job = weakref.ref(job)  # not a cycle (job._mirror): an ended job nobody holds is freed at once
         with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
@@ -312,7 +202,7 @@ class AllReduceJob(Job):
     def _run(self) -> None:
         chunk = self.options.strategy.steps_per_call
         names = ",".join(r.name for r in self._workers)
-        next_checkpoint = self.first_checkpoint_at()
+        next_checkpoint = first_checkpoint_at(self)
         done = self.steps_done  # after a restore: the steps its checkpoint includes
         while not self._stop.is_set():
             self._loop.tick(parked=True)  # between calls: the callbacks, and the epoch's end once its steps are done
@@ -341,7 +231,7 @@ class AllReduceJob(Job):
                 self._record(self.start_step + done + i, ours["losses"][i], ours["metrics"][i], names, starts[i], ends[i],
                              self.options.batch_size, last_of_call=i == n - 1, aggregated=len(self._engines))
             done += n
-            next_checkpoint = self.checkpoint_due(next_checkpoint)
+            next_checkpoint = checkpoint_due(self, next_checkpoint)
 
     def _trim_engines(self) -> None:
         try:
@@ -361,7 +251,7 @@ class AllReduceJob(Job):
     def _validate(self, data: Any, steps: int | None) -> dict[str, float]:
         """Validation at an epoch's end: a data function on every worker's engine at once (each its share of the
         batches, on its replica of the weights); a dataset here, on the callbacks' copy of the weights."""
-        from .evaluation import combine_parts
+        from ...fit.evaluation import combine_parts
 
         if is_dataset(data):
             mirror = self._callback_model()[1]
@@ -392,7 +282,7 @@ class AllReduceJob(Job):
         """A local Keras model (in this kernel, no cluster needed) holding the trained weights."""
         import tensorflow as tf
 
-        from .building import build_model
+        from ...modelling.building import build_model
 
         engine = self._engines[0]
         weights = self._call_all({engine: (allreduce_engine.weights, self._run_id)}, "fetching the weights", GROUP_TIMEOUT)[engine]
@@ -407,76 +297,8 @@ class AllReduceJob(Job):
     def _example(self):
         import tensorflow as tf
 
-        from .data import DataContext, training_dataset
+        from ...data import DataContext, training_dataset
 
         seed = 0 if self.options.seed is None else self.options.seed
         spec = training_dataset(self._data, DataContext(0, 1, 1, seed)).element_spec[0]
         return tf.zeros([1, *spec.shape[1:]], spec.dtype)
-
-
-INTERRUPT_GRACE = 30.0  # seconds the workers get to stop an interrupted SPMD cell
-OUTPUT_GRACE = 10.0  # seconds a finished cell's printed output may trail its reply (it comes on another channel)
-
-
-def _wait_for(results: dict, deadline: Deadline) -> bool:
-    """Wait until every result is in, or the deadline; in short naps, so that Ctrl-C lands promptly."""
-    while not all(r.ready() for r in results.values()):
-        if deadline.expired:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-@dataclass
-class WorkerOutput:
-    """What one worker printed while running an SPMD cell, and its error (the remote traceback), if any."""
-
-    task: str
-    stdout: str
-    stderr: str
-    error: str | None = None
-
-
-def run_spmd(cluster, source: str, timeout: float = 600.0) -> list[WorkerOutput]:
-    """Run ``source`` on every worker engine at once (SPMD), with the all-reduce group formed.
-
-    The code sees ``strategy`` (a MultiWorkerMirroredStrategy over all workers), ``worker_index``
-    and ``num_workers``; ``TF_CONFIG`` is set. Each engine keeps its own namespace between calls.
-    Returns each worker's output, in worker order.
-    """
-    import ipyparallel
-
-    group = WorkerGroup(cluster)
-    group.form()
-    setup = ("from workbench.training.allreduce_engine import spmd_names as _wb_spmd_names\n"
-             "globals().update(_wb_spmd_names())\ndel _wb_spmd_names")
-    group.client[group.engines].execute(setup, block=True)
-    running = {e: group.client[e].execute(source, block=False) for e in group.engines}
-    try:
-        finished = _wait_for(running, Deadline(timeout))
-    except KeyboardInterrupt:
-        # Ctrl-C in the notebook: interrupt the cell on every worker too, and leave the engines usable.
-        group.client.send_signal("SIGINT", targets=group.engines, block=True)
-        _wait_for(running, Deadline(INTERRUPT_GRACE))
-        unfinished = [group.name(e) for e, r in running.items() if not r.ready()]
-        raise TrainingError(
-            "the SPMD cell was interrupted on every worker"
-            + (f"; {', '.join(unfinished)} did not stop within {INTERRUPT_GRACE:.0f} s (a C++ op, e.g. a collective, "
-               "cannot be interrupted: restart the cluster if it stays busy)" if unfinished else "; the cluster is ready for the next cell")
-            + ".") from None
-    if not finished:
-        late = [group.name(e) for e, r in running.items() if not r.ready()]
-        raise TrainingError(
-            f"the SPMD cell did not finish on {', '.join(late)} within {timeout:.0f} s; it may still run there (an "
-            "all-reduce waits for every worker). Interrupt the kernel to stop it, or restart the cluster.")
-    outputs = []
-    trailing = Deadline(OUTPUT_GRACE)
-    for engine, result in running.items():
-        result.wait_for_output(trailing.remaining(0.01))  # complete stdout/stderr, or what arrived by then
-        error = None
-        try:
-            result.get(timeout=0)
-        except ipyparallel.error.RemoteError as exc:  # the user's exception, with the remote traceback
-            error = exc.traceback or f"{exc.ename}: {exc.evalue}"
-        outputs.append(WorkerOutput(group.name(engine), result.stdout or "", result.stderr or "", error))
-    return outputs

@@ -18,11 +18,11 @@ import queue
 import threading
 import time
 
-from ..cluster.health import CONTROLLER_LOST, LOST, RUNNING
-from ..errors import ControllerLost
-from .recovery import CallTimes, TaskLost, classify, ps_lost
-from .workers import ACTIVE, DROPPED, RECOVERING, THREAD_JOIN_SECONDS, TICK_SECONDS, WorkersChanged
-from .workers import LOST as SLOT_LOST
+from ....cluster.health import CONTROLLER_LOST, LOST, RUNNING
+from ....errors import ControllerLost
+from ...job.recovery import CallTimes, TaskLost, classify, ps_lost
+from ...job.workers import ACTIVE, DROPPED, RECOVERING, THREAD_JOIN_SECONDS, TICK_SECONDS, WorkersChanged
+from ...job.workers import LOST as SLOT_LOST
 
 
 class WorkerRun:
@@ -105,7 +105,7 @@ class WorkerRun:
     # -- failures ------------------------------------------------------------------------------
 
     def _handle_errors(self) -> None:
-        from ..errors import ClusterStateError
+        from ....errors import ClusterStateError
 
         while True:
             try:

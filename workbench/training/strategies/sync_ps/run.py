@@ -18,13 +18,13 @@ import statistics
 import threading
 import time
 
-from ..telemetry.events import APPLY, COMPUTE
-from .async_ps import chunks_of
-from .fit import wait_until
-from .runs import WorkerRun, tick
-from .steps import host_scalar
-from .sync_steps import SyncBarrier
-from .workers import ACTIVE, DROPPED, RECOVERING, own_executor
+from ....telemetry.events import APPLY, COMPUTE
+from ...job.checkpoints import checkpoint_due, first_checkpoint_at
+from ...job.workers import ACTIVE, DROPPED, RECOVERING, own_executor, wait_until
+from ...modelling.steps import host_scalar
+from ..async_ps import chunks_of
+from ..ps.runs import WorkerRun, tick
+from .steps import SyncBarrier
 
 _AGGREGATOR = "the ps tasks' aggregation"
 
@@ -125,7 +125,7 @@ class SyncRun(WorkerRun):
         import tensorflow as tf
 
         job = self.job
-        next_checkpoint = job.first_checkpoint_at()
+        next_checkpoint = first_checkpoint_at(job)
         for number, (first, n) in enumerate(self.chunks):
             if self.draining or not self._wait_for_release(first):
                 return  # a scale: the chunk runs in the next run, on the new workers
@@ -145,7 +145,7 @@ class SyncRun(WorkerRun):
                 return
             self._record(first, [self.barrier.unpack(row) for row in rows])
             try:
-                next_checkpoint = job.checkpoint_due(next_checkpoint)
+                next_checkpoint = checkpoint_due(job, next_checkpoint)
             except Exception as exc:  # noqa: BLE001 - a save that found a ps gone (TaskLost), or a failure
                 self.errors.put((None, None, exc))
                 return
@@ -240,7 +240,7 @@ class SyncRun(WorkerRun):
 
     def _check_calls(self) -> None:
         """The ps's call past ``step_timeout``: the job fails, naming what to check; stragglers are flagged."""
-        from ..errors import TrainingError
+        from ....errors import TrainingError
 
         while self.straggling:
             index, detail = self.straggling.pop(0)

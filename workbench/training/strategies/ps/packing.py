@@ -26,7 +26,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .placement import tf_variable
+from ...modelling.placement import tf_variable
 
 
 @dataclass

@@ -11,10 +11,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..telemetry.events import PUSH_APPLY
-from .fit import wait_until
-from .runs import WorkerRun
-from .workers import ACTIVE, DROPPED, RECOVERING, TICK_SECONDS, own_executor
+from ...telemetry.events import PUSH_APPLY
+from ..job.checkpoints import checkpoint_due, first_checkpoint_at
+from ..job.workers import ACTIVE, DROPPED, RECOVERING, TICK_SECONDS, own_executor, wait_until
+from .ps.runs import WorkerRun
 
 
 @dataclass
@@ -51,7 +51,7 @@ class AsyncRun(WorkerRun):
         self.stalled_since: float | None = None  # when the last worker able to take work went away
         self.checkpoint_lock = threading.Lock()
         self.wake = threading.Event()  # a worker found the epoch's calls all out: the run's thread looks now
-        self.next_checkpoint = job.first_checkpoint_at()
+        self.next_checkpoint = first_checkpoint_at(job)
 
     def run(self) -> None:
         self.job._fns.build_async(**self.job._async_step_options())
@@ -85,7 +85,7 @@ class AsyncRun(WorkerRun):
 
     def _fail_if_stalled(self) -> None:
         """No worker can take work: wait for dropped ones to answer again, for at most ``step_timeout``."""
-        from ..errors import TrainingError
+        from ...errors import TrainingError
 
         now = time.monotonic()
         self.stalled_since = self.stalled_since or now
@@ -175,7 +175,7 @@ class AsyncRun(WorkerRun):
                 job._recorder.step_done(record)
             try:
                 with self.checkpoint_lock:  # right away, in this thread: checkpoints land close to each multiple
-                    self.next_checkpoint = job.checkpoint_due(self.next_checkpoint)
+                    self.next_checkpoint = checkpoint_due(job, self.next_checkpoint)
             except Exception as exc:  # noqa: BLE001 - a save that found a ps gone (TaskLost), or a failure
                 self.errors.put((None, None, exc))
                 return

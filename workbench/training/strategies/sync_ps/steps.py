@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .packing import Packing
-from .steps import StepFunctions, _written, host_scalar, stamp_after
+from ...modelling.steps import StepFunctions, _written, host_scalar, stamp_after
+from ..ps.packing import Packing
 
 WAKE = -1  # the worker index of an element that only makes ``aggregate`` look at ``required`` again
 META = 5  # step, worker, loss, started, ready; then the metrics

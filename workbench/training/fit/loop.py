@@ -18,17 +18,13 @@ The workers wait only at epoch ends, for the validation (spread over them) and t
 from __future__ import annotations
 
 import queue
-import time
 import types
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compat import keras as keras_compat
-from ..errors import ConfigurationError, WorkbenchError
-
-RELEASE_POLL_SECONDS = 0.002  # how often a thread waiting for the next epoch looks again
+from ...compat import keras as keras_compat
+from ...errors import ConfigurationError, WorkbenchError
 
 
 class CallbackError(WorkbenchError):
@@ -76,17 +72,6 @@ def epoch_averages(records: list[dict], names: list[str]) -> dict[str, float]:
 def validation_due(epoch: int, freq: int) -> bool:
     """Keras's rule: validate after epochs ``freq - 1``, ``2 freq - 1``, ..."""
     return (epoch + 1) % freq == 0
-
-
-def wait_until(ready: Callable[[], bool], give_up: Callable[[], bool], timeout: float | None) -> bool:
-    """Poll until ``ready()`` (True), or ``give_up()`` or ``timeout`` s (False). ``timeout=None`` waits for
-    ``give_up()`` only: for threads of a run, which the run's end (``halt``) releases."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while not ready():
-        if give_up() or (deadline is not None and time.monotonic() > deadline):
-            return False
-        time.sleep(RELEASE_POLL_SECONDS)
-    return True
 
 
 class EpochLoop:
@@ -148,7 +133,7 @@ class EpochLoop:
         for callback in self.callbacks:
             callback.set_params(params)
         if self.log_dir is not None:
-            from ..telemetry.tensorboard import JobSummaries
+            from ...telemetry.tensorboard import JobSummaries
 
             self._summaries = JobSummaries(self.log_dir)
         self._begun = True

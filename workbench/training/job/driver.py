@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..cluster.health import LOST, RECOVERING
-from ..cluster.health import RUNNING as RUNNING_TASK
-from ..cluster.jobs import CANCELLED, FAILED, FINISHED
-from ..cluster.process import connection
-from ..errors import ClusterStateError, TrainingError, WorkbenchError
-from .options import validate
+from ...cluster.health import LOST, RECOVERING
+from ...cluster.health import RUNNING as RUNNING_TASK
+from ...cluster.jobs import CANCELLED, FAILED, FINISHED
+from ...cluster.process import connection
+from ...errors import ClusterStateError, TrainingError, WorkbenchError
+from ..options import validate
+from .checkpoints import save_or_lost
 from .recovery import Supervisor, TaskLost, classify, restore_after_loss
 from .workers import WorkersChanged
 
@@ -114,7 +115,7 @@ def _train_with_recovery(job) -> None:
         try:
             job._run()
             if job.options.checkpoint and not job._stop.is_set():
-                job._save_or_lost()
+                save_or_lost(job)
             return
         except WorkersChanged as changed:
             job._adopt_workers(changed.drained)  # the cluster was scaled: the next run has its new workers

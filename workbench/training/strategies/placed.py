@@ -1,22 +1,20 @@
 """The job that trains a placed model (``wb.place``): its layers' tasks take the part of ps tasks.
 
-``PlacedModel.job_class`` names it, so ``wb.train`` finds it without importing the placing code.
+``wb.train`` takes it for ``wb.ModelParallel`` (``strategies.JOBS``); a placed model (``training/placing.py``) is what it trains.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-from ..cluster.process import connection
-from ..errors import ClusterStateError
+from ...cluster.process import connection
+from ...errors import ClusterStateError
+from ..modelling.building import build_optimizer, update_where_the_variable_lives
+from ..modelling.losses import resolve_loss, resolve_metrics
+from ..modelling.placement import task_of
+from ..modelling.steps import StepFunctions
 from .async_ps import AsyncRun
-from .building import build_optimizer, update_where_the_variable_lives
-from .placement import task_of
-from .ps_job import PsJob
-from .steps import StepFunctions, resolve_loss, resolve_metrics
-
-if TYPE_CHECKING:  # for the annotation only: model_parallel imports this module
-    from .model_parallel import PlacedModel
+from .ps.job import PsJob
 
 
 class PlacedJob(PsJob):
@@ -28,7 +26,8 @@ class PlacedJob(PsJob):
 
     _holders = "task holding layers of the placed model"
 
-    def _setup(self, cluster, model: PlacedModel, data, loss, optimizer, options) -> None:
+    def _setup(self, cluster, model: Any, data, loss, optimizer, options) -> None:
+        """``model`` is the ``PlacedModel`` (``wb.place``); its module imports this one, so it is not named here."""
         self._epoch = connection.connect(cluster, holder=self)
         connection.check_epoch(model._epoch, "this placed model")
         self._placed = model

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from ..compat import tensorflow as tf_compat
+from ...compat import tensorflow as tf_compat
 
 
 def task_of(device: str) -> str:

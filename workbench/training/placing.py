@@ -21,7 +21,7 @@ from ..cluster.process import connection
 from ..compat import keras as keras_compat
 from ..errors import ConfigurationError
 from ..tables import html_table, text_table
-from .placement import task_of, variable_devices
+from .modelling.placement import task_of, variable_devices
 
 
 def resolve_layout(layer_names: list[str], layout: dict[str, str]) -> dict[str, str]:
@@ -174,10 +174,15 @@ def _layer_rows(model) -> list[PlacementRow]:
 class PlacedModel:
     """A Keras model whose layers live on chosen tasks of a cluster. Made by ``wb.place``.
 
+    ``wb.train`` trains it model-parallel (``placed``: it tells a placed model from a model function
+    without importing this module, which imports ``wb.train``).
+
     ``train(data, loss, ...)`` trains it (input pipeline on the first layer's task, loss on the last
     layer's task, each gradient with its forward op) and returns a ``Job``; ``model`` is the placed
     Keras model itself, usable in ``cluster.device`` scopes and in a ``tf.function``.
     """
+
+    placed = True
 
     def __init__(self, cluster, source: Any, model, layer_tasks: dict[str, str], layer_devices: dict[str, str]):
         self.cluster = cluster
@@ -203,7 +208,8 @@ class PlacedModel:
         """Where each layer's gradient ops run: traced, not run (``{layer: [devices]}``)."""
         import tensorflow as tf
 
-        from .steps import StepFunctions, resolve_loss
+        from .modelling.losses import resolve_loss
+        from .modelling.steps import StepFunctions
 
         inputs = self.model.inputs[0]
         outputs = self.model.outputs[0]
@@ -221,13 +227,6 @@ class PlacedModel:
             if layer is not None and op.device:
                 found.setdefault(layer, set()).add(op.device)
         return {layer: sorted(devices) for layer, devices in found.items()}
-
-    @property
-    def job_class(self) -> type:
-        """The ``Job`` subclass that trains a placed model (``wb.train`` takes it from here)."""
-        from .placed_job import PlacedJob
-
-        return PlacedJob
 
     def place_again(self) -> None:
         """Place the model again on the same tasks (after one of them was re-hosted); ``model`` is then the new one."""
@@ -308,7 +307,7 @@ def placement(target: Any) -> Placement:
     """
     import keras
 
-    from .job import Job
+    from .job.job import Job
 
     if isinstance(target, PlacedModel):
         return Placement(_layer_rows(target.model), target.backward_devices())

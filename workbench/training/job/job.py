@@ -15,18 +15,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..cluster.health import SILENT
-from ..cluster.jobs import CANCELLED, ENDED, QUEUED, RUNNING, STOPPING
-from ..errors import ClusterStateError, TrainingError
-from ..native_logs import inform
-from ..telemetry.recorder import StepRecorder
+from ...cluster.jobs import CANCELLED, ENDED, QUEUED, RUNNING, STOPPING
+from ...errors import ClusterStateError
+from ...telemetry.recorder import StepRecorder
+from ..fit.evaluation import batch_function, check_evaluation_data, evaluate_dataset, is_dataset
+from ..fit.loop import EpochLoop, FitArguments
+from ..modelling.losses import resolve_metrics
+from ..options import TrainOptions
 from .driver import TASKS_READY_SECONDS, drive
-from .evaluation import batch_function, check_evaluation_data, evaluate_dataset, is_dataset
-from .fit import EpochLoop, FitArguments
-from .options import TrainOptions
-from .placement import PsPlacer
-from .recovery import Supervisor, TaskLost, classify
-from .steps import resolve_metrics
+from .records import step_record, throughput_of
+from .recovery import Supervisor
+from .scaling import Scales
+from .workers import wait_for_event
 
 _JOB_NUMBERS = itertools.count(1)
 
@@ -77,10 +77,9 @@ class Job:
         self.start_step = 0
         self.recoveries = 0  # restores from a checkpoint so far (a ps, or an all-reduce worker, was lost)
         self._faults: list = []
-        self._events: list[dict] = []  # changes of the job's workers (cluster.scale while it trains)
-        self._rescales: list[tuple[tuple[str, ...], threading.Event, float]] = []  # (leaving, done, asked at) not yet followed
+        self._scales = Scales(self._lock)  # cluster.scale while it trains: requests to follow, changes made (events)
         self._supervisor: Supervisor | None = None
-        self.placer: PsPlacer | None = None  # ps strategies: where each variable went
+        self.placer = None  # ps strategies: where each variable went (a PsPlacer)
         self._workers = [r for r in cluster.tasks if r.job == "worker"]
         self.metric_names = list(resolve_metrics(options.metrics))
         self.name = f"{options.strategy.name}-{next(_JOB_NUMBERS)}"
@@ -128,14 +127,9 @@ class Job:
         take) ends the wait with a ``TimeoutError`` that says the set-up goes on; an interrupt ends it too.
         """
         timeout = TASKS_READY_SECONDS + self.options.recovery.step_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        try:
-            while not self._set_up.wait(0.2):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.describe()} is still setting up after {timeout:.0f} s (building the model "
-                                       "and its variables on the tasks): check cluster.status(); job.stop() drops it.")
-        except KeyboardInterrupt:
-            raise KeyboardInterrupt(self._interrupted()) from None
+        wait_for_event(self._set_up, timeout, self._interrupted,
+                       lambda: f"{self.describe()} is still setting up after {timeout:.0f} s (building the model and its "
+                               "variables on the tasks): check cluster.status(); job.stop() drops it.")
         if self._setup_error is not None:
             raise self._setup_error
 
@@ -177,18 +171,14 @@ class Job:
         }
 
     def _bytes_per_step(self) -> dict | None:
-        """What one step of one worker moves between it and the ps tasks: parameters in, gradients out."""
-        packing = getattr(getattr(self, "_fns", None), "packing", None)
-        if packing is None:
-            return None
-        each = packing.bytes_per_transfer()
-        return {"parameters": each, "gradients": each, "total": 2 * each}
+        """What one step of one worker moves between it and the ps tasks (None: the strategy has no ps)."""
+        return None
 
     @property
     def timeline(self):
         """The job's step timeline (``JobTimeline``): ``job.timeline.save("job.json")`` writes a trace that
         ui.perfetto.dev or chrome://tracing open, tasks as processes, devices as threads, faults as instants."""
-        from ..telemetry.step_trace import JobTimeline
+        from ...telemetry.step_trace import JobTimeline
 
         return JobTimeline(self.cluster.telemetry, self.name)
 
@@ -220,13 +210,7 @@ class Job:
 
         Measured on the workers' clocks, from the first counted step's start to the last one's end.
         """
-        records = sorted(self.history, key=lambda r: r["end"])[warmup:]
-        if len(records) < 2:
-            raise TrainingError(f"throughput needs at least 2 steps after warmup={warmup}; the job has "
-                                f"{self.steps_done}: train longer or lower warmup.")
-        seconds = max(records[-1]["end"] - min(r["start"] for r in records), 1e-9)
-        return {"steps_per_s": len(records) / seconds, "examples_per_s": sum(r["examples"] for r in records) / seconds,
-                "seconds": seconds, "steps": len(records)}
+        return throughput_of(self.history, warmup)
 
     def wait(self, timeout: float | None = None) -> Job:
         """Block until the job ends (a queued job: until it ran); raise its error if it failed.
@@ -234,15 +218,8 @@ class Job:
         An interrupt (Jupyter's stop button, Ctrl-C) ends the wait within a fraction of a second and
         leaves the job going on in the background: the ``KeyboardInterrupt`` says so and how to stop it.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            while not self._ended.is_set():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"{self.describe()} has not ended after {timeout} s; wait longer or job.stop().")
-                self._ended.wait(0.2 if left is None else min(0.2, left))  # short waits: an interrupt gets through
-        except KeyboardInterrupt:
-            raise KeyboardInterrupt(self._interrupted()) from None
+        wait_for_event(self._ended, timeout, self._interrupted,
+                       lambda: f"{self.describe()} has not ended after {timeout} s; wait longer or job.stop().")
         if self.error is not None:
             raise self.error
         return self
@@ -269,30 +246,18 @@ class Job:
 
     def _end(self, state: str) -> None:
         self.state = state
-        requests = self._take_rescales()
+        requests = self._scales.take()
         if requests:  # the cluster scaled in the job's last steps: nothing was left to follow with
             leaving = {name for names, _done, _asked in requests for name in names}
             before = [r.name for r in self._workers]
             after = [r.name for r in self.cluster.tasks if r.job == "worker" and r.name not in leaving]
             if after != before:
-                self._record_scale(requests, before, after, time.time(), 0.0, "after its last step")
+                self._scales.record(requests, before, after, time.time(), 0.0, self.start_step + self.steps_done,
+                                    "after its last step", self.name)
         self._set_up.set()
         self._ended.set()
         for _leaving, done, _asked in requests:  # an ended job uses no worker: scale() goes on
             done.set()
-
-    def _record_scale(self, requests: list, before: list[str], after: list[str], drained: float, pause: float,
-                      when: str) -> None:
-        """Add a change of workers to ``events`` and say it in one line (information: the user asked for it)."""
-        event = {"kind": "scale", "time": drained, "step": self.start_step + self.steps_done, "workers": after,
-                 "joined": [n for n in after if n not in before], "left": [n for n in before if n not in after],
-                 "drain_seconds": max(0.0, drained - min((asked for _n, _d, asked in requests), default=drained)),
-                 "pause_seconds": pause}
-        with self._lock:
-            self._events.append(event)
-        changes = "; ".join(f"{what}: {', '.join(event[what])}" for what in ("joined", "left") if event[what])
-        paused = f"; paused {pause:.1f} s" if pause else ""
-        inform(f"{len(after)} worker(s) {when} ({changes}{paused})", f"job {self.name}")
 
     # -- the cluster scaled while the job trains (Cluster.scale -> TaskHosting.scale_workers) -----------
 
@@ -302,8 +267,7 @@ class Job:
         the old workers' last calls were back), ``step`` (steps done then), ``workers`` (from then on), ``joined``,
         ``left``, ``drain_seconds`` (from the scale's request until those calls were back) and ``pause_seconds`` (from
         then until the new workers' first calls: rebuilding the input pipelines and the connection)."""
-        with self._lock:
-            return [dict(event) for event in self._events]
+        return self._scales.events()
 
     def check_rescale(self, workers: int) -> None:
         """Raise (``ClusterStateError``, ``ConfigurationError``) if this job cannot follow a scale to ``workers``."""
@@ -320,41 +284,12 @@ class Job:
         if leaving and threading.current_thread() is self._thread:
             raise ClusterStateError(f"cannot remove workers from inside {self.describe()} (a callback): the job would "
                                     "wait for itself. Scale from the notebook while it trains, or after job.wait().")
-        request = (tuple(leaving), threading.Event(), time.time())
-        with self._lock:
-            self._rescales.append(request)
-        if not leaving:
-            return
-        timeout = self.options.recovery.step_timeout + 60.0 if timeout is None else timeout
-        try:
-            if request[1].wait(timeout):
-                return
-        except KeyboardInterrupt:  # the scale is given up: its workers stay, and the job keeps them if it can
-            self._withdraw(request)
-            raise
-        if not self._withdraw(request):  # taken while the wait ended: the job is letting them go now
-            request[1].wait(60.0)
-            return
-        raise ClusterStateError(
-            f"{self.describe()} did not let {', '.join(leaving)} go within {timeout:.0f} s (a call on it has not come "
-            "back): the workers stay. Check cluster.status(), then scale again, or stop the job first.")
-
-    def _withdraw(self, request) -> bool:
-        """Take back a scale the job has not followed yet; False if it is being (or was) followed."""
-        with self._lock:
-            if request in self._rescales:
-                self._rescales.remove(request)
-                return True
-        return False
+        self._scales.ask(tuple(leaving), self.options.recovery.step_timeout + 60.0 if timeout is None else timeout,
+                         self.describe)
 
     def rescale_pending(self) -> bool:
         """Whether a scale waits to be followed (a run then stops handing out work and ends when its calls are back)."""
-        return bool(self._rescales)
-
-    def _take_rescales(self) -> list[tuple[tuple[str, ...], threading.Event, float]]:
-        with self._lock:
-            taken, self._rescales = self._rescales, []
-        return taken
+        return self._scales.pending()
 
     def evaluate(self, data: Callable | None = None, batch_size: int = 256) -> dict[str, float]:
         """Loss and metrics of the trained variables over one pass of ``data``.
@@ -422,7 +357,7 @@ class Job:
 
     def _trim_engines(self) -> None:
         """Return what the job's engines freed to the system (a memory-capped container counts it); no waiting."""
-        from ..cluster.machine.memory import trim_memory
+        from ...cluster.machine.memory import trim_memory
 
         try:
             alive = set(self.cluster.client.ids)
@@ -437,30 +372,7 @@ class Job:
         its user can still ask (history, events, evaluate, model, the timeline). Each strategy adds its own."""
         self._dataset_batch = None
 
-    # -- checkpoints, faults and records -------------------------------------------------------
-
-    def _save_or_lost(self) -> None:
-        """``_save()``; a save that found a ps gone raises ``TaskLost`` (the job then restores, or fails)."""
-        try:
-            self._save()
-        except TaskLost:
-            raise
-        except Exception as exc:  # noqa: BLE001 - classified
-            raise classify(self, exc, "the job's checkpointing") from None
-
-    def checkpoint_due(self, next_at: int) -> int:
-        """Save if ``next_at`` steps are done (then return the next multiple to save at); else return ``next_at``."""
-        every = self.options.checkpoint_every
-        if every and self.start_step + self.steps_done >= next_at:
-            if any(r.state == SILENT for r in self.cluster.tasks):
-                return next_at  # saving could block on it (see _save): after it answers, or is replaced
-            self._save_or_lost()
-            return (self.start_step + self.steps_done) // every * every + every
-        return next_at
-
-    def first_checkpoint_at(self) -> int:
-        every = self.options.checkpoint_every or 1
-        return (self.start_step + self.steps_done) // every * every + every
+    # -- records --------------------------------------------------------------------------------
 
     def missing_steps(self) -> list[int]:
         """The steps still to run, in order: none recorded yet, or undone by a restore."""
@@ -483,15 +395,4 @@ class Job:
 
     def _step_record(self, step: int, loss: float, metrics, worker: str, start: float, end: float, examples: int,
                      **extra) -> dict:
-        return {
-            "step": step,
-            "loss": float(loss),
-            **{name: float(v) for name, v in zip(self.metric_names, metrics)},
-            "worker": worker,
-            "start": float(start),
-            "end": float(end),
-            "examples": int(examples),
-            "examples_per_s": float(examples / max(float(end) - float(start), 1e-9)),
-            "recovery": self.recoveries,
-            **{key: value.item() if hasattr(value, "item") else value for key, value in extra.items()},  # plain numbers
-        }
+        return step_record(step, loss, metrics, self.metric_names, worker, start, end, examples, self.recoveries, **extra)

@@ -1,0 +1,34 @@
+"""A job's step records: what one step's record holds, and the rate its records say."""
+
+from __future__ import annotations
+
+from ...errors import TrainingError
+
+
+def step_record(step: int, loss: float, metrics, metric_names: list[str], worker: str, start: float, end: float,
+                examples: int, recovery: int, **extra) -> dict:
+    """One step of ``job.history``: plain Python numbers (numpy scalars print as ``np.float64(...)``)."""
+    return {
+        "step": step,
+        "loss": float(loss),
+        **{name: float(v) for name, v in zip(metric_names, metrics)},
+        "worker": worker,
+        "start": float(start),
+        "end": float(end),
+        "examples": int(examples),
+        "examples_per_s": float(examples / max(float(end) - float(start), 1e-9)),
+        "recovery": recovery,
+        **{key: value.item() if hasattr(value, "item") else value for key, value in extra.items()},
+    }
+
+
+def throughput_of(history: list[dict], warmup: int) -> dict[str, float]:
+    """Steps/s and examples/s over ``history`` after its first ``warmup`` steps (by end), on the workers' clocks:
+    from the first counted step's start to the last one's end."""
+    records = sorted(history, key=lambda r: r["end"])[warmup:]
+    if len(records) < 2:
+        raise TrainingError(f"throughput needs at least 2 steps after warmup={warmup}; the job has "
+                            f"{len(history)}: train longer or lower warmup.")
+    seconds = max(records[-1]["end"] - min(r["start"] for r in records), 1e-9)
+    return {"steps_per_s": len(records) / seconds, "examples_per_s": sum(r["examples"] for r in records) / seconds,
+            "seconds": seconds, "steps": len(records)}
