@@ -6,9 +6,9 @@ import pytest
 import workbench as wb
 from workbench.tables import html_table, text_table
 from workbench.training.modelling.placement import PsPlacer, task_of
+from workbench.training.placing import _device_for_path, resolve_layout
 from workbench.training.strategies.allreduce.engine import unpack
 from workbench.training.strategies.allreduce.group import portable
-from workbench.training.placing import _device_for_path, resolve_layout
 
 PS0, PS1 = "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"
 

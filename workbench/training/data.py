@@ -69,3 +69,9 @@ def _check_dataset(dataset: Any, data: Callable) -> None:
             "the data function must yield (features, labels) pairs, one example each (unbatched); "
             f"its elements are {spec}."
         )
+
+
+def example_spec(data: Callable, ctx: DataContext) -> tuple[list, Any]:
+    """The shape (a batch of one) and dtype of the features ``data`` yields for ``ctx``: what a model is built on."""
+    spec = training_dataset(data, ctx).element_spec[0]
+    return [1, *spec.shape[1:]], spec.dtype

@@ -46,13 +46,18 @@ def check_evaluation_data(data: Any) -> None:
         raise ConfigurationError(f"job.evaluate({type(data).__name__}): {_WHAT_TO_PASS}.")
 
 
+def named_results(values: list[float], metric_names, examples: int) -> dict[str, float]:
+    """``{"loss": ..., <metric>: ..., "examples": n}`` from an evaluation's values (the loss first, then the metrics)."""
+    return {"loss": values[0], **dict(zip(metric_names, values[1:])), "examples": int(examples)}
+
+
 def combine_parts(parts: list[tuple[list[float], int]], metric_names: list[str]) -> dict[str, float]:
     """Loss and metrics of a pass made in parts (``(values, examples)`` each, values weighted by examples)."""
     count = sum(n for _, n in parts)
     if not count:
         raise ConfigurationError(f"the validation data gave no batch: {_WHAT_TO_PASS}, with at least one batch per worker.")
     totals = [sum(values[i] * n for values, n in parts) / count for i in range(len(metric_names) + 1)]
-    return {"loss": totals[0], **dict(zip(metric_names, totals[1:])), "examples": int(count)}
+    return named_results(totals, metric_names, count)
 
 
 def batch_function(model, loss_fn: Callable, metric_fns: dict[str, Callable]) -> Callable:
@@ -109,5 +114,4 @@ def evaluate_dataset(model, dataset, loss_fn: Callable, metric_fns: dict[str, Ca
             ) from None
     if totals is None:
         raise ConfigurationError(f"job.evaluate(dataset): the dataset is empty; {_WHAT_TO_PASS}.")
-    values = (totals / count).numpy().tolist()
-    return {"loss": values[0], **dict(zip(metric_fns, values[1:])), "examples": int(count)}
+    return named_results((totals / count).numpy().tolist(), metric_fns, count)

@@ -6,6 +6,8 @@ so that the job restores, or fails.
 
 from __future__ import annotations
 
+import threading
+
 from ...cluster.health import SILENT
 from .recovery import TaskLost, classify
 
@@ -24,17 +26,25 @@ def _next_multiple(done: int, every: int) -> int:
     return done // every * every + every
 
 
-def first_checkpoint_at(job) -> int:
-    """The step count at which the job's first save of this run is due."""
-    return _next_multiple(job.start_step + job.steps_done, job.options.checkpoint_every or 1)
+class Cadence:
+    """When the steps of one run of a job are due a save: every ``Checkpoint.every`` steps from the run's start.
 
+    Held by the job for its current run (``driver``): the threads that record a call's steps (each worker's in
+    async-ps) ask it in turn, right after they recorded, so that checkpoints land close to each multiple.
+    """
 
-def checkpoint_due(job, next_at: int) -> int:
-    """Save if ``next_at`` steps are done (then return the next multiple to save at); else return ``next_at``."""
-    every = job.options.checkpoint_every
-    if every and job.start_step + job.steps_done >= next_at:
-        if any(r.state == SILENT for r in job.cluster.tasks):
-            return next_at  # saving could block on it (see PsJob._save): after it answers, or is replaced
-        save_or_lost(job)
-        return _next_multiple(job.start_step + job.steps_done, every)
-    return next_at
+    def __init__(self, job):
+        self._lock = threading.Lock()
+        self._next = _next_multiple(job.start_step + job.steps_done, job.options.checkpoint_every or 1)
+
+    def steps_recorded(self, job) -> None:
+        """Save if the next multiple is done, unless a task is silent (a save could block on it: after it answers,
+        or is replaced, see ``PsJob._save``)."""
+        every = job.options.checkpoint_every
+        with self._lock:
+            if not every or job.start_step + job.steps_done < self._next:
+                return
+            if any(r.state == SILENT for r in job.cluster.tasks):
+                return
+            save_or_lost(job)
+            self._next = _next_multiple(job.start_step + job.steps_done, every)

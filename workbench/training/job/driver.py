@@ -14,7 +14,7 @@ from ...cluster.jobs import CANCELLED, FAILED, FINISHED
 from ...cluster.process import connection
 from ...errors import ClusterStateError, TrainingError, WorkbenchError
 from ..options import validate
-from .checkpoints import save_or_lost
+from .checkpoints import Cadence, save_or_lost
 from .recovery import Supervisor, TaskLost, classify, restore_after_loss
 from .workers import WorkersChanged
 
@@ -112,6 +112,7 @@ def _tasks_ready(job) -> None:
 
 def _train_with_recovery(job) -> None:
     while True:
+        job._cadence = Cadence(job)  # from this run's start: after a restore, from the restored step
         try:
             job._run()
             if job.options.checkpoint and not job._stop.is_set():

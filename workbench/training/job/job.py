@@ -23,7 +23,7 @@ from ..fit.loop import EpochLoop, FitArguments
 from ..modelling.losses import resolve_metrics
 from ..options import TrainOptions
 from .driver import TASKS_READY_SECONDS, drive
-from .records import step_record, throughput_of
+from .records import make_step_record, throughput_of
 from .recovery import Supervisor
 from .scaling import Scales
 from .workers import wait_for_event
@@ -77,6 +77,7 @@ class Job:
         self.start_step = 0
         self.recoveries = 0  # restores from a checkpoint so far (a ps, or an all-reduce worker, was lost)
         self._faults: list = []
+        self._cadence = None  # when the current run's steps are due a save (checkpoints.Cadence, set by the driver)
         self._scales = Scales(self._lock)  # cluster.scale while it trains: requests to follow, changes made (events)
         self._supervisor: Supervisor | None = None
         self.placer = None  # ps strategies: where each variable went (a PsPlacer)
@@ -299,13 +300,10 @@ class Job:
         """
         self.cluster.job_queue.require_idle(f"evaluate job {self.name}")
         if is_dataset(data):
-            return self._evaluate_here(data, batch_size)
+            return evaluate_dataset(self.model, data, self._loss_fn, resolve_metrics(self.options.metrics),
+                                    self._example_rank(), batch_size)
         check_evaluation_data(data)
         return self._evaluate_data_function(data or self._data, batch_size)
-
-    def _evaluate_here(self, dataset, batch_size: int) -> dict[str, float]:
-        return evaluate_dataset(self.model, dataset, self._loss_fn, resolve_metrics(self.options.metrics),
-                                self._example_rank(), batch_size)
 
     # -- what the epoch loop asks (fit.py) -----------------------------------------------------
 
@@ -380,19 +378,23 @@ class Job:
             done = {r["step"] for r in self._history}
         return [step for step in range(self.start_step, self.options.steps) if step not in done]
 
-    def _record(self, step: int, loss: float, metrics, worker: str, start: float, end: float, examples: int,
-                last_of_call: bool = False, **extra) -> None:
-        """Record one step (``last_of_call``: the newest of its remote call, for the callbacks' batch hooks)."""
-        record = self._step_record(step, loss, metrics, worker, start, end, examples, **extra)
+    def record_call(self, records: list[dict], accept: Callable[[], bool] | None = None) -> bool:
+        """The steps of one remote call that came back, in every strategy: into the history (the newest is the
+        callbacks' batch end) as one change, to the dashboards, then a checkpoint if one is due (which may raise
+        ``TaskLost``). ``accept()``, called under the job's lock, may refuse them (False): a call given up on."""
         with self._lock:
-            self._append(record, last_of_call)
-        self._recorder.step_done(record)
+            if accept is not None and not accept():
+                return False
+            for i, record in enumerate(records):
+                self._history.append(record)
+                self._loop.step_done(record, i == len(records) - 1)
+        for record in records:
+            self._recorder.step_done(record)
+        if self._cadence is not None:
+            self._cadence.steps_recorded(self)
+        return True
 
-    def _append(self, record: dict, last_of_call: bool) -> None:
-        """Add ``record`` to the history; the caller holds ``_lock`` (a run may make it one change with its own)."""
-        self._history.append(record)
-        self._loop.step_done(record, last_of_call)
-
-    def _step_record(self, step: int, loss: float, metrics, worker: str, start: float, end: float, examples: int,
-                     **extra) -> dict:
-        return step_record(step, loss, metrics, self.metric_names, worker, start, end, examples, self.recoveries, **extra)
+    def step_record(self, step: int, loss: float, metrics, worker: str, start: float, end: float, examples: int,
+                    **extra) -> dict:
+        """One step's record, for ``record_call``: plain numbers, named by the job's metrics."""
+        return make_step_record(step, loss, metrics, self.metric_names, worker, start, end, examples, self.recoveries, **extra)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...errors import TrainingError
 
 
-def step_record(step: int, loss: float, metrics, metric_names: list[str], worker: str, start: float, end: float,
+def make_step_record(step: int, loss: float, metrics, metric_names: list[str], worker: str, start: float, end: float,
                 examples: int, recovery: int, **extra) -> dict:
     """One step of ``job.history``: plain Python numbers (numpy scalars print as ``np.float64(...)``)."""
     return {

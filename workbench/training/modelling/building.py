@@ -48,6 +48,19 @@ def build_model(model: Any, example_features) -> Any:
     return built
 
 
+LOCAL_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"  # this kernel's own CPU, whatever it is connected to
+
+
+def local_model(model: Any, example_shape: list, example_dtype: Any, weights: list) -> Any:
+    """A Keras model in this kernel (no cluster needed) holding ``weights``: ``job.model``."""
+    import tensorflow as tf
+
+    with tf.device(LOCAL_CPU):
+        local = build_model(model, tf.zeros(example_shape, example_dtype))
+    local.set_weights(weights)
+    return local
+
+
 def build_optimizer(optimizer: Any) -> Any:
     import keras
 
@@ -130,7 +143,7 @@ def _compiled_model(model: Any):
     built = getattr(model, "model", model)  # a placed model (wb.place) holds its Keras model
     if not isinstance(built, keras.Model) and callable(built):
         try:
-            with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
+            with tf.device(LOCAL_CPU):
                 built = built()
         except Exception:  # noqa: BLE001 - the job's set-up builds it again and says what is wrong
             return None

@@ -7,12 +7,12 @@ given up on goes back to the queue and runs elsewhere (``runs.WorkerRun`` decide
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass
 
 from ...telemetry.events import PUSH_APPLY
-from ..job.checkpoints import checkpoint_due, first_checkpoint_at
 from ..job.workers import ACTIVE, DROPPED, RECOVERING, TICK_SECONDS, own_executor, wait_until
 from .ps.runs import WorkerRun
 
@@ -49,9 +49,7 @@ class AsyncRun(WorkerRun):
         self.in_flight: dict[int, _Call] = {}
         self.warm: set[int] = set()  # workers whose function is set up on the tasks: a call of theirs came back
         self.stalled_since: float | None = None  # when the last worker able to take work went away
-        self.checkpoint_lock = threading.Lock()
         self.wake = threading.Event()  # a worker found the epoch's calls all out: the run's thread looks now
-        self.next_checkpoint = first_checkpoint_at(job)
 
     def run(self) -> None:
         self.job._fns.build_async(**self.job._async_step_options())
@@ -143,6 +141,16 @@ class AsyncRun(WorkerRun):
             self.in_flight[index] = call
             return call
 
+    def _taken(self, index: int, call: _Call, stamps, marks) -> bool:
+        """Under the job's lock: worker ``index``'s call leaves the flight as its steps are recorded, in one step (see
+        ``_parked``); False if it was given up on (or the run ended): its steps run, or ran, elsewhere."""
+        if self.halt.is_set() or self.in_flight.get(index) is not call:
+            return False
+        del self.in_flight[index]
+        self.job._recorder.steps(self.names[index], self.job._worker_devices[index], call.chunk[0], stamps, marks,
+                                 self.options.per_worker_batch, PUSH_APPLY, call.key)
+        return True
+
     @own_executor
     def _work(self, index: int) -> None:
         import tensorflow as tf
@@ -159,26 +167,17 @@ class AsyncRun(WorkerRun):
             except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
                 self.errors.put((index, call, exc))
                 return
-            records = [job._step_record(first + i, losses[i], metrics[i], name, stamps[i], stamps[i + 1],
+            records = [job.step_record(first + i, losses[i], metrics[i], name, stamps[i], stamps[i + 1],
                                         self.options.per_worker_batch) for i in range(n)]
-            with job._lock:
-                if self.halt.is_set() or self.in_flight.get(index) is not call:
-                    return  # given up on (or the run ended): its steps run, or ran, elsewhere
-                del self.in_flight[index]  # and its steps recorded, in the same step (see _parked)
-                for i, record in enumerate(records):
-                    job._append(record, last_of_call=i == n - 1)
-            if index in self.warm:  # a first call's set-up says nothing about the pace of steps
-                self.times.add(time.monotonic() - call.started, n)
-            self.warm.add(index)
-            job._recorder.steps(name, device, first, stamps, marks, self.options.per_worker_batch, PUSH_APPLY, call.key)
-            for record in records:
-                job._recorder.step_done(record)
-            try:
-                with self.checkpoint_lock:  # right away, in this thread: checkpoints land close to each multiple
-                    self.next_checkpoint = checkpoint_due(job, self.next_checkpoint)
+            try:  # a due checkpoint is saved right away, in this thread
+                if not job.record_call(records, accept=functools.partial(self._taken, index, call, stamps, marks)):
+                    return
             except Exception as exc:  # noqa: BLE001 - a save that found a ps gone (TaskLost), or a failure
                 self.errors.put((None, None, exc))
                 return
+            if index in self.warm:  # a first call's set-up says nothing about the pace of steps
+                self.times.add(time.monotonic() - call.started, n)
+            self.warm.add(index)
 
     # -- what the run's thread does about it -------------------------------------------------------
 

@@ -81,7 +81,7 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
     import keras
     import tensorflow as tf
 
-    from ...data import DataContext, training_dataset
+    from ...data import DataContext, example_spec, training_dataset
     from ...modelling.building import build_model, build_optimizer, seed_initializers
     from ...modelling.losses import resolve_loss, resolve_metrics
     from ...modelling.steps import StepFunctions, stamp_after, steps_in_one_call
@@ -99,8 +99,7 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
             f"does not split evenly among them: choose a batch_size that is a multiple of {local_replicas * num_workers} "
             "(workers x GPUs per worker)")
     per_replica = settings["per_worker_batch"] // local_replicas
-    probe = training_dataset(data, DataContext(index, num_workers, 1, seed)).element_spec[0]
-    example = tf.zeros([1, *probe.shape[1:]], probe.dtype)
+    example = tf.zeros(*example_spec(data, DataContext(index, num_workers, 1, seed)))
     with strategy.scope():
         model = build_model(model_source, example)
         opt = build_optimizer(optimizer)

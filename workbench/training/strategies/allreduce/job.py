@@ -17,11 +17,11 @@ from typing import Any
 from ....cluster.health import LOST, RECOVERING
 from ....errors import ClusterStateError, ControllerLost, TrainingError
 from ....telemetry.events import ALLREDUCE_APPLY
-from ...fit.evaluation import is_dataset
-from ...job.checkpoints import checkpoint_due, first_checkpoint_at
+from ...data import DataContext, example_spec
+from ...fit.evaluation import is_dataset, named_results
 from ...job.job import Job
 from ...job.recovery import TaskLost
-from ...modelling.building import learning_rate_of
+from ...modelling.building import learning_rate_of, local_model
 from ...modelling.losses import resolve_loss
 from . import engine as allreduce_engine
 from .group import GROUP_TIMEOUT, WorkerGroup, portable
@@ -42,11 +42,11 @@ class CallbackMirror:
     def __init__(self, job: AllReduceJob):
         import tensorflow as tf
 
-        from ...modelling.building import build_model, build_optimizer
+        from ...modelling.building import LOCAL_CPU, build_model, build_optimizer
 
         self._job = weakref.ref(job)  # not a cycle (job._mirror): an ended job nobody holds is freed at once
-        with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
-            self.model = build_model(job._model_source, job._example())
+        with tf.device(LOCAL_CPU):
+            self.model = build_model(job._model_source, tf.zeros(*job._example_spec()))
             self.model.compile(optimizer=build_optimizer(job._optimizer_source), loss=job._loss_source,
                                metrics=list(job.options.metrics))
         self.model.optimizer.build(self.model.trainable_variables)
@@ -202,7 +202,6 @@ class AllReduceJob(Job):
     def _run(self) -> None:
         chunk = self.options.strategy.steps_per_call
         names = ",".join(r.name for r in self._workers)
-        next_checkpoint = first_checkpoint_at(self)
         done = self.steps_done  # after a restore: the steps its checkpoint includes
         while not self._stop.is_set():
             self._loop.tick(parked=True)  # between calls: the callbacks, and the epoch's end once its steps are done
@@ -227,11 +226,10 @@ class AllReduceJob(Job):
             ours = results[self._engines[0]]  # loss and metrics are already averaged over the workers
             starts = [min(r["stamps"][i] for r in results.values()) for i in range(n)]
             ends = [max(r["stamps"][i + 1] for r in results.values()) for i in range(n)]
-            for i in range(n):
-                self._record(self.start_step + done + i, ours["losses"][i], ours["metrics"][i], names, starts[i], ends[i],
-                             self.options.batch_size, last_of_call=i == n - 1, aggregated=len(self._engines))
+            self.record_call([self.step_record(self.start_step + done + i, ours["losses"][i], ours["metrics"][i], names,
+                                                starts[i], ends[i], self.options.batch_size, aggregated=len(self._engines))
+                              for i in range(n)])  # and a checkpoint, if one is due
             done += n
-            next_checkpoint = checkpoint_due(self, next_checkpoint)
 
     def _trim_engines(self) -> None:
         try:
@@ -274,31 +272,18 @@ class AllReduceJob(Job):
         engine = self._engines[0]
         result = self._call_all({engine: (allreduce_engine.evaluate, self._run_id, portable(data), batch_size)},
                                 "evaluating", GROUP_TIMEOUT)[engine]
-        values = result["values"]
-        return {"loss": values[0], **dict(zip(self.metric_names, values[1:])), "examples": result["count"]}
+        return named_results(result["values"], self.metric_names, result["count"])
 
     @property
     def model(self):
         """A local Keras model (in this kernel, no cluster needed) holding the trained weights."""
-        import tensorflow as tf
-
-        from ...modelling.building import build_model
-
         engine = self._engines[0]
         weights = self._call_all({engine: (allreduce_engine.weights, self._run_id)}, "fetching the weights", GROUP_TIMEOUT)[engine]
-        with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
-            local = build_model(self._model_source, self._example())
-        local.set_weights(weights)
-        return local
+        return local_model(self._model_source, *self._example_spec(), weights)
 
     def _example_rank(self) -> int:
-        return self._example().shape.rank
+        return len(self._example_spec()[0])
 
-    def _example(self):
-        import tensorflow as tf
-
-        from ...data import DataContext, training_dataset
-
+    def _example_spec(self) -> tuple[list, Any]:
         seed = 0 if self.options.seed is None else self.options.seed
-        spec = training_dataset(self._data, DataContext(0, 1, 1, seed)).element_spec[0]
-        return tf.zeros([1, *spec.shape[1:]], spec.dtype)
+        return example_spec(self._data, DataContext(0, 1, 1, seed))

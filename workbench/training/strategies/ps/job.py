@@ -15,11 +15,11 @@ from typing import Any
 
 from ....cluster.process import connection
 from ....errors import ConfigurationError
-from ...data import DataContext, evaluation_dataset, training_dataset
-from ...fit.evaluation import is_dataset
+from ...data import DataContext, evaluation_dataset, example_spec, training_dataset
+from ...fit.evaluation import is_dataset, named_results
 from ...job.job import Job
 from ...job.workers import compute_device, input_device
-from ...modelling.building import build_model, build_optimizer, seed_initializers, update_where_the_variable_lives
+from ...modelling.building import build_model, build_optimizer, local_model, seed_initializers, update_where_the_variable_lives
 from ...modelling.losses import resolve_loss, resolve_metrics
 from ...modelling.placement import PsPlacer, optimizer_targets, shards_of, tf_variable
 from ...modelling.steps import StepFunctions
@@ -78,8 +78,7 @@ class PsJob(Job):
         if options.seed is not None:
             seed_initializers(options.seed)
         probe = data(DataContext(0, options.num_workers, options.per_worker_batch, seed))
-        example = training_dataset(lambda _ctx: probe, DataContext(0, 1, 1, seed)).element_spec[0]
-        self._example_shape, self._example_dtype = [1, *example.shape[1:]], example.dtype
+        self._example_shape, self._example_dtype = example_spec(lambda _ctx: probe, DataContext(0, 1, 1, seed))
         return seed
 
     def _setup_checkpoints(self, resume: bool) -> None:
@@ -134,8 +133,7 @@ class PsJob(Job):
             tf.autograph.experimental.do_not_convert(lambda: evaluation_dataset(data, batch_size, seed)))
         with tf.device(self._worker_devices[0]):
             values, count = evaluate()
-        values = values.numpy().tolist()
-        return {"loss": values[0], **dict(zip(self.metric_names, values[1:])), "examples": int(count.numpy())}
+        return named_results(values.numpy().tolist(), self.metric_names, count.numpy())
 
     def _example_rank(self) -> int:
         return len(self._example_shape)
@@ -161,16 +159,11 @@ class PsJob(Job):
     @property
     def model(self):
         """A local Keras model (in this kernel, no cluster needed) holding the trained weights."""
-        import tensorflow as tf
-
         weights = self._local_weights
         if weights is None:
             connection.check_epoch(self._epoch, "this job")
             weights = self._read_weights()
-        with tf.device("/job:localhost/replica:0/task:0/device:CPU:0"):
-            local = build_model(self._model_source, tf.zeros(self._example_shape, self._example_dtype))
-        local.set_weights(weights)
-        return local
+        return local_model(self._model_source, self._example_shape, self._example_dtype, weights)
 
     def _read_weights(self) -> list:
         import tensorflow as tf

@@ -19,7 +19,6 @@ import threading
 import time
 
 from ....telemetry.events import APPLY, COMPUTE
-from ...job.checkpoints import checkpoint_due, first_checkpoint_at
 from ...job.workers import ACTIVE, DROPPED, RECOVERING, own_executor, wait_until
 from ...modelling.steps import host_scalar
 from ..async_ps import chunks_of
@@ -125,7 +124,6 @@ class SyncRun(WorkerRun):
         import tensorflow as tf
 
         job = self.job
-        next_checkpoint = first_checkpoint_at(job)
         for number, (first, n) in enumerate(self.chunks):
             if self.draining or not self._wait_for_release(first):
                 return  # a scale: the chunk runs in the next run, on the new workers
@@ -143,9 +141,8 @@ class SyncRun(WorkerRun):
             except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
                 self.errors.put((None, _AGGREGATOR, exc))
                 return
-            self._record(first, [self.barrier.unpack(row) for row in rows])
             try:
-                next_checkpoint = checkpoint_due(job, next_checkpoint)
+                self._record(first, [self.barrier.unpack(row) for row in rows])  # and a checkpoint, if one is due
             except Exception as exc:  # noqa: BLE001 - a save that found a ps gone (TaskLost), or a failure
                 self.errors.put((None, None, exc))
                 return
@@ -172,18 +169,19 @@ class SyncRun(WorkerRun):
     def _record(self, first: int, rows: list[tuple]) -> None:
         """Steps ``first, first + 1, ...``, one ``SyncBarrier.unpack``-ed row each, into the history and the timeline."""
         job, batch = self.job, self.options.per_worker_batch
-        chunk_first, chunk_steps = self.chunks[self.chunk]
+        records = []
         for i, (mask, losses, metrics, stamps, applied, late) in enumerate(rows):
             contributors = [w for w in range(len(self.names)) if mask[w] > 0]
             n = len(contributors)
             job._recorder.span(job._ps_names[0], job._ps_devices[0], APPLY, first + i, applied[0], applied[1], n * batch)
-            job._record(first + i, float(sum(losses[w] for w in contributors) / n),
-                        [float(sum(metrics[w][j] for w in contributors) / n) for j in range(len(job.metric_names))],
-                        ",".join(self.names[w] for w in contributors), min(stamps[w][0] for w in contributors),
-                        max(stamps[w][1] for w in contributors), n * batch,
-                        last_of_call=first + i == chunk_first + chunk_steps - 1, aggregated=n)
+            records.append(job.step_record(
+                first + i, float(sum(losses[w] for w in contributors) / n),
+                [float(sum(metrics[w][j] for w in contributors) / n) for j in range(len(job.metric_names))],
+                ",".join(self.names[w] for w in contributors), min(stamps[w][0] for w in contributors),
+                max(stamps[w][1] for w in contributors), n * batch, aggregated=n))
             self.aggregated += n
             self.late += late
+        job.record_call(records)
 
     # -- a worker's thread: its calls, chunk after chunk ----------------------------------------
 
