@@ -29,10 +29,10 @@ def _check_job(job, workers: set[str]) -> None:
     assert len(job.model.get_weights()) == 4
 
 
-@pytest.mark.parametrize("strategy, options", [("async-ps", {}), ("sync-ps", {"backup_workers": 1}),
-                                               ("allreduce", {"steps_per_call": 20})])
-def test_a_short_job_of_each_data_parallel_strategy(cluster, strategy, options):
-    _check_job(train(cluster, strategy=strategy, steps=STEPS, **options).wait(300), {"worker:0", "worker:1"})
+@pytest.mark.parametrize("strategy", [wb.AsyncPS(), wb.SyncPS(backup_workers=1), wb.AllReduce(steps_per_call=20)],
+                         ids=["async-ps", "sync-ps", "allreduce"])
+def test_a_short_job_of_each_data_parallel_strategy(cluster, strategy):
+    _check_job(train(cluster, strategy=strategy, steps=STEPS).wait(300), {"worker:0", "worker:1"})
 
 
 def _named_layers():

@@ -93,8 +93,8 @@ KERNEL_CODE = textwrap.dedent("""
 
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     cluster = wb.Cluster(ps=1, workers=2, name="wb-attack-kernel", progress=False).start()
-    wb.train(cluster, make_model, wb.datasets.digits, loss, strategy="async-ps", steps=40, wait=True)  # kernel: TF client
-    wb.train(cluster, make_model, wb.datasets.digits, loss, strategy="allreduce", steps=20, wait=True)  # the group's ports
+    wb.train(cluster, make_model, wb.datasets.digits, loss, strategy="async-ps", steps=40).wait()  # kernel: TF client
+    wb.train(cluster, make_model, wb.datasets.digits, loss, strategy="allreduce", steps=20).wait()  # the group's ports
     busy = wb.train(cluster, make_model, wb.datasets.digits, loss, strategy="async-ps", steps=100000)
     cluster.profile(seconds=1)  # every task's profiler service
     busy.stop()

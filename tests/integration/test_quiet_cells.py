@@ -83,7 +83,7 @@ SCRIPT = textwrap.dedent("""\
     def make_model():
         return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation='relu'), keras.layers.Dense(10)])
     job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                   steps=100000, batch_size=96, elastic_batch='per-worker')
+                   steps=100000, batch_size=96, strategy=wb.AsyncPS(elastic_batch='per-worker'))
     job.wait_set_up()
     print('CONNECTED', file=sys.stderr, flush=True)
     while job.steps_done < 50 and job.state == 'running':

@@ -189,7 +189,7 @@ class PlacedModel:
         self.model = model
         self.layer_tasks = layer_tasks
         self.layer_devices = layer_devices
-        self._source = source
+        self.source = source  # what wb.place was given (a model function, or a model to clone)
         self._epoch = connection.current_epoch()
 
     @property
@@ -230,7 +230,7 @@ class PlacedModel:
 
     def place_again(self) -> None:
         """Place the model again on the same tasks (after one of them was re-hosted); ``model`` is then the new one."""
-        again = place(self._source, self.layer_tasks, cluster=self.cluster)
+        again = place(self.source, self.layer_tasks, cluster=self.cluster)
         self.model, self._epoch = again.model, again._epoch
 
     def train(self, data: Callable, loss: Any = None, optimizer: Any = None, **kwargs):

@@ -3,8 +3,8 @@
 The job waits its turn in the cluster's queue, runs in a thread of its own (``driver.py``), keeps
 one record per step (``history``), the faults of its tasks (``faults``, from ``recovery.py``) and
 the checkpoints due, and reports progress to the dashboards. What a strategy builds and runs is
-its subclass's: ``ps_job.PsJob`` (variables on the ps tasks, loops in ``async_ps.py`` and
-``sync_ps.py``), ``placed_job.PlacedJob``, ``allreduce.AllReduceJob``.
+its subclass's, in ``strategies/``: ``PsJob`` (``ps/job.py``: variables on the ps tasks, loops in
+``async_ps.py`` and ``sync_ps/``), ``PlacedJob`` (``placed.py``), ``AllReduceJob`` (``allreduce/``).
 """
 
 from __future__ import annotations
@@ -305,7 +305,7 @@ class Job:
         check_evaluation_data(data)
         return self._evaluate_data_function(data or self._data, batch_size)
 
-    # -- what the epoch loop asks (fit.py) -----------------------------------------------------
+    # -- what the epoch loop asks (fit/loop.py) -----------------------------------------------------
 
     @property
     def model(self):

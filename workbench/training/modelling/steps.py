@@ -5,7 +5,7 @@
   traced once, serves every worker: what is a worker's own (its error-feedback and prefetched
   variables) is passed in as arguments, not captured.
 * sync-ps runs its steps through a barrier on the first ps, with its own functions
-  (``sync_steps.SyncBarrier``), built on ``_loss_and_grads`` and the optimizer here.
+  (``strategies/sync_ps/steps.py``: ``SyncBarrier``), built on ``loss_and_grads`` and the optimizer here.
 * ``evaluate()`` makes one pass over the evaluation data on a worker.
 
 Every function returns ``tf.timestamp()`` readings of its steps, taken where the step runs
@@ -180,7 +180,7 @@ class StepFunctions:
             self.targets = list(self.model.trainable_variables)
             self.splits = [None] * len(self.targets)
 
-    def _forward(self, x, y, training: bool, model=None):
+    def forward(self, x, y, training: bool, model=None):
         import tensorflow as tf
 
         logits = (model or self.model)(x, training=training)
@@ -188,7 +188,7 @@ class StepFunctions:
         metrics = [tf.cast(fn(y, logits), tf.float32) for fn in self.metric_fns.values()]
         return loss, metrics
 
-    def _loss_and_grads(self, x, y, model=None):
+    def loss_and_grads(self, x, y, model=None):
         """Loss, metrics and the gradients of ``targets``; packed reads from the ps when ``packing`` is set."""
         import tensorflow as tf
 
@@ -196,14 +196,14 @@ class StepFunctions:
             return self._loss_and_grads_on(self.packing.read(), x, y)
         model = model or self.model
         with tf.GradientTape() as tape:
-            loss, metrics = self._forward(x, y, training=True, model=model)
+            loss, metrics = self.forward(x, y, training=True, model=model)
             scaled = loss + sum(model.losses) if model.losses else loss
         # per shard for partitioned variables: in the order of ``targets``
         grads = tape.gradient(scaled, [shard for v in model.trainable_variables for shard in shards_of(v)])
         return loss, metrics, grads
 
     def _loss_and_grads_on(self, pieces: list, x, y):
-        """``_loss_and_grads`` on the targets' values ``pieces`` (read packed: ``packing.read``).
+        """``loss_and_grads`` on the targets' values ``pieces`` (read packed: ``packing.read``).
 
         The model runs on those values through a ``keras.StatelessScope``; what its forward pass
         assigns (a BatchNormalization's moving statistics, a Dropout's seed state) is written to
@@ -223,7 +223,7 @@ class StepFunctions:
             mapping = list(zip(model.trainable_variables, values))
             with keras.StatelessScope(mapping, collect_losses=True) as scope:
                 given = dict(scope.state_mapping)
-                loss, metrics = self._forward(x, y, training=True)
+                loss, metrics = self.forward(x, y, training=True)
                 extra = model.losses
                 scaled = loss + sum(extra) if extra else loss
         for variable in model.variables:
@@ -281,7 +281,7 @@ class StepFunctions:
                 began = stamp_after(pieces)
                 loss, metrics, grads = self._loss_and_grads_on(pieces, x, y)
             elif output_device is None:
-                loss, metrics, grads = self._loss_and_grads(x, y)
+                loss, metrics, grads = self.loss_and_grads(x, y)
             else:
                 loss, metrics, grads = self.placed_gradients(x, y, output_device)
             mark = stamp_after([loss, *grads])
@@ -357,7 +357,7 @@ class StepFunctions:
             totals = tf.zeros([n_metrics + 1], tf.float64)
             count = tf.constant(0.0, tf.float64)
             for x, y in make_dataset():
-                loss, metrics = self._forward(x, y, training=False)
+                loss, metrics = self.forward(x, y, training=False)
                 weight = tf.cast(tf.shape(y)[0], tf.float64)
                 totals += weight * tf.cast(tf.stack([loss, *metrics]), tf.float64)
                 count += weight

@@ -2,7 +2,7 @@
 
 Steps are handed out in chunks of ``steps_per_call``; a worker's thread claims the next chunk when
 its call returns, so fast workers run more of them. The chunk of a worker that is lost, hung or
-given up on goes back to the queue and runs elsewhere (``runs.WorkerRun`` decides when).
+given up on goes back to the queue and runs elsewhere (``ps/runs.py``: ``WorkerRun`` decides when).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ class PlacedJob(PsJob):
         self._epoch = connection.connect(cluster, holder=self)
         connection.check_epoch(model._epoch, "this placed model")
         self._placed = model
-        self._model_source = model._source
+        self._model_source = model.source
         self._ps_names = list(dict.fromkeys(task_of(d) for d in model.layer_devices.values()))
         self._ps_devices = [f"{cluster.task(n).task.device}/device:CPU:0" for n in self._ps_names]
         first_task = task_of(model.input_device)

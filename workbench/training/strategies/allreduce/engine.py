@@ -124,7 +124,7 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
 
     def replica_step(x, y):
         with tf.GradientTape() as tape:
-            loss_value, metric_values = fns._forward(x, y, training=True)
+            loss_value, metric_values = fns.forward(x, y, training=True)
             loss_value = loss_value * unscale
             total = loss_value + sum(model.losses) if model.losses else loss_value
             scaled = total / replicas  # Keras sums the gradients over the replicas

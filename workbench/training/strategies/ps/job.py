@@ -3,7 +3,7 @@
 ``PsJob`` builds the model, optimizer and step counter with their variables placed on the ps tasks
 (``placement.PsPlacer``), one input pipeline per worker, the step functions, and the checkpoints; the
 loops that run the steps are ``async_ps.AsyncRun`` and ``sync_ps.SyncRun``. A placed model's job
-(``placed_job.PlacedJob``) is one too, with the layers' tasks in the part of the ps tasks.
+(``strategies/placed.py``: ``PlacedJob``) is one too, with the layers' tasks in the part of the ps tasks.
 """
 
 from __future__ import annotations

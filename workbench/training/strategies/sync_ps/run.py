@@ -1,6 +1,6 @@
 """sync-ps: each step aggregates the first N - k gradients to arrive, and drops the late ones.
 
-The barrier runs on the first ps (``sync_steps.SyncBarrier``): workers run ``steps_per_call``
+The barrier runs on the first ps (``steps.py``: ``SyncBarrier``): workers run ``steps_per_call``
 synchronous steps per remote call, each blocking on the ps for its step's token, and the ps
 applies every step once ``required`` gradients of it arrived. The kernel is not in any step's
 loop: one thread per worker makes its calls (a chunk of steps each), one makes the ps's

@@ -199,7 +199,7 @@ class SyncBarrier:
                     x, y = next(iterator)
                 # no edge from ``start`` to the reads on the ps: they run in this iteration of the loop there, which
                 # begins once the loop's condition on ``step`` crossed over, i.e. after the token came
-                loss, metrics, grads = fns._loss_and_grads(x, y)
+                loss, metrics, grads = fns.loss_and_grads(x, y)
                 grads = self.packing.encode(self.packing.pack([tf.convert_to_tensor(g, t.dtype) for g, t in zip(grads, targets)]),
                                             residuals or None)
                 times = tf.stack([start, stamp_after([loss, *grads])])
