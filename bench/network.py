@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from training import completion_points, finished, steady_rate
 
-from workbench.training.options import TrainOptions
+import workbench as wb
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 RATES = ("100mbit", "1gbit", "2gbit", "4gbit", "10gbit")
@@ -54,7 +54,7 @@ LINK = "1gbit"
 HIDDEN = 1024
 SEND_SECONDS = 4.0
 SKIP_SECONDS = 1.0  # the start of a transfer (buffers filling) is left out
-DEFAULT_STEPS_PER_CALL = TrainOptions.steps_per_call  # what a user's job runs unless told otherwise
+DEFAULT_STEPS_PER_CALL = wb.AsyncPS().steps_per_call  # what a user's job runs unless told otherwise
 
 SENDER = """
 import socket, sys, time

@@ -6,7 +6,8 @@ import inspect
 import pytest
 
 import workbench as wb
-from workbench.training.config import MOVED_ARGUMENTS, STRATEGIES, checkpoint_from, recovery_from, strategy_from
+from workbench.training.config import STRATEGIES, checkpoint_from, recovery_from, strategy_from
+from workbench.training.moved import MOVED_ARGUMENTS
 
 
 def test_train_takes_at_most_twenty_parameters_and_names_its_objects():
@@ -26,9 +27,12 @@ def test_each_moved_keyword_names_its_new_place(name):
 def test_strategy_options_live_on_the_strategy_they_mean_something_for():
     assert wb.SyncPS(backup_workers=1, transfer="bf16").gradients_per_step(3) == 2
     assert wb.AsyncPS().gradients_per_step(3) is None
-    for nonsense in (lambda: wb.AsyncPS(backup_workers=1), lambda: wb.AllReduce(transfer="bf16"),
-                     lambda: wb.ModelParallel(partition_bytes=0), lambda: wb.SyncPS(1)):
-        with pytest.raises(TypeError):  # an option another strategy has, or a positional one: not writable
+    for nonsense, says in ((lambda: wb.AsyncPS(backup_workers=1), "has no option backup_workers=: it is an option of wb.SyncPS"),
+                           (lambda: wb.AllReduce(transfer="bf16"), "it is an option of wb.AsyncPS and wb.SyncPS"),
+                           (lambda: wb.ModelParallel(partition_bytes=0), "Its options: steps_per_call"),
+                           (lambda: wb.SyncPS(1), r"takes its options by name: wb.SyncPS\(transfer=..."),
+                           (lambda: wb.Recovery(hang=3), "has no option hang=. Its options: rehost")):
+        with pytest.raises(TypeError, match=says):  # an option another object has, or a positional one: not writable
             nonsense()
     with pytest.raises(wb.ConfigurationError, match="transfer='fp8' is not a precision"):
         wb.SyncPS(transfer="fp8")
@@ -77,7 +81,7 @@ def test_a_checkpoint_is_a_directory_and_how_often(tmp_path):
         wb.Checkpoint(tmp_path, every=-1)
     with pytest.raises(wb.ConfigurationError, match="keep=0"):
         wb.Checkpoint(tmp_path, keep=0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"wb.Checkpoint\(directory, every=..., resume=..., keep=...\)"):
         wb.Checkpoint(tmp_path, 50)  # every= is named
     with pytest.raises(wb.ConfigurationError, match="checkpoint=3"):
         checkpoint_from(3)

@@ -7,11 +7,12 @@ from typing import Any
 
 from ..cluster.process import connection
 from ..errors import ClusterStateError
-from .config import Recovery, checkpoint_from, recovery_from, refusing_moved_arguments, strategy_from
+from .config import Recovery, checkpoint_from, recovery_from, strategy_from
 from .fit.evaluation import check_validation_data
 from .fit.loop import FitArguments, check_callbacks
 from .job.job import Job
 from .modelling.building import compiled_settings
+from .moved import refusing_moved_arguments
 from .options import TrainOptions, resolve_epochs, validate
 from .strategies import job_class
 

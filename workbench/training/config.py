@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, fields
 from typing import ClassVar
 
@@ -38,6 +37,31 @@ def _positive(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConfigurationError(f"{name}={value!r} must be a positive number.")
     return value
+
+
+def _explained(cls: type) -> type:
+    """Make a dataclass's ``TypeError`` for an option it lacks, or one passed by position, say what to write instead
+    (which object has that option: ``wb.AllReduce(transfer=...)`` names ``wb.AsyncPS`` and ``wb.SyncPS``)."""
+    init = cls.__init__
+    positional = [f.name for f in fields(cls) if not f.kw_only]
+
+    @functools.wraps(init)
+    def checked(self, *args, **kwargs):
+        options = [f.name for f in fields(cls)]
+        if len(args) > len(positional):
+            named = ", ".join(f"{n}=..." for n in options[len(positional):])
+            raise TypeError(f"wb.{cls.__name__} takes its options by name: wb.{cls.__name__}({', '.join(positional)}"
+                            f"{', ' if positional else ''}{named}).")
+        for name in kwargs:
+            if name not in options:
+                takers = [f"wb.{k.__name__}" for k in (*STRATEGIES.values(), Recovery, Checkpoint)
+                          if name in {f.name for f in fields(k)}]
+                where = f": it is an option of {' and '.join(takers)}" if takers else ""
+                raise TypeError(f"wb.{cls.__name__} has no option {name}={where}. Its options: {', '.join(options)}.")
+        init(self, *args, **kwargs)
+
+    cls.__init__ = checked
+    return cls
 
 
 # -- strategies ----------------------------------------------------------------------------------
@@ -122,6 +146,7 @@ class _ParameterServer(Strategy):
                 "workers: scale to a number of workers that divides it.")
 
 
+@_explained
 @dataclass(frozen=True, kw_only=True)
 class AsyncPS(_ParameterServer):
     """Asynchronous parameter server: each worker applies its own updates on the ps tasks as it computes them.
@@ -134,6 +159,7 @@ class AsyncPS(_ParameterServer):
     epoch_scalars: ClassVar[tuple[str, ...]] = ("staleness",)  # others' updates landed while a step of its own ran
 
 
+@_explained
 @dataclass(frozen=True, kw_only=True)
 class SyncPS(_ParameterServer):
     """Synchronous parameter server: each step averages the first N - ``backup_workers`` gradients to arrive
@@ -165,6 +191,7 @@ class SyncPS(_ParameterServer):
         return workers - self.backup_workers
 
 
+@_explained
 @dataclass(frozen=True, kw_only=True)
 class AllReduce(Strategy):
     """All-reduce (MultiWorkerMirroredStrategy on the worker engines): every step all-reduces every worker's
@@ -176,6 +203,7 @@ class AllReduce(Strategy):
     leaves_workers_out: ClassVar[bool] = False
 
 
+@_explained
 @dataclass(frozen=True, kw_only=True)
 class ModelParallel(Strategy):
     """Model parallelism: a placed model's (``wb.place``) layers train on the tasks they were placed on, one
@@ -228,6 +256,7 @@ def strategy_named(name: str, **options) -> Strategy:
 # -- failures and checkpoints --------------------------------------------------------------------
 
 
+@_explained
 @dataclass(frozen=True, kw_only=True)
 class Recovery:
     """What a job does about a task lost, hung or straggling, and how long it waits (``recovery=`` of ``wb.train``).
@@ -299,6 +328,7 @@ def recovery_from(value: object) -> Recovery:
     return value
 
 
+@_explained
 @dataclass(frozen=True)
 class Checkpoint:
     """Periodic ``tf.train.Checkpoint`` of model, optimizer and step (``checkpoint=`` of ``wb.train``).
@@ -332,42 +362,3 @@ def checkpoint_from(value: object) -> Checkpoint | None:
         return Checkpoint(value)
     raise ConfigurationError(f"checkpoint={value!r}: pass a directory, or wb.Checkpoint(directory, every=..., "
                              "resume=..., keep=...).")
-
-
-# -- the spellings that moved ------------------------------------------------------------------------
-
-MOVED_ARGUMENTS = {
-    "backup_workers": "strategy=wb.SyncPS(backup_workers=...)",
-    "transfer": "strategy=wb.AsyncPS(transfer=...) (or wb.SyncPS(transfer=...))",
-    "partition_bytes": "strategy=wb.AsyncPS(partition_bytes=...) (or wb.SyncPS(partition_bytes=...))",
-    "elastic_batch": "strategy=wb.AsyncPS(elastic_batch=...) (or wb.SyncPS(elastic_batch=...))",
-    "steps_per_call": "strategy=wb.AsyncPS(steps_per_call=...) (or the object of the strategy you train with)",
-    "recover": "recovery=wb.Recovery(rehost=...) (recovery=None fails fast)",
-    "step_timeout": "recovery=wb.Recovery(step_timeout=...)",
-    "hang_timeout": "recovery=wb.Recovery(hang_timeout=...)",
-    "on_hang": "recovery=wb.Recovery(on_hang=...)",
-    "straggler_factor": "recovery=wb.Recovery(straggler_factor=...)",
-    "on_straggler": "recovery=wb.Recovery(on_straggler=...)",
-    "checkpoint_dir": "checkpoint=directory (or wb.Checkpoint(directory, every=..., resume=..., keep=...))",
-    "checkpoint_every": "checkpoint=wb.Checkpoint(directory, every=...)",
-    "resume": "checkpoint=wb.Checkpoint(directory, resume=True)",
-    "log_dir": "callbacks=[keras.callbacks.TensorBoard(log_dir)] (the job adds its per-worker runs to that directory)",
-    "wait": "wb.train(...).wait()",
-}
-
-
-def refusing_moved_arguments(label: str) -> Callable[[Callable], Callable]:
-    """Decorate a function so that a keyword of an earlier version (``backup_workers=``, ``checkpoint_dir=``...)
-    raises a ``TypeError`` naming its new place (see CHANGELOG); ``inspect.signature`` shows the function's own."""
-
-    def decorate(function: Callable) -> Callable:
-        @functools.wraps(function)
-        def checked(*args, **kwargs):
-            for name in kwargs:
-                if name in MOVED_ARGUMENTS:
-                    raise TypeError(f"{label}: {name}= is now {MOVED_ARGUMENTS[name]}.")
-            return function(*args, **kwargs)
-
-        return checked
-
-    return decorate

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError
-from .config import Strategy, refusing_moved_arguments, strategy_from
+from .config import Strategy, strategy_from
 from .modelling.steps import UNROLL
+from .moved import refusing_moved_arguments
 from .options import overlap_transfers
 
 PROFILE_STEPS = 200  # 120 left the workers' cycle to ~1 s of steps: 10 % apart between two profiles
