@@ -85,6 +85,36 @@ def test_payloads_for_engines_rebuild_keras_objects_and_carry_local_functions_by
     assert result.stdout.strip() == b"42", result.stderr[-2000:]
 
 
+def test_a_function_using_helpers_from_a_local_module_travels_with_them(tmp_path, monkeypatch):
+    # a notebook's function that calls a helper from a module beside the notebook, imported by name or as a module:
+    # the engines cannot import that module, so it travels by value too
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "wb_local_helpers.py").write_text(textwrap.dedent("""\
+        OFFSET = 1
+
+        def double(x):
+            return 2 * x + OFFSET - 1
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import wb_local_helpers
+    from wb_local_helpers import double
+
+    def by_name(x):
+        return double(x) + 1
+
+    def by_module(x):
+        return (lambda y: wb_local_helpers.double(y))(x) + 2  # through a nested function too
+
+    script = ("import sys; from workbench.training.strategies.allreduce.engine import unpack; "
+              "f, g = unpack(sys.stdin.buffer.read()); print(f(20), g(20))")
+    result = subprocess.run([sys.executable, "-c", script], input=portable((by_name, by_module)), capture_output=True,
+                            cwd="/", timeout=60)
+    assert result.stdout.split() == [b"41", b"42"], result.stderr[-2000:]
+
+
 def test_placement_diagram_puts_layers_in_task_columns_and_marks_crossings():
     from workbench.training.placing import Placement, PlacementRow, diagram_layout, diagram_svg
 

@@ -8,6 +8,7 @@ MultiWorkerMirroredStrategy group on ports they reserve beside their TF servers.
 from __future__ import annotations
 
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,45 @@ def _is_installed(module_name: str) -> bool:
         return module_name in sys.builtin_module_names
     resolved = str(Path(path).resolve())
     return "site-packages" in resolved or "dist-packages" in resolved or resolved.startswith(str(Path(sys.base_prefix).resolve()))
+
+
+def _local_modules(items: tuple, limit: int = 500) -> set[str]:
+    """The modules of the functions and classes in ``items``, and of the module-level ones they use (through their
+    globals, nested functions and closures, transitively; at most ``limit`` objects looked at), that the engines
+    may not be able to import: a notebook's ``make_model`` calling a helper from a local, uninstalled module."""
+    found: set[str] = set()
+    seen: set[int] = set()
+    todo = [item for item in items if callable(item)]
+    while todo and len(seen) < limit:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        module = getattr(obj, "__module__", None)
+        if not isinstance(module, str) or module.startswith("workbench") or _is_installed(module):
+            continue
+        if module != "__main__":
+            found.add(module)
+        codes = [getattr(obj, "__code__", None)]
+        scope = getattr(obj, "__globals__", {})
+        while codes:
+            code = codes.pop()
+            if code is None:
+                continue
+            for name in code.co_names:
+                used = scope.get(name)
+                if isinstance(used, types.ModuleType):  # `helpers.make()`: the module itself, if local
+                    if not used.__name__.startswith("workbench") and not _is_installed(used.__name__):
+                        found.add(used.__name__)
+                elif callable(used):
+                    todo.append(used)
+            codes += [const for const in code.co_consts if hasattr(const, "co_names")]  # nested functions, lambdas
+        for cell in getattr(obj, "__closure__", None) or ():
+            try:
+                todo += [cell.cell_contents] if callable(cell.cell_contents) else []
+            except ValueError:  # an empty cell
+                pass
+    return found
 
 
 def portable(value: Any) -> bytes:
@@ -50,8 +90,7 @@ def portable(value: Any) -> bytes:
 
     items = value if isinstance(value, tuple) else (value,)
     shipped = tuple(("rebuild", *keras_portable(i)) if keras_portable(i) else ("as-is", i) for i in items)
-    modules = {getattr(i, "__module__", None) for i in items if callable(i)} - {None, "__main__"}
-    by_value = [sys.modules[m] for m in modules if m in sys.modules and not _is_installed(m) and not m.startswith("workbench")]
+    by_value = [sys.modules[m] for m in _local_modules(items) if m in sys.modules]
     for module in by_value:
         cloudpickle.register_pickle_by_value(module)
     try:
