@@ -76,6 +76,16 @@ def spmd_names() -> dict:
     return {"strategy": _GROUP["strategy"], "worker_index": _GROUP["index"], "num_workers": len(_GROUP["workers"] or [])}
 
 
+def _run(run_id: str) -> dict:
+    """Job ``run_id``'s state on this engine; a later all-reduce job on these engines released it (one at a time)."""
+    run = _RUNS.get(run_id)
+    if run is None:
+        raise LookupError("this all-reduce job's variables were released when a later all-reduce job started on these "
+                          "engines (they hold one job's at a time): evaluate a job, or read job.model, before training "
+                          "the next one")
+    return run
+
+
 def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
     """Build the model, optimizer, input and step function of one job on this engine."""
     import keras
@@ -162,7 +172,7 @@ def run_steps(run_id: str, n: int) -> dict:
     """Run ``n`` synchronous steps; every worker of the group must run the same call."""
     import tensorflow as tf
 
-    run = _RUNS[run_id]
+    run = _run(run_id)
     losses, metrics, stamps, marks = run["train_steps"](run["iterator"], tf.constant(n, tf.int32), ())
     return {"losses": losses.numpy().tolist(), "metrics": metrics.numpy().tolist(), "stamps": stamps.numpy().tolist(),
             "marks": marks.numpy().tolist()}
@@ -189,7 +199,7 @@ def save(run_id: str, checkpoint_dir: str, step: int, keep: int) -> str | None:
     """Checkpoint collectively: worker 0 writes ``checkpoint_dir``, the others a scratch copy."""
     import tensorflow as tf
 
-    run = _RUNS[run_id]
+    run = _run(run_id)
     run["step"].assign(step)
     chief = run["settings"]["index"] == 0
     target = checkpoint_dir if chief else tempfile.mkdtemp(prefix="workbench-ckpt-")
@@ -206,7 +216,7 @@ def evaluate(run_id: str, payload: bytes, batch_size: int) -> dict:
 
     from ...data import evaluation_dataset
 
-    run = _RUNS[run_id]
+    run = _run(run_id)
     (data,) = unpack(payload)
     fns, seed = run["fns"], run["settings"]["seed"]
     evaluate = fns.evaluation_function(tf.autograph.experimental.do_not_convert(lambda: evaluation_dataset(data, batch_size, seed)))
@@ -220,7 +230,7 @@ def validate(run_id: str, payload: bytes, steps: int | None) -> dict:
 
     from ...data import DataContext, validation_dataset
 
-    run = _RUNS[run_id]
+    run = _run(run_id)
     settings, fns = run["settings"], run["fns"]
     function = run.get("validation")
     if function is None:
@@ -237,7 +247,7 @@ def state(run_id: str) -> dict:
     """The weights, learning rate (None for a schedule) and iteration count of this worker's replica."""
     from ...modelling.building import learning_rate_of
 
-    run = _RUNS[run_id]
+    run = _run(run_id)
     optimizer = run["fns"].optimizer
     return {"weights": [w.numpy() for w in run["model"].weights], "learning_rate": learning_rate_of(optimizer),
             "iterations": int(optimizer.iterations.numpy())}
@@ -245,7 +255,7 @@ def state(run_id: str) -> dict:
 
 def assign(run_id: str, weights: list | None, learning_rate: float | None) -> bool:
     """Set this worker's replicas to what a callback set in the kernel (every worker gets the same)."""
-    run = _RUNS[run_id]
+    run = _run(run_id)
     if weights is not None:
         run["model"].set_weights(weights)
     if learning_rate is not None:
@@ -254,4 +264,4 @@ def assign(run_id: str, weights: list | None, learning_rate: float | None) -> bo
 
 
 def weights(run_id: str) -> list:
-    return [w.numpy() for w in _RUNS[run_id]["model"].weights]
+    return [w.numpy() for w in _run(run_id)["model"].weights]
