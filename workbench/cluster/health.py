@@ -41,6 +41,7 @@ class TaskHealth:
         self._telemetry = telemetry
         self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
+        self._states = threading.Lock()  # one state change at a time: its check, its change and its event together
         self._controller_pids: set[int] = set()
         self._on_controller_lost: Callable[[str], None] | None = None
         self.closing = False  # set while the cluster stops: the engines it kills are not "lost"
@@ -62,6 +63,9 @@ class TaskHealth:
 
     def _tell(self, event: TaskEvent) -> None:
         self._telemetry.append(event)
+        self._notify(event)
+
+    def _notify(self, event: TaskEvent) -> None:
         with self._lock:
             subscribers = list(self._subscribers)
         for subscriber in subscribers:
@@ -70,12 +74,23 @@ class TaskHealth:
             except Exception:  # noqa: BLE001 - one subscriber's bug must not stop the others or the monitor
                 pass
 
-    def set_state(self, record: TaskRecord, state: str, note: str = "", since: float | None = None) -> None:
-        """Move ``record`` to ``state`` (saying why in ``note``), persist it, and tell everyone."""
-        record.state, record.note = state, note
-        record.since = time.time() if since is None else since
+    def set_state(self, record: TaskRecord, state: str, note: str = "", since: float | None = None,
+                  only_from: tuple[str, ...] | None = None) -> bool:
+        """Move ``record`` to ``state`` (saying why in ``note``), persist it, and tell everyone.
+
+        With ``only_from``, only a record in one of those states moves (checked and changed at once, so a
+        re-hosting that began meanwhile is not overwritten by a late report); returns whether it moved.
+        """
+        with self._states:
+            if only_from is not None and record.state not in only_from:
+                return False
+            record.state, record.note = state, note
+            record.since = time.time() if since is None else since
+            event = TaskEvent(record.name, state, record.since, note)
+            self._telemetry.append(event)  # in the order the states changed
         self._publish()
-        self._tell(TaskEvent(record.name, state, record.since, note))
+        self._notify(event)
+        return True
 
     def flag(self, task: str, kind: str, detail: str, job: str = "") -> None:
         """A finding about a task that does not change its state (a job's straggler, a dropped gradient...)."""
@@ -112,13 +127,13 @@ class TaskHealth:
         record = self._find(pid, str(event.get("host", "")))
         if record is None:
             return  # an engine the cluster no longer counts (scaled down, or already replaced)
-        if kind == "lost" and record.state in (STARTING, RUNNING, SILENT):
-            self.set_state(record, LOST, ENGINE_EXITED)
-        elif kind == "silent" and record.state == RUNNING:
+        if kind == "lost":
+            self.set_state(record, LOST, ENGINE_EXITED, only_from=(STARTING, RUNNING, SILENT))
+        elif kind == "silent":
             seconds = float(event.get("seconds", 0.0))
-            self.set_state(record, SILENT, "not answering", since=time.time() - seconds)
-        elif kind == "alive" and record.state == SILENT:
-            self.set_state(record, RUNNING, "answering again")
+            self.set_state(record, SILENT, "not answering", since=time.time() - seconds, only_from=(RUNNING,))
+        elif kind == "alive":
+            self.set_state(record, RUNNING, "answering again", only_from=(SILENT,))
 
     def controller_lost(self, reason: str) -> None:
         """Tell subscribers that the whole cluster is gone (``CONTROLLER_LOST``)."""

@@ -236,8 +236,8 @@ class TaskHosting:
         alive = set(self.cluster._pool.client.ids)
         for record in self.cluster.tasks:
             gone = record.engine_id not in alive or (self.is_local(record) and not psutil.pid_exists(record.pid))
-            if gone and record.state in (RUNNING, SILENT):
-                self.cluster.health.set_state(record, LOST, "its engine left the controller")
+            if gone:
+                self.cluster.health.set_state(record, LOST, "its engine left the controller", only_from=(RUNNING, SILENT))
 
     def check_local_gpus(self, workers: int) -> None:
         """Refuse ``workers`` local workers that this machine has too few GPUs for (``gpus_per_worker`` each)."""
