@@ -156,8 +156,8 @@ def test_a_learning_rate_schedule_changes_what_the_optimizer_applies_where_it_li
     for epoch in (1, 2):
         assert all(np.array_equal(a, b) for a, b in zip(recorder.weights[0], recorder.weights[epoch]))
     if strategy != "allreduce":
-        assert "/job:ps/" in job._optimizer._learning_rate.value.device
-        assert float(job._optimizer.learning_rate.numpy()) == 0.0
+        assert "/job:ps/" in job.trainer.optimizer._learning_rate.value.device
+        assert float(job.trainer.optimizer.learning_rate.numpy()) == 0.0
 
 
 def test_stop_training_in_a_batch_hook_ends_the_epoch_after_that_call(cluster):

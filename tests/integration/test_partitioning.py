@@ -32,11 +32,11 @@ def _train(cluster, strategy=wb.AsyncPS, partition_bytes=64 * 1024, **kwargs):
 def test_large_variable_is_split_over_the_ps_tasks_and_trains(cluster_two_ps, strategy):
     job = _train(cluster_two_ps, strategy=strategy).wait(300)
     assert list(job.info["partitioned"].values()) == [[PS0, PS1]] or list(job.info["partitioned"].values()) == [[PS1, PS0]]
-    kernel = job._model.get_layer("hidden").kernel
+    kernel = job.trainer.model_on_tasks().get_layer("hidden").kernel
     assert sorted(s.device for s in kernel.value.variables) == [PS0, PS1]
     assert [int(s.shape[0]) for s in kernel.value.variables] == [32, 32]
     # optimizer slots of each shard live on that shard's ps
-    for variable in job._optimizer.variables:
+    for variable in job.trainer.optimizer.variables:
         if "hidden_kernel_part" in variable.path:
             part = int(variable.path.split("_part_")[1][0])
             assert variable.value.device == kernel.value.variables[part].device

@@ -56,7 +56,7 @@ def test_place_splits_layers_and_trains_with_each_backward_pass_on_its_task(clus
     assert [r["step"] for r in job.history] == list(range(300))
     assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.90
     # optimizer slots live beside their variables
-    for variable in job._optimizer.variables:
+    for variable in job.trainer.optimizer.variables:
         if "hidden" in variable.path:
             assert variable.value.device == W0
         if "logits" in variable.path:

@@ -31,7 +31,7 @@ def test_each_strategy_reaches_90_percent_on_held_out_digits(cluster, strategy):
         assert all(1 <= r["aggregated"] <= 2 for r in history)
         assert job.info["gradients_per_step"] == 2 - strategy.backup_workers
     else:  # one step function serves both workers, traced once (a trace per worker delayed the first steps)
-        assert job._fns.traced == 1
+        assert job.trainer.fns.traced == 1
     assert job.info["per_worker_batch_size"] == 32
 
 
@@ -84,7 +84,7 @@ def test_evaluate_takes_a_dataset_batched_or_not_as_keras_users_pass_it(cluster)
 
 def test_variables_and_optimizer_state_live_on_the_ps(cluster):
     job = train(cluster, steps=10).wait(120)
-    devices = {w.value.device for w in job._model.weights} | {v.value.device for v in job._optimizer.variables}
+    devices = {w.value.device for w in job.trainer.model_on_tasks().weights} | {v.value.device for v in job.trainer.optimizer.variables}
     assert devices == {"/job:ps/replica:0/task:0/device:CPU:0"}
     assert job.info["ps_bytes"]["/job:ps/replica:0/task:0/device:CPU:0"] > 64 * 32 * 4
 

@@ -44,7 +44,7 @@ def test_int8_keeps_what_rounding_lost_on_each_worker(cluster):
         """At the end of training (before the job lets go of them): each worker's error-feedback variables."""
 
         def on_train_end(self, logs=None):
-            for device, variables in job._fns.packing._residuals.items():
+            for device, variables in job.trainer.fns.packing._residuals.items():
                 seen[device] = [(v.device, float(abs(v).numpy().max())) for v in variables]
 
     job = wb.train(cluster, mlp, wb.datasets.digits, LOSS, keras.optimizers.Adam(3e-3), steps=200, batch_size=64, seed=1,
@@ -56,7 +56,7 @@ def test_int8_keeps_what_rounding_lost_on_each_worker(cluster):
         for where, largest in variables:
             assert where == device, f"the error feedback of {device} lives on {where}"
             assert largest > 0, "nothing was carried over from rounding"
-    assert not job._fns.packing._residuals  # let go of once the job ended
+    assert not job.trainer.fns.packing._residuals  # let go of once the job ended
 
 
 @pytest.mark.parametrize("transfer", ["bf16", "int8"])

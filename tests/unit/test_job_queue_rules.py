@@ -20,7 +20,7 @@ class Job:
     def describe(self) -> str:
         return f"job {self.name} ({self.state})"
 
-    def _begin(self) -> None:
+    def on_turn(self) -> None:
         self.state = RUNNING
         self.begun.set()
 

@@ -296,14 +296,7 @@ def _private_reads(module: str) -> int:
 # Reads of another module's private attributes (a strategy's run reading ``job._fns``, a cluster helper reading
 # ``cluster._pool``): interfaces still implicit. A count may only fall; lower it here when an interface is made
 # explicit. Every module not listed reads none (workbench/compat/, the fence, reads other libraries' by design).
-PRIVATE_READS_LEFT = {
-    "workbench.cluster.hosting": 59, "workbench.cluster.jobs": 2, "workbench.cluster.links": 3,
-    "workbench.cluster.sharing": 14, "workbench.training.fit.loop": 4, "workbench.training.job.checkpoints": 1,
-    "workbench.training.job.driver": 30, "workbench.training.job.recovery": 14,
-    "workbench.training.strategies.allreduce.job": 3, "workbench.training.strategies.async_ps": 26,
-    "workbench.training.strategies.ps.runs": 7, "workbench.training.strategies.ps.validation": 5,
-    "workbench.training.strategies.sync_ps.run": 22,
-}
+PRIVATE_READS_LEFT = {"workbench.cluster.hosting": 59, "workbench.cluster.links": 3, "workbench.cluster.sharing": 14}
 
 
 def test_private_attributes_of_other_modules_are_read_no_more_than_is_left():
@@ -312,4 +305,5 @@ def test_private_attributes_of_other_modules_are_read_no_more_than_is_left():
     assert not grown, f"reads of other modules' private attributes: give them a public interface instead: {grown}"
     fallen = {m: f"{found.get(m, 0)} (listed {n})" for m, n in PRIVATE_READS_LEFT.items() if found.get(m, 0) < n}
     assert not fallen, f"fewer private reads than listed: lower PRIVATE_READS_LEFT to what is left: {fallen}"
-    assert _private_reads("workbench.training.strategies.async_ps") > 0  # the walker sees them
+    assert not any(m.startswith("workbench.training") for m in PRIVATE_READS_LEFT)  # a strategy reads its job's public side
+    assert _private_reads("workbench.cluster.hosting") > 0  # the walker sees them

@@ -11,7 +11,7 @@ So a cluster runs one job at a time; a job submitted while another runs waits in
 starts when the cluster is free (``wb.train(..., queue=False)`` refuses instead).
 
 This module knows nothing of training: a job is anything with ``name``, ``state``, ``describe()``,
-``_begin()`` (start running, in a thread of its own, ``_thread``, which calls ``ended(job)`` last) and
+``on_turn()`` (start running, in a thread of its own, ``_thread``, which calls ``ended(job)`` last) and
 ``stop(timeout)``. The queue is the one
 place every surface (``cluster.jobs``, ``cluster.status()``, ``%wb status``, the dashboards) reads.
 """
@@ -87,7 +87,7 @@ class JobQueue:
             else:
                 self._waiting.append(job)
         if busy is None:
-            job._begin()
+            job.on_turn()
         return busy is None
 
     def ended(self, job) -> None:
@@ -99,7 +99,7 @@ class JobQueue:
             self._current = self._waiting.popleft() if self._waiting else None
             following = self._current
         if following is not None:
-            following._begin()
+            following.on_turn()
 
     def cancel(self, job) -> bool:
         """Take ``job`` out of the queue; False if it is not waiting there (it runs, or ended)."""

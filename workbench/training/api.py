@@ -11,10 +11,11 @@ from .config import Recovery, checkpoint_from, recovery_from, strategy_from
 from .fit.evaluation import check_validation_data
 from .fit.loop import FitArguments, check_callbacks
 from .job.job import Job
+from .job.trainer import JobInputs
 from .modelling.building import compiled_settings
 from .moved import refusing_moved_arguments
 from .options import TrainOptions, resolve_epochs, validate
-from .strategies import job_class
+from .strategies import trainer_class
 
 
 @refusing_moved_arguments("wb.train")
@@ -140,7 +141,7 @@ def train(
         raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}. Call cluster.start() first.")
     fit = FitArguments(validation_data=validation_data, callbacks=callbacks)
     connection.prepare_process()  # once per process, while wb.train's caller waits (not in the job's thread)
-    job = job_class(strategy)(cluster, model, data, loss, optimizer, options, fit).start(queue=queue)
+    job = Job(cluster, JobInputs(model, data, loss, optimizer), options, trainer_class(strategy), fit).start(queue=queue)
     if job.state != "queued":
         job.wait_set_up()
     return job

@@ -200,8 +200,12 @@ class PlacedModel:
     def output_device(self) -> str:
         return list(self.layer_devices.values())[-1]
 
-    def __call__(self, *args, **kwargs):
+    def check_connection(self) -> None:
+        """Raise if the kernel's connection changed since the model was placed (its variables are gone)."""
         connection.check_epoch(self._epoch, "this placed model")
+
+    def __call__(self, *args, **kwargs):
+        self.check_connection()
         return self.model(*args, **kwargs)
 
     def backward_devices(self, loss: Any = "mse") -> dict[str, list[str]]:
@@ -312,7 +316,7 @@ def placement(target: Any) -> Placement:
     if isinstance(target, PlacedModel):
         return Placement(_layer_rows(target.model), target.backward_devices())
     if isinstance(target, Job):
-        model = getattr(target, "_model", None)
+        model = target.trainer.model_on_tasks()
         if model is None:
             raise ConfigurationError("this job's variables live on the worker engines (allreduce): every worker holds a copy.")
         return Placement(_layer_rows(model))

@@ -142,7 +142,7 @@ class EpochLoop:
 
     def _set_model(self) -> None:
         if self.user_callbacks:
-            self.model, self._sync = self.job._callback_model()
+            self.model, self._sync = self.job.trainer.callback_model()
         else:  # the History alone needs no model: it only leaves itself on it
             self.model, self._sync = types.SimpleNamespace(stop_training=False), None
         self.model.stop_training = False
@@ -164,7 +164,7 @@ class EpochLoop:
 
     def tick(self, parked: bool) -> None:
         """From the run's thread: the batch hooks of the calls that came back; the end of the epoch if ``parked``."""
-        if self.finished or self.job._stop.is_set():
+        if self.finished or self.job.stop_requested:
             return
         self._drain()
         self._write_faults()
@@ -205,10 +205,10 @@ class EpochLoop:
         records = [r for r in job.history if first <= r["step"] < self.limit]
         logs = epoch_averages(records, job.metric_names)
         if self.validation_data is not None and validation_due(self.epoch, options.validation_freq):
-            values = job._validate(self.validation_data, options.validation_steps)
+            values = job.trainer.validate(self.validation_data, options.validation_steps)
             logs.update({f"val_{name}": value for name, value in values.items() if name != "examples"})
         if self._summaries is not None:
-            self._summaries.epoch(records, job.options.strategy.epoch_scalars, job._bytes_per_step(), self.limit)
+            self._summaries.epoch(records, job.options.strategy.epoch_scalars, job.trainer.bytes_per_step(), self.limit)
         self._dispatch("on_epoch_end", self.epoch, logs)
         self.last_logs = logs
         if self.closing or self.limit >= options.steps:

@@ -1,6 +1,6 @@
 """When a job saves: every ``Checkpoint.every`` steps while it trains, never while a task is silent, and at the end.
 
-What a save writes is the job's strategy's (``job._save``); a save that found a ps gone raises ``TaskLost``,
+What a save writes is the job's trainer's (``job.save_checkpoint``); a save that found a ps gone raises ``TaskLost``,
 so that the job restores, or fails.
 """
 
@@ -13,9 +13,9 @@ from .recovery import TaskLost, classify
 
 
 def save_or_lost(job) -> None:
-    """``job._save()``; a save that found a ps gone raises ``TaskLost`` (the job then restores, or fails)."""
+    """``job.save_checkpoint()``; a save that found a ps gone raises ``TaskLost`` (the job then restores, or fails)."""
     try:
-        job._save()
+        job.save_checkpoint()
     except TaskLost:
         raise
     except Exception as exc:  # noqa: BLE001 - classified
@@ -39,7 +39,7 @@ class Cadence:
 
     def steps_recorded(self, job) -> None:
         """Save if the next multiple is done, unless a task is silent (a save could block on it: after it answers,
-        or is replaced, see ``PsJob._save``)."""
+        or is replaced, see ``PsTrainer.save``)."""
         every = job.options.checkpoint_every
         with self._lock:
             if not every or job.start_step + job.steps_done < self._next:

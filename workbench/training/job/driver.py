@@ -1,7 +1,8 @@
 """A job's own thread: set up when its turn comes, train (restoring after a lost ps), end, hand the cluster on.
 
 ``Job.start`` submits the job to its cluster's queue; when its turn comes the queue starts the thread
-that runs ``drive(job)``. Everything strategy-specific is the job's: ``job._setup`` and ``job._run``.
+that runs ``drive(job)``. Everything strategy-specific is the job's trainer's: ``job.trainer.set_up`` and
+``job.trainer.run``.
 """
 
 from __future__ import annotations
@@ -30,40 +31,40 @@ def _use_dtype_policy(policy) -> None:
 
 def drive(job) -> None:
     """The job's thread: set up (now that the cluster is this job's), train, end, hand the cluster on."""
-    job._supervisor = Supervisor(job)
+    job.supervisor = Supervisor(job)
     state = FAILED
     try:
         try:
             _prepare(job)
-            job._loop.begin()  # the callbacks' on_train_begin: a mistake there is raised by wb.train too
+            job.loop.begin()  # the callbacks' on_train_begin: a mistake there is raised by wb.train too
         except BaseException as exc:
-            job._setup_error = exc if isinstance(exc, Exception) else _as_error(job, exc)
+            job.setup_error = exc if isinstance(exc, Exception) else _as_error(job, exc)
             raise
-        job._set_up.set()
+        job.set_up_done.set()
         _train_with_recovery(job)
-        stopped = job._stop.is_set()
-        job._loop.end(finished=not stopped)  # on_train_end: a callback raising there fails the job
+        stopped = job.stop_requested
+        job.loop.end(finished=not stopped)  # on_train_end: a callback raising there fails the job
         state = CANCELLED if stopped else FINISHED
     except BaseException as exc:  # noqa: BLE001 - kept for wait() to raise in the caller's thread
-        if job._stop.is_set():
+        if job.stop_requested:
             state = CANCELLED  # what a stop interrupted is not the job's error
         else:
-            job.error = job._setup_error or _as_error(job, exc)
+            job.error = job.setup_error or _as_error(job, exc)
     finally:
         if state != FINISHED:
             _end_loop_quietly(job)
-        job._supervisor.close()
-        job._supervisor = None  # no cycle left: an ended job nobody holds is freed at once, TF state and all
+        job.supervisor.close()
+        job.supervisor = None  # no cycle left: an ended job nobody holds is freed at once, TF state and all
         try:
             if _every_task_answers(job):  # freeing a function is an RPC to every task: one that hangs would block it
-                job._release_training()
+                job.release_training()
                 connection.free_garbage()  # what the job let go of leaves the tasks now, from this thread
-            job._report_progress(state)
-            job._trim_engines()
+            job.report_progress(state)
+            job.trainer.free_engines()
         finally:
             job.state = state
             job.cluster.job_queue.ended(job)  # before waiters wake: the cluster is free, or the next job's
-            job._end(state)
+            job.mark_ended(state)
 
 
 def _every_task_answers(job) -> bool:
@@ -75,7 +76,7 @@ def _every_task_answers(job) -> bool:
 def _end_loop_quietly(job) -> None:
     """A job that failed or was stopped: no ``on_train_end`` (as ``model.fit`` on an error), files closed."""
     try:
-        job._loop.end(finished=False)
+        job.loop.end(finished=False)
     except Exception:  # noqa: BLE001 - the job's own error is the one to report
         pass
 
@@ -87,11 +88,11 @@ def _prepare(job) -> None:
         raise ClusterStateError(f"cannot train on cluster {cluster.name!r}: it is {cluster.state}.")
     _tasks_ready(job)
     if options.strategy.data_parallel:
-        job._workers = [r for r in cluster.tasks if r.job == "worker"]
-        if len(job._workers) != options.num_workers:  # scaled while the job waited in the queue
-            job.options = options = validate(replace(options, num_workers=len(job._workers)))
-    _use_dtype_policy(job._dtype_policy)
-    job._setup(cluster, job._model_source, job._data, job._loss_source, job._optimizer_source, options)
+        job.workers = [r for r in cluster.tasks if r.job == "worker"]
+        if len(job.workers) != options.num_workers:  # scaled while the job waited in the queue
+            job.options = validate(replace(options, num_workers=len(job.workers)))
+    _use_dtype_policy(job.dtype_policy)
+    job.trainer.set_up()
 
 
 def _tasks_ready(job) -> None:
@@ -107,21 +108,21 @@ def _tasks_ready(job) -> None:
             raise ClusterStateError(
                 f"{record.name} of cluster {job.cluster.name!r} is lost ({record.note or 'its server refuses connections'})"
                 f": re-host it with cluster.replace_task({record.name!r}), or train with recovery=wb.Recovery() (the default).")
-        job.cluster.replace_task(record.name, refresh_connection=job._uses_connection)
+        job.cluster.replace_task(record.name, refresh_connection=job.trainer.uses_connection)
 
 
 def _train_with_recovery(job) -> None:
     while True:
-        job._cadence = Cadence(job)  # from this run's start: after a restore, from the restored step
+        job.cadence = Cadence(job)  # from this run's start: after a restore, from the restored step
         try:
-            job._run()
-            if job.options.checkpoint and not job._stop.is_set():
+            job.trainer.run()
+            if job.options.checkpoint and not job.stop_requested:
                 save_or_lost(job)
             return
         except WorkersChanged as changed:
-            job._adopt_workers(changed.drained)  # the cluster was scaled: the next run has its new workers
+            job.adopt_workers(changed.drained)  # the cluster was scaled: the next run has its new workers
         except TaskLost as lost:
-            if not job.options.recovery.rehost or job._stop.is_set():
+            if not job.options.recovery.rehost or job.stop_requested:
                 raise lost.error from None
             restore_after_loss(job, lost)
 

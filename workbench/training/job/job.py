@@ -2,9 +2,10 @@
 
 The job waits its turn in the cluster's queue, runs in a thread of its own (``driver.py``), keeps
 one record per step (``history``), the faults of its tasks (``faults``, from ``recovery.py``) and
-the checkpoints due, and reports progress to the dashboards. What a strategy builds and runs is
-its subclass's, in ``strategies/``: ``PsJob`` (``ps/job.py``: variables on the ps tasks, loops in
-``async_ps.py`` and ``sync_ps/``), ``PlacedJob`` (``placed.py``), ``AllReduceJob`` (``allreduce/``).
+the checkpoints due, and reports progress to the dashboards. What depends on the strategy is its
+``trainer``'s (the ``Trainer`` protocol, ``trainer.py``), which the job holds: ``PsTrainer``
+(``strategies/ps/``: variables on the ps tasks, loops in ``async_ps.py`` and ``sync_ps/``),
+``PlacedTrainer`` (``placed.py``), ``AllReduceTrainer`` (``allreduce/``).
 """
 
 from __future__ import annotations
@@ -13,19 +14,19 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ...cluster.jobs import CANCELLED, ENDED, QUEUED, RUNNING, STOPPING
 from ...errors import ClusterStateError
 from ...telemetry.recorder import StepRecorder
 from ..fit.evaluation import batch_function, check_evaluation_data, evaluate_dataset, is_dataset
 from ..fit.loop import EpochLoop, FitArguments
-from ..modelling.losses import resolve_metrics
+from ..modelling.losses import resolve_loss, resolve_metrics
 from ..options import TrainOptions
 from .driver import TASKS_READY_SECONDS, drive
-from .records import make_step_record, throughput_of
+from .records import layout_of, make_step_record, throughput_of
 from .recovery import Supervisor
 from .scaling import Scales
+from .trainer import JobInputs, Trainer
 from .workers import wait_for_event
 
 _JOB_NUMBERS = itertools.count(1)
@@ -49,24 +50,20 @@ class Job:
     is a local Keras model with the trained weights; ``faults`` lists the tasks lost, hung or
     straggling during the job and what was done about it.
 
-    The life of a job (queue, thread, records, faults, checkpoints due, waiting and stopping) is here;
-    each strategy's class builds and runs it: ``PsJob`` (async-ps, sync-ps; ``PlacedJob`` for a placed
-    model) and ``AllReduceJob``. They provide ``_setup`` (called in the job's thread when its turn
-    comes), ``_run`` (the steps), ``_save`` and ``_restore_state`` (checkpoints), and ``model`` and
-    the evaluation hooks (``_evaluate_data_function``, ``_example_rank``, ``_callback_model``, ``_validate``).
+    The life of a job (queue, thread, records, faults, checkpoints due, waiting and stopping) is here, the
+    same for every strategy; what depends on the strategy is its ``trainer`` (``job/trainer.py``). The job's
+    thread, its trainer and the epoch loop share its working parts: ``inputs`` (what ``wb.train`` was
+    given), ``workers`` (the task records it trains on), ``lock`` (guards the history and a run's
+    bookkeeping), ``loop`` (epochs, validation, callbacks), ``recorder`` (the dashboards' telemetry) and
+    ``supervisor`` (its tasks' faults, while it runs).
     """
 
-    _holders = "parameter server"  # what the tasks whose loss needs a restore are, in messages
-    _uses_connection = True  # runs ops through this kernel's TF connection (allreduce runs on the engines only)
-
-    def __init__(self, cluster, model: Any, data: Callable, loss: Any, optimizer: Any, options: TrainOptions,
+    def __init__(self, cluster, inputs: JobInputs, options: TrainOptions, trainer: Callable[[Job], Trainer],
                  fit: FitArguments | None = None):
         self.cluster = cluster
         self.options = options
-        self._data = data
-        self._model_source = model
-        self._optimizer_source = optimizer
-        self._lock = threading.Lock()
+        self.inputs = inputs
+        self.lock = threading.Lock()
         self._stop = threading.Event()
         self._history: list[dict] = []
         self.state = QUEUED
@@ -76,30 +73,25 @@ class Job:
         self.last_checkpoint: str | None = None
         self.start_step = 0
         self.recoveries = 0  # restores from a checkpoint so far (a ps, or an all-reduce worker, was lost)
-        self._faults: list = []
-        self._cadence = None  # when the current run's steps are due a save (checkpoints.Cadence, set by the driver)
-        self._scales = Scales(self._lock)  # cluster.scale while it trains: requests to follow, changes made (events)
-        self._supervisor: Supervisor | None = None
-        self.placer = None  # ps strategies: where each variable went (a PsPlacer)
-        self._workers = [r for r in cluster.tasks if r.job == "worker"]
+        self.faults_found: list = []  # the Supervisor's Fault objects (``faults`` gives them as dicts)
+        self.cadence = None  # when the current run's steps are due a save (checkpoints.Cadence, set by the driver)
+        self._scales = Scales(self.lock)  # cluster.scale while it trains: requests to follow, changes made (events)
+        self.supervisor: Supervisor | None = None  # set by the driver while the job runs
+        self.workers = [r for r in cluster.tasks if r.job == "worker"]
         self.metric_names = list(resolve_metrics(options.metrics))
         self.name = f"{options.strategy.name}-{next(_JOB_NUMBERS)}"
         self._saved_records: dict[str, int] = {}  # checkpoint path -> records of the history it includes
-        self._local_weights: list | None = None  # the trained weights, kept when the kernel's connection is replaced
-        self._loss_source = loss
-        # set by _setup, once the job's turn comes (a queued job has touched no task yet)
-        self._epoch: int | None = None
-        self._ps_names: list[str] = []
-        self._worker_devices: list[str] = []
-        self._fns = None
-        self._set_up = threading.Event()  # _setup finished (or failed: then ``error`` says why)
+        self._loss_fn = None  # resolve_loss(inputs.loss), made on first use
+        self._dataset_batch = None  # (model, its evaluation step) for validation data given as a dataset
+        self.set_up_done = threading.Event()  # the trainer's set-up finished (or failed: ``setup_error`` says why)
         self._ended = threading.Event()  # the job is finished, failed or cancelled
-        self._setup_error: BaseException | None = None  # raised as it came (a mistake in the user's functions)
-        self._dtype_policy = _caller_dtype_policy()  # Keras keeps it per thread; set up runs in the job's thread
-        self._recorder = StepRecorder(cluster.telemetry if options.telemetry else None, self.name,
-                                      cluster.clock_offsets() if options.telemetry else None)
+        self.setup_error: BaseException | None = None  # raised as it came (a mistake in the user's functions)
+        self.dtype_policy = _caller_dtype_policy()  # Keras keeps it per thread; set up runs in the job's thread
+        self.recorder = StepRecorder(cluster.telemetry if options.telemetry else None, self.name,
+                                     cluster.clock_offsets() if options.telemetry else None)
         self._started = time.time()
-        self._loop = EpochLoop(self, fit)  # epochs, validation, Keras callbacks, TensorBoard
+        self.trainer = trainer(self)  # touches no task: a queued job waits its turn
+        self.loop = EpochLoop(self, fit)  # epochs, validation, Keras callbacks, TensorBoard
         self._thread = threading.Thread(target=drive, args=(self,), name=f"workbench-job-{self.name}", daemon=True)
 
     # -- public ------------------------------------------------------------------------------
@@ -108,17 +100,17 @@ class Job:
         """Submit the job to its cluster: it begins now if the cluster is free, else waits its turn in ``queued``
         (with ``queue=False`` a busy cluster raises ``ClusterStateError`` instead)."""
         if not self.cluster.job_queue.submit(self, queue=queue):
-            self._report_progress()  # queued: the dashboards and the panel list it under the running job
+            self.report_progress()  # queued: the dashboards and the panel list it under the running job
         return self
 
-    def _begin(self) -> None:
-        """The job's turn (``JobQueue``): set up and train in the job's own thread."""
+    def on_turn(self) -> None:
+        """The job's turn came (the cluster's ``JobQueue`` calls this): set up and train in the job's own thread."""
         if self.state != QUEUED:  # cancelled while it waited
             self.cluster.job_queue.ended(self)
             return
         self.state = RUNNING
         self._started = time.time()
-        self._report_progress()
+        self.report_progress()
         self._thread.start()
 
     def wait_set_up(self, timeout: float | None = None) -> None:
@@ -128,11 +120,11 @@ class Job:
         take) ends the wait with a ``TimeoutError`` that says the set-up goes on; an interrupt ends it too.
         """
         timeout = TASKS_READY_SECONDS + self.options.recovery.step_timeout if timeout is None else timeout
-        wait_for_event(self._set_up, timeout, self._interrupted,
+        wait_for_event(self.set_up_done, timeout, self._interrupted,
                        lambda: f"{self.describe()} is still setting up after {timeout:.0f} s (building the model and its "
                                "variables on the tasks): check cluster.status(); job.stop() drops it.")
-        if self._setup_error is not None:
-            raise self._setup_error
+        if self.setup_error is not None:
+            raise self.setup_error
 
     def describe(self) -> str:
         """One line: name, state, steps (``job async-ps-3 (running, 120/3000 steps)``)."""
@@ -141,39 +133,21 @@ class Job:
         if self.state == QUEUED:
             current = self.cluster.job_queue.current
             ahead = f", after {current.name}" if current is not None and current is not self else ""
-        if self._loop.stopped_early:
-            ahead = f", stopped early by a callback after epoch {self._loop.epoch}"
+        if self.loop.stopped_early:
+            ahead = f", stopped early by a callback after epoch {self.loop.epoch}"
         return f"job {self.name} ({self.state}, {self.steps_done}/{total} steps{ahead})"
 
-    def _report_progress(self, state: str | None = None) -> None:
-        moved = self._bytes_per_step()
-        self._recorder.progress(self.steps_done, self.options.steps - self.start_step, state or self.state, self._started,
-                                self.options.strategy.name, [r.name for r in self._workers], self.options.strategy.transfer,
-                                moved["total"] if moved else 0)
+    def report_progress(self, state: str | None = None) -> None:
+        """Tell the dashboards and the panel where the job is now (``state``: the one it is about to take)."""
+        moved = self.trainer.bytes_per_step()
+        self.recorder.progress(self.steps_done, self.options.steps - self.start_step, state or self.state, self._started,
+                               self.options.strategy.name, [r.name for r in self.workers], self.options.strategy.transfer,
+                               moved["total"] if moved else 0)
 
     @property
     def info(self) -> dict:
         """How the job is laid out: strategy, batches, devices, variable placement."""
-        return {
-            "strategy": self.options.strategy.name,
-            "steps": self.options.steps,
-            "start_step": self.start_step,
-            "global_batch_size": self.options.batch_size,
-            "per_worker_batch_size": self.options.per_worker_batch,
-            "workers": [r.name for r in self._workers],
-            "backup_workers": self.options.strategy.backup_workers,
-            "gradients_per_step": self.options.strategy.gradients_per_step(len(self._workers)),
-            "ps_bytes": dict(self.placer.loads) if self.placer else {},
-            "partitioned": dict(self.placer.partitioned) if self.placer else {},
-            "checkpoint_dir": self.options.checkpoint.directory if self.options.checkpoint else None,
-            "recover": self.options.recovery.rehost,
-            "transfer": self.options.strategy.transfer,
-            "bytes_per_step": self._bytes_per_step(),
-        }
-
-    def _bytes_per_step(self) -> dict | None:
-        """What one step of one worker moves between it and the ps tasks (None: the strategy has no ps)."""
-        return None
+        return {**layout_of(self), **self.trainer.info()}
 
     @property
     def timeline(self):
@@ -191,7 +165,7 @@ class Job:
         went back to a checkpoint (``faults`` says when and why; steps run before and then undone are
         not listed).
         """
-        with self._lock:
+        with self.lock:
             return sorted((dict(r) for r in self._history), key=lambda r: r["step"])
 
     @property
@@ -199,11 +173,11 @@ class Job:
         """Each task lost, hung or straggling during the job, and what was done: task, kind, detected (time),
         step, action (re-hosted, restored, dropped, waited, failed), recovered (time), seconds, resumed_from,
         redone (steps run again after a restore), count (stragglers), detail."""
-        return [fault.as_dict() for fault in list(self._faults)]
+        return [fault.as_dict() for fault in list(self.faults_found)]
 
     @property
     def steps_done(self) -> int:
-        with self._lock:
+        with self.lock:
             return len(self._history)
 
     def throughput(self, warmup: int = 0) -> dict[str, float]:
@@ -233,8 +207,8 @@ class Job:
         """Stop the job: a queued one is dropped (``cancelled``); a running one stops after its calls in flight
         (``stopping``, then ``cancelled``), waited for up to ``timeout`` s."""
         if self.cluster.job_queue.cancel(self) or self.state == QUEUED:
-            self._end(CANCELLED)
-            self._report_progress()
+            self.mark_ended(CANCELLED)
+            self.report_progress()
             return
         if self.state in ENDED:
             return
@@ -245,17 +219,17 @@ class Job:
 
     cancel = stop
 
-    def _end(self, state: str) -> None:
+    @property
+    def stop_requested(self) -> bool:
+        """``stop()`` was called: the job's run ends after its calls in flight."""
+        return self._stop.is_set()
+
+    def mark_ended(self, state: str) -> None:
+        """The job is over (its thread, once it handed the cluster on; ``stop`` for a queued one): its waiters wake."""
         self.state = state
-        requests = self._scales.take()
-        if requests:  # the cluster scaled in the job's last steps: nothing was left to follow with
-            leaving = {name for names, _done, _asked in requests for name in names}
-            before = [r.name for r in self._workers]
-            after = [r.name for r in self.cluster.tasks if r.job == "worker" and r.name not in leaving]
-            if after != before:
-                self._scales.record(requests, before, after, time.time(), 0.0, self.start_step + self.steps_done,
-                                    "after its last step", self.name)
-        self._set_up.set()
+        requests = self._scales.take()  # the cluster scaled in the job's last steps: nothing was left to follow with
+        self._scales.note_after_end(requests, self)
+        self.set_up_done.set()
         self._ended.set()
         for _leaving, done, _asked in requests:  # an ended job uses no worker: scale() goes on
             done.set()
@@ -272,6 +246,7 @@ class Job:
 
     def check_rescale(self, workers: int) -> None:
         """Raise (``ClusterStateError``, ``ConfigurationError``) if this job cannot follow a scale to ``workers``."""
+        self.trainer.check_rescale(workers)
 
     def rescale(self, leaving: tuple[str, ...] = (), timeout: float | None = None) -> None:
         """The cluster's workers changed: follow at the next step boundary (new workers join the next run).
@@ -292,6 +267,11 @@ class Job:
         """Whether a scale waits to be followed (a run then stops handing out work and ends when its calls are back)."""
         return self._scales.pending()
 
+    def adopt_workers(self, drained: float) -> None:
+        """At a step boundary (no call in flight, the job's thread): follow the scales asked (``trainer.follow_scale``),
+        recorded in ``events``; each scale's wait ends once it is done (or failed: the job's error says why)."""
+        self._scales.follow(self, drained)
+
     def evaluate(self, data: Callable | None = None, batch_size: int = 256) -> dict[str, float]:
         """Loss and metrics of the trained variables over one pass of ``data``.
 
@@ -300,41 +280,47 @@ class Job:
         """
         self.cluster.job_queue.require_idle(f"evaluate job {self.name}")
         if is_dataset(data):
-            return evaluate_dataset(self.model, data, self._loss_fn, resolve_metrics(self.options.metrics),
-                                    self._example_rank(), batch_size)
+            return evaluate_dataset(self.model, data, self.loss_fn, resolve_metrics(self.options.metrics),
+                                    self.trainer.example_rank(), batch_size)
         check_evaluation_data(data)
-        return self._evaluate_data_function(data or self._data, batch_size)
-
-    # -- what the epoch loop asks (fit/loop.py) -----------------------------------------------------
+        return self.trainer.evaluate(data or self.inputs.data, batch_size)
 
     @property
     def model(self):
         """A local Keras model (in this kernel, no cluster needed) holding the trained weights."""
-        raise NotImplementedError(f"{type(self).__name__} says how its model is built")
+        return self.trainer.local_model()
 
-    def _evaluate_on(self, model, dataset, steps: int | None = None) -> dict[str, float]:
-        cached = getattr(self, "_dataset_batch", None)
+    @property
+    def loss_fn(self):
+        """The loss ``wb.train`` was given, as a Keras loss function."""
+        if self._loss_fn is None:
+            self._loss_fn = resolve_loss(self.inputs.loss)
+        return self._loss_fn
+
+    def validate_dataset(self, model, dataset, steps: int | None = None) -> dict[str, float]:
+        """Loss and metrics of ``model`` (in this kernel) over ``dataset``: validation data given as a dataset."""
+        cached = self._dataset_batch
         if cached is None or cached[0] is not model:
-            cached = self._dataset_batch = (model, batch_function(model, self._loss_fn, resolve_metrics(self.options.metrics)))
-        return evaluate_dataset(model, dataset, self._loss_fn, resolve_metrics(self.options.metrics), self._example_rank(),
-                                self.options.batch_size, cached[1], steps)
+            cached = self._dataset_batch = (model, batch_function(model, self.loss_fn, resolve_metrics(self.options.metrics)))
+        return evaluate_dataset(model, dataset, self.loss_fn, resolve_metrics(self.options.metrics),
+                                self.trainer.example_rank(), self.options.batch_size, cached[1], steps)
 
     @property
     def keras_history(self):
         """The job's ``keras.callbacks.History``, as ``model.fit`` returns it: ``keras_history.history["loss"]`` has
         one plain float per epoch (the mean over its steps), ``val_*`` where validated; ``.epoch`` lists the epochs."""
-        return self._loop.history
+        return self.loop.history
 
     @property
     def epoch(self) -> int:
         """The current epoch (0-based), or the last one once the job ended."""
-        return self._loop.epoch
+        return self.loop.epoch
 
     @property
     def stopped_early(self) -> bool:
         """A callback set ``model.stop_training`` (``EarlyStopping``, ``TerminateOnNaN``): the job finished before
         its last step, at the end of epoch ``job.epoch``."""
-        return self._loop.stopped_early
+        return self.loop.stopped_early
 
     # -- the kernel's connection ---------------------------------------------------------------
 
@@ -353,28 +339,21 @@ class Job:
 
     # -- the driver --------------------------------------------------------------------------
 
-    def _trim_engines(self) -> None:
-        """Return what the job's engines freed to the system (a memory-capped container counts it); no waiting."""
-        from ...cluster.machine.memory import trim_memory
+    def release_remote(self) -> None:
+        """The kernel connects elsewhere (``connection``): what lived on the tasks goes; ``model`` stays readable."""
+        self.trainer.release_remote()
 
-        try:
-            alive = set(self.cluster.client.ids)
-            engines = [r.engine_id for r in self.cluster.tasks if r.engine_id in alive]
-            if engines:
-                self.cluster.client[engines].apply_async(trim_memory)
-        except Exception:  # noqa: BLE001 - an optimisation: a stopped cluster or a lost engine needs none
-            pass
-
-    def _release_training(self) -> None:
+    def release_training(self) -> None:
         """The job ended (its own thread, before its waiters wake): let go of what only training needed, keep what
-        its user can still ask (history, events, evaluate, model, the timeline). Each strategy adds its own."""
+        its user can still ask (history, events, evaluate, model, the timeline)."""
         self._dataset_batch = None
+        self.trainer.release()
 
-    # -- records --------------------------------------------------------------------------------
+    # -- records and checkpoints -------------------------------------------------------------------
 
     def missing_steps(self) -> list[int]:
         """The steps still to run, in order: none recorded yet, or undone by a restore."""
-        with self._lock:
+        with self.lock:
             done = {r["step"] for r in self._history}
         return [step for step in range(self.start_step, self.options.steps) if step not in done]
 
@@ -382,19 +361,37 @@ class Job:
         """The steps of one remote call that came back, in every strategy: into the history (the newest is the
         callbacks' batch end) as one change, to the dashboards, then a checkpoint if one is due (which may raise
         ``TaskLost``). ``accept()``, called under the job's lock, may refuse them (False): a call given up on."""
-        with self._lock:
+        with self.lock:
             if accept is not None and not accept():
                 return False
             for i, record in enumerate(records):
                 self._history.append(record)
-                self._loop.step_done(record, i == len(records) - 1)
+                self.loop.step_done(record, i == len(records) - 1)
         for record in records:
-            self._recorder.step_done(record)
-        if self._cadence is not None:
-            self._cadence.steps_recorded(self)
+            self.recorder.step_done(record)
+        if self.cadence is not None:
+            self.cadence.steps_recorded(self)
         return True
 
     def step_record(self, step: int, loss: float, metrics, worker: str, start: float, end: float, examples: int,
                     **extra) -> dict:
         """One step's record, for ``record_call``: plain numbers, named by the job's metrics."""
         return make_step_record(step, loss, metrics, self.metric_names, worker, start, end, examples, self.recoveries, **extra)
+
+    def save_checkpoint(self) -> None:
+        """Write a checkpoint of the variables now (the job's thread, between calls): ``last_checkpoint``."""
+        with self.lock:
+            done = len(self._history)  # the records (in the order they came) that this checkpoint includes
+        self.last_checkpoint = self.trainer.save(self.start_step + done)
+        self._saved_records[self.last_checkpoint] = done
+
+    def restore_checkpoint(self) -> int:
+        """The tasks it lost are back: the trainer builds the variables again from ``last_checkpoint``; the history
+        keeps the records that checkpoint includes (the others run again). Returns how many were undone."""
+        kept = self._saved_records.get(self.last_checkpoint, 0)  # 0 for the checkpoint the job resumed from
+        self.trainer.restore(self.last_checkpoint, self.start_step + kept)
+        self.loop.model_replaced()
+        with self.lock:
+            undone = len(self._history) - kept
+            self._history = self._history[:kept]
+        return undone

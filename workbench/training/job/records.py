@@ -1,4 +1,4 @@
-"""A job's step records: what one step's record holds, and the rate its records say."""
+"""A job's step records: what one step's record holds, the rate its records say, and the layout every job reports."""
 
 from __future__ import annotations
 
@@ -32,3 +32,22 @@ def throughput_of(history: list[dict], warmup: int) -> dict[str, float]:
     seconds = max(records[-1]["end"] - min(r["start"] for r in records), 1e-9)
     return {"steps_per_s": len(records) / seconds, "examples_per_s": sum(r["examples"] for r in records) / seconds,
             "seconds": seconds, "steps": len(records)}
+
+
+def layout_of(job) -> dict:
+    """What ``job.info`` says of every job, whatever its strategy (its trainer adds its own)."""
+    options = job.options
+    return {
+        "strategy": options.strategy.name,
+        "steps": options.steps,
+        "start_step": job.start_step,
+        "global_batch_size": options.batch_size,
+        "per_worker_batch_size": options.per_worker_batch,
+        "workers": [r.name for r in job.workers],
+        "backup_workers": options.strategy.backup_workers,
+        "gradients_per_step": options.strategy.gradients_per_step(len(job.workers)),
+        "checkpoint_dir": options.checkpoint.directory if options.checkpoint else None,
+        "recover": options.recovery.rehost,
+        "transfer": options.strategy.transfer,
+        "bytes_per_step": job.trainer.bytes_per_step(),
+    }

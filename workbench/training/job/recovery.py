@@ -148,7 +148,7 @@ class Supervisor:
         if fault is None or fault.kind != kind:
             fault = Fault(task, kind, time.time(), self.job.steps_done, detail, action)
             self._open[task] = fault
-            self.job._faults.append(fault)
+            self.job.faults_found.append(fault)
             self.cluster.health.flag(task, kind, detail, self.job.name)
             self.say(task, kind, f"{task} {detail} at step {fault.step}: {self._plan(action)}")
         else:
@@ -173,7 +173,7 @@ class Supervisor:
         return fault
 
     def say(self, task: str, kind: str, message: str) -> None:
-        if (task, message) in self._warned or self.job._stop.is_set() or self.cluster.health.closing:
+        if (task, message) in self._warned or self.job.stop_requested or self.cluster.health.closing:
             return  # a job being stopped, or a cluster stopping, loses its tasks on purpose
         self._warned.add((task, message))
         notice(f"job {self.job.name}: {message}", TaskFaultWarning, f"job {self.job.name}")
@@ -216,7 +216,7 @@ def is_infrastructure_error(exc: BaseException) -> bool:
 def lost_ps(job) -> list[str]:
     """The ps tasks that are gone: their engines exited (health), or their servers refuse connections."""
     records = {r.name: r for r in job.cluster.tasks}
-    return [name for name in job._ps_names if name not in records or records[name].state in (LOST, RECOVERING)
+    return [name for name in job.trainer.restore_tasks if name not in records or records[name].state in (LOST, RECOVERING)
             or connection.connect_problem(records[name].address, 2.0)]
 
 
@@ -250,7 +250,7 @@ def ps_lost(job, lost: list[str]) -> TaskLost:
              if job.last_checkpoint else "no checkpoint was written (pass checkpoint=wb.Checkpoint(directory, every=...))")
     names = ", ".join(lost)
     error = ParameterServerLost(
-        f"the {job._holders} {names} ({', '.join(_where(job, n) for n in lost)}) is unreachable, so "
+        f"the {job.trainer.holders} {names} ({', '.join(_where(job, n) for n in lost)}) is unreachable, so "
         f"the model's variables are lost at step {step}: {where}.")
     return TaskLost(lost, "was lost (the model's variables lived there)", error)
 
@@ -268,17 +268,13 @@ def restore_after_loss(job, lost: TaskLost) -> None:
     label = lost.label
     source = job.last_checkpoint or ("the initial weights (no checkpoint yet: pass checkpoint=wb.Checkpoint(directory, "
                                      "every=...) to redo less)")
-    fault = job._supervisor.fault(label, "lost", lost.why, "restored")
+    fault = job.supervisor.fault(label, "lost", lost.why, "restored")
     fault.detail += f"; restoring {source}"
     # the dead first: re-hosting a live task updates this kernel's connection, which needs every other task up
     for task in sorted(lost.tasks, key=lambda name: not engine_exited(job, name)):
-        job.cluster.replace_task(task, refresh_connection=job._uses_connection)
-    kept = job._restore_state()
-    job._loop.model_replaced()
-    with job._lock:
-        fault.redone = len(job._history) - kept
-        job._history = job._history[:kept]  # what the restored variables include; the rest runs again
-    fault.resumed_from = job.start_step + kept
+        job.cluster.replace_task(task, refresh_connection=job.trainer.uses_connection)
+    fault.redone = job.restore_checkpoint()  # the steps after the checkpoint run again
+    fault.resumed_from = job.start_step + job.steps_done
     job.recoveries += 1
-    job._report_progress()
-    job._supervisor.settle(label, "restored", f"resumed from step {fault.resumed_from}; {fault.redone} step(s) to run again")
+    job.report_progress()
+    job.supervisor.settle(label, "restored", f"resumed from step {fault.resumed_from}; {fault.redone} step(s) to run again")

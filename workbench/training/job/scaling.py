@@ -78,3 +78,33 @@ class Scales:
     def events(self) -> list[dict]:
         with self._lock:
             return [dict(event) for event in self._events]
+
+    def follow(self, job, drained: float) -> None:
+        """Follow the requests at ``job``'s step boundary: its trainer takes the cluster's workers less those leaving
+        (``Trainer.follow_scale``), and the change is recorded; the requests' waits end, done or failed."""
+        requests = self.take()
+        try:
+            before = [r.name for r in job.workers]
+            if job.trainer.follow_scale(_leaving(requests)):
+                step = job.start_step + job.steps_done
+                self.record(requests, before, [r.name for r in job.workers], drained, time.time() - drained, step,
+                            f"from step {step}", job.name)
+                job.report_progress()
+        finally:
+            for _names, done, _asked in requests:
+                done.set()
+
+    def note_after_end(self, requests: list[Request], job) -> None:
+        """Requests that came in ``job``'s last steps: nothing was left to follow with; the change is recorded."""
+        if not requests:
+            return
+        leaving = _leaving(requests)
+        before = [r.name for r in job.workers]
+        after = [r.name for r in job.cluster.tasks if r.job == "worker" and r.name not in leaving]
+        if after != before:
+            self.record(requests, before, after, time.time(), 0.0, job.start_step + job.steps_done,
+                        "after its last step", job.name)
+
+
+def _leaving(requests: list[Request]) -> set[str]:
+    return {name for names, _done, _asked in requests for name in names}

@@ -40,6 +40,19 @@ def input_device(record) -> str:
     return f"{record.task.device}/device:CPU:0"
 
 
+def trim_engines(cluster) -> None:
+    """Return what the cluster's engines freed to the system (a memory-capped container counts it); no waiting."""
+    from ...cluster.machine.memory import trim_memory
+
+    try:
+        alive = set(cluster.client.ids)
+        engines = [r.engine_id for r in cluster.tasks if r.engine_id in alive]
+        if engines:
+            cluster.client[engines].apply_async(trim_memory)
+    except Exception:  # noqa: BLE001 - an optimisation: a stopped cluster or a lost engine needs none
+        pass
+
+
 def own_executor(work: Callable) -> Callable:
     """Run a worker's thread on its own TF executor.
 

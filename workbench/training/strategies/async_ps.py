@@ -43,8 +43,8 @@ def chunks_of(steps: list[int], size: int, epoch: int = 0) -> list[tuple[int, in
 class AsyncRun(WorkerRun):
     """One run of an async-ps job's loop, from its missing steps to the end (or to a lost ps)."""
 
-    def __init__(self, job):
-        super().__init__(job)
+    def __init__(self, job, trainer):
+        super().__init__(job, trainer)
         self.pending = chunks_of(job.missing_steps(), self.options.strategy.steps_per_call, self.options.epoch_steps)[::-1]  # pop() next
         self.in_flight: dict[int, _Call] = {}
         self.warm: set[int] = set()  # workers whose function is set up on the tasks: a call of theirs came back
@@ -52,12 +52,12 @@ class AsyncRun(WorkerRun):
         self.wake = threading.Event()  # a worker found the epoch's calls all out: the run's thread looks now
 
     def run(self) -> None:
-        self.job._fns.build_async(**self.job._async_step_options())
+        self.trainer.fns.build_async(**self.trainer.async_step_options())
         try:
             for index in self.slots:
                 self._launch(index)
             while not self._finished():
-                self.job._loop.tick(self._parked())  # first: an epoch's end releases the next one's calls at once
+                self.job.loop.tick(self._parked())  # first: an epoch's end releases the next one's calls at once
                 self._tick()
                 self.wake.wait(TICK_SECONDS)
                 self.wake.clear()
@@ -69,10 +69,10 @@ class AsyncRun(WorkerRun):
             raise changed
 
     def _finished(self) -> bool:
-        with self.job._lock:
+        with self.job.lock:
             if self.in_flight or any(self.threads[i].is_alive() for i, s in self.slots.items() if s == ACTIVE):
                 return False
-            if self.job._stop.is_set() or self.job._loop.finished or self.draining:  # stopped; the last epoch ended
+            if self.job.stop_requested or self.job.loop.finished or self.draining:  # stopped; the last epoch ended
                 return True  # (or a callback stopped the training); or a scale. Else the loop ends the epoch, or threads
                 # take work, next tick
             if not self.pending:
@@ -98,12 +98,12 @@ class AsyncRun(WorkerRun):
         job = self.job
 
         def over() -> bool:
-            with job._lock:
-                return (not self.pending or self.halt.is_set() or job._stop.is_set() or self.slots[index] != ACTIVE
-                        or job._loop.finished or self.draining)
+            with job.lock:
+                return (not self.pending or self.halt.is_set() or job.stop_requested or self.slots[index] != ACTIVE
+                        or job.loop.finished or self.draining)
 
         def released() -> bool:
-            with job._lock:
+            with job.lock:
                 return self._released()
 
         if over():
@@ -112,16 +112,16 @@ class AsyncRun(WorkerRun):
         return wait_until(released, over, self.options.recovery.step_timeout)
 
     def _has_work(self) -> bool:
-        with self.job._lock:
+        with self.job.lock:
             return self._released()
 
     def _released(self) -> bool:
         """A pending chunk may be claimed now (it is in the current epoch); the caller holds the job's lock."""
-        return bool(self.pending) and self.job._loop.claimable(self.pending[-1][0])
+        return bool(self.pending) and self.job.loop.claimable(self.pending[-1][0])
 
     def _parked(self) -> bool:
         """No call in flight and none that may start: where the loop may end an epoch."""
-        with self.job._lock:
+        with self.job.lock:
             return not self.in_flight and not self._released()
 
     # -- a worker's thread ---------------------------------------------------------------------
@@ -129,14 +129,15 @@ class AsyncRun(WorkerRun):
     def _claim(self, index: int) -> _Call | None:
         """The next chunk of the current epoch, in flight from now (one step under the lock: see ``_parked``)."""
         job = self.job
-        with job._lock:
-            if (self.halt.is_set() or job._stop.is_set() or self.slots[index] != ACTIVE or self.draining
+        with job.lock:
+            if (self.halt.is_set() or job.stop_requested or self.slots[index] != ACTIVE or self.draining
                     or not self._released()):
                 return None
             first, n = chunk = self.pending.pop()
             # A worker's first call also sets its function up on the worker and the ps (about a second,
             # against milliseconds for its peers' calls): it is not judged as straggling.
-            call = _Call(chunk, time.monotonic(), job._recorder.call_started(self.names[index], job._worker_devices[index], first, n),
+            call = _Call(chunk, time.monotonic(),
+                         job.recorder.call_started(self.names[index], self.trainer.worker_devices[index], first, n),
                          flagged=index not in self.warm)
             self.in_flight[index] = call
             return call
@@ -147,22 +148,22 @@ class AsyncRun(WorkerRun):
         if self.halt.is_set() or self.in_flight.get(index) is not call:
             return False
         del self.in_flight[index]
-        self.job._recorder.steps(self.names[index], self.job._worker_devices[index], call.chunk[0], stamps, marks,
-                                 self.options.per_worker_batch, PUSH_APPLY, call.key)
+        self.job.recorder.steps(self.names[index], self.trainer.worker_devices[index], call.chunk[0], stamps, marks,
+                                self.options.per_worker_batch, PUSH_APPLY, call.key)
         return True
 
     @own_executor
     def _work(self, index: int) -> None:
         import tensorflow as tf
 
-        job, name, device = self.job, self.names[index], self.job._worker_devices[index]
+        job, name, device = self.job, self.names[index], self.trainer.worker_devices[index]
         while (call := self._claim(index)) is not None or self._await_next_epoch(index):
             if call is None:
                 continue  # the next epoch's calls are out: claim one
             first, n = call.chunk
             try:
                 with tf.device(device):
-                    outputs = job._fns.train_steps_on(device)(job._iterators[index], n)
+                    outputs = self.trainer.fns.train_steps_on(device)(self.trainer.iterators[index], n)
                 losses, metrics, stamps, marks = (o.numpy() for o in outputs)
             except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
                 self.errors.put((index, call, exc))
@@ -186,22 +187,22 @@ class AsyncRun(WorkerRun):
         self.warm.discard(index)  # a new engine: its first call sets the function up again
 
     def _current(self, index: int, token) -> bool:
-        with self.job._lock:
+        with self.job.lock:
             return self.in_flight.get(index) is token
 
     def _abandon(self, index: int) -> None:
         """The call of worker ``index`` will not count: its chunk goes back to the queue (its late result is dropped)."""
-        with self.job._lock:
+        with self.job.lock:
             call = self.in_flight.pop(index, None)
             if call is not None:
                 self.pending.append(call.chunk)
         if call is not None:
-            self.job._recorder.call_ended(call.key)
+            self.job.recorder.call_ended(call.key)
 
     def _check_calls(self) -> None:
         """Calls past ``step_timeout`` are given up on; straggling ones are flagged (``on_straggler``)."""
         now = time.monotonic()
-        with self.job._lock:
+        with self.job.lock:
             calls = list(self.in_flight.items())
         for index, call in calls:
             elapsed, n = now - call.started, call.chunk[1]

@@ -28,11 +28,11 @@ from ...job.workers import LOST as SLOT_LOST
 class WorkerRun:
     """Slots, threads and fault handling of one run; subclasses say how a worker works and what it abandons."""
 
-    def __init__(self, job):
-        self.job = job
+    def __init__(self, job, trainer):
+        self.job, self.trainer = job, trainer  # the job's public side, and its PsTrainer (functions, pipelines)
         self.options = job.options
-        self.supervisor = job._supervisor
-        self.names = [r.name for r in job._workers]
+        self.supervisor = job.supervisor
+        self.names = [r.name for r in job.workers]
         # a worker whose re-hosting an earlier run began (before a scale) takes work once it is back
         self.slots = {i: RECOVERING if self.supervisor.rehosting(name) else ACTIVE for i, name in enumerate(self.names)}
         self.threads: dict[int, threading.Thread] = {}
@@ -60,7 +60,7 @@ class WorkerRun:
 
     def _rebuild(self, index: int) -> None:
         """Worker ``index`` was re-hosted: make again what the run keeps on it."""
-        self.job.rebuild_worker(index)
+        self.trainer.rebuild_worker(index)
 
     def _has_work(self) -> bool:
         raise NotImplementedError
@@ -73,7 +73,7 @@ class WorkerRun:
         thread.start()
 
     def _relaunch(self) -> None:
-        if not self._has_work() or self.job._stop.is_set() or self.draining:
+        if not self._has_work() or self.job.stop_requested or self.draining:
             return
         for index, slot in list(self.slots.items()):
             if slot == ACTIVE and not self.threads[index].is_alive():
@@ -98,7 +98,7 @@ class WorkerRun:
     def _changed_workers(self) -> WorkersChanged | None:
         """After a drained run: what tells the job to adopt the new workers; None when nothing is left to run."""
         job = self.job
-        if self.draining and not job._stop.is_set() and not job._loop.finished and job.missing_steps():
+        if self.draining and not job.stop_requested and not job.loop.finished and job.missing_steps():
             return WorkersChanged(time.time())
         return None
 
@@ -151,7 +151,7 @@ class WorkerRun:
             if event.kind == LOST and self.supervisor.state(event.task) != LOST:
                 continue  # told before a re-hosting that is over now
             back = event.kind == RUNNING and event.detail == "answering again"
-            if event.task in self.job._ps_names:
+            if event.task in self.trainer.restore_tasks:
                 if event.kind == LOST:
                     raise ps_lost(self.job, [event.task])
                 if back:
@@ -170,7 +170,7 @@ class WorkerRun:
     def _handle_hangs(self) -> None:
         policy, seconds = self.options.recovery.hang_policy, self.options.recovery.hang_timeout
         detail = f"answered nothing for {seconds:.0f} s"
-        for name in self.supervisor.hung(self.job._ps_names):
+        for name in self.supervisor.hung(self.trainer.restore_tasks):
             if policy == "replace":
                 raise TaskLost([name], detail, ps_lost(self.job, [name]).error)
             self.supervisor.fault(name, "silent", detail, "waited")  # a ps cannot be left out

@@ -14,19 +14,20 @@ from ...job.recovery import classify
 from ...job.workers import own_executor
 
 
-def validate_on_workers(job, data: Callable, steps: int | None) -> dict[str, float]:
+def validate_on_workers(job, trainer, data: Callable, steps: int | None) -> dict[str, float]:
     """A validation pass of a data function on a ps or placed job's workers at once, each its share of the
-    batches (``data.validation_dataset``), on the variables where they live; combined by examples."""
+    batches (``data.validation_dataset``), on the variables where they live (``trainer``: the job's
+    ``PsTrainer``); combined by examples."""
     import tensorflow as tf
 
-    up = [i for i, r in enumerate(job._workers) if job.cluster.task(r.name).state == RUNNING_TASK] or [0]
+    up = [i for i, r in enumerate(job.workers) if job.cluster.task(r.name).state == RUNNING_TASK] or [0]
     parts: dict[int, tuple] = {}
 
     @own_executor
     def share(position: int, index: int) -> None:
-        device = job._worker_devices[index]
-        ctx = DataContext(position, len(up), job.options.per_worker_batch, job._seed, training=False)
-        function = job._fns.validation_on((device, position, len(up)), tf.autograph.experimental.do_not_convert(
+        device = trainer.worker_devices[index]
+        ctx = DataContext(position, len(up), job.options.per_worker_batch, trainer.seed, training=False)
+        function = trainer.fns.validation_on((device, position, len(up)), tf.autograph.experimental.do_not_convert(
             lambda: validation_dataset(data, ctx, steps)))
         try:
             with tf.device(device):
@@ -44,7 +45,7 @@ def validate_on_workers(job, data: Callable, steps: int | None) -> dict[str, flo
         thread.join(max(0.0, deadline - time.monotonic()))
     for index in up:
         part = parts.get(index)
-        name = job._workers[index].name
+        name = job.workers[index].name
         if part is None:
             raise TrainingError(f"validation on {name} did not finish within step_timeout="
                                 f"{job.options.recovery.step_timeout:.0f} s: "

@@ -31,8 +31,8 @@ _AGGREGATOR = "the ps tasks' aggregation"
 class SyncRun(WorkerRun):
     """One run of a sync-ps job's loop, from its missing steps to the end (or to a lost ps)."""
 
-    def __init__(self, job):
-        super().__init__(job)
+    def __init__(self, job, trainer):
+        super().__init__(job, trainer)
         self.chunks = chunks_of(job.missing_steps(), self.options.strategy.steps_per_call, self.options.epoch_steps)
         self.chunk = 0  # the chunk of steps the workers' calls make now
         self.step_started = time.monotonic()  # when the ps's call in flight (of ``chunks[chunk]``) was made
@@ -46,13 +46,13 @@ class SyncRun(WorkerRun):
         self.parked = False  # the aggregator waits for the loop to release the next epoch (or to end the last)
 
     def run(self) -> None:
-        job = self.job
+        job, trainer = self.job, self.trainer
         if not self.chunks:
             return
         self.required = self._needed()
-        self.barrier = SyncBarrier(job._fns, len(self.slots), len(job.metric_names), job._ps_devices[0], self.required)
+        self.barrier = SyncBarrier(trainer.fns, len(self.slots), len(job.metric_names), trainer.ps_devices[0], self.required)
         self.barrier.start(self.chunks[0][0])
-        self.barrier.warm_up(job._iterators, job._worker_devices, self.chunks[0][0],
+        self.barrier.warm_up(trainer.iterators, trainer.worker_devices, self.chunks[0][0],
                              skip={i for i, slot in self.slots.items() if slot != ACTIVE})
         finished = False
         try:
@@ -61,7 +61,7 @@ class SyncRun(WorkerRun):
             self.aggregator = threading.Thread(target=self._aggregate, daemon=True, name="workbench-sync-aggregator")
             self.aggregator.start()
             while self.aggregator.is_alive():
-                self.job._loop.tick(self.parked)
+                self.job.loop.tick(self.parked)
                 self._tick()
                 self._sync_required()
                 tick()
@@ -77,7 +77,7 @@ class SyncRun(WorkerRun):
     def _end(self, finished: bool) -> None:
         """Count what came late, then close the queues: calls still blocked on them (a hung worker's) end."""
         try:
-            if finished and (self.job._stop.is_set() or self.job._loop.stopped_early or self.draining):
+            if finished and (self.job.stop_requested or self.job.loop.stopped_early or self.draining):
                 # stopped (by the user, or by a callback mid-epoch), or drained for a scale: the workers' calls of the
                 # next chunk wait for tokens that will not come; end them now (its steps run in the next run)
                 self.barrier.close()
@@ -130,12 +130,12 @@ class SyncRun(WorkerRun):
             self.chunk = number
             self.excluded.clear()
             following = self.chunks[number + 1][0] if number + 1 < len(self.chunks) else first + n
-            if self.halt.is_set() or job._stop.is_set():
+            if self.halt.is_set() or job.stop_requested:
                 return
             self.step_started = time.monotonic()
             try:
                 bounds = [host_scalar(v, tf.int64) for v in (first, first + n, following)]
-                with tf.device(job._ps_devices[0]):
+                with tf.device(self.trainer.ps_devices[0]):
                     rows = self.barrier.aggregate(*bounds)
                 rows = rows.numpy()
             except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
@@ -151,7 +151,7 @@ class SyncRun(WorkerRun):
 
     def _wait_for_release(self, first: int) -> bool:
         """The aggregator's wait until step ``first`` may run (parked meanwhile); False: the run ends here."""
-        loop = self.job._loop
+        loop = self.job.loop
         if loop.claimable(first):
             return True
         self.parked = True
@@ -164,16 +164,17 @@ class SyncRun(WorkerRun):
 
     def _over(self) -> bool:
         """A thread waiting for the next epoch gives up: the loop finished, the run ended, or the job was stopped."""
-        return self.job._loop.finished or self.halt.is_set() or self.job._stop.is_set() or self.draining
+        return self.job.loop.finished or self.halt.is_set() or self.job.stop_requested or self.draining
 
     def _record(self, first: int, rows: list[tuple]) -> None:
         """Steps ``first, first + 1, ...``, one ``SyncBarrier.unpack``-ed row each, into the history and the timeline."""
         job, batch = self.job, self.options.per_worker_batch
+        ps, ps_device = self.trainer.restore_tasks[0], self.trainer.ps_devices[0]
         records = []
         for i, (mask, losses, metrics, stamps, applied, late) in enumerate(rows):
             contributors = [w for w in range(len(self.names)) if mask[w] > 0]
             n = len(contributors)
-            job._recorder.span(job._ps_names[0], job._ps_devices[0], APPLY, first + i, applied[0], applied[1], n * batch)
+            job.recorder.span(ps, ps_device, APPLY, first + i, applied[0], applied[1], n * batch)
             records.append(job.step_record(
                 first + i, float(sum(losses[w] for w in contributors) / n),
                 [float(sum(metrics[w][j] for w in contributors) / n) for j in range(len(job.metric_names))],
@@ -189,28 +190,28 @@ class SyncRun(WorkerRun):
     def _work(self, index: int) -> None:
         import tensorflow as tf
 
-        job, name, device = self.job, self.names[index], self.job._worker_devices[index]
+        job, name, device = self.job, self.names[index], self.trainer.worker_devices[index]
         number = self.chunk  # a worker back from a re-hosting starts where the ps is
         while number < len(self.chunks) and not self.halt.is_set() and self.slots[index] in (ACTIVE, DROPPED):
             if self.draining and number > self.chunk:
                 return  # the aggregator stops after its chunk: one the ps will not drive is not started
             first, n = self.chunks[number]
-            if not wait_until(functools.partial(job._loop.claimable, first), self._over, None):
+            if not wait_until(functools.partial(job.loop.claimable, first), self._over, None):
                 return  # the training ended (a callback stopped it) before this epoch
-            key = job._recorder.call_started(name, device, first, n)
+            key = job.recorder.call_started(name, device, first, n)
             try:
                 end = host_scalar(first + n, tf.int64)
                 with tf.device(device):
-                    rows = self.barrier.work[index](job._iterators[index], end)
+                    rows = self.barrier.work[index](self.trainer.iterators[index], end)
                 steps, stamps = self.barrier.split_rows(rows.numpy())
             except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
-                job._recorder.call_ended(key)
+                job.recorder.call_ended(key)
                 if not self.halt.is_set():
                     self.errors.put((index, threading.current_thread(), exc))
                 return
-            job._recorder.call_ended(key)
+            job.recorder.call_ended(key)
             for step, (start, end) in zip(steps, stamps):
-                job._recorder.span(name, device, COMPUTE, int(step), start, end, self.options.per_worker_batch)
+                job.recorder.span(name, device, COMPUTE, int(step), start, end, self.options.per_worker_batch)
             self._note_times(index, [end - start for start, end in stamps])
             number = max(number + 1, self.chunk)
 
