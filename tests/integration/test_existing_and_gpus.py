@@ -30,7 +30,7 @@ def test_from_existing_borrows_engines_and_leaves_them_running(no_leftover_proce
         cluster.scale(workers=2)  # takes the idle third engine
         assert len(cluster.spec_dict["worker"]) == 2
         with pytest.raises(wb.ClusterStateError, match="0 idle engine"):
-            cluster._start_timeout = 2
+            cluster.start_timeout = 2
             cluster.scale(workers=3)
         assert [r.name for r in cluster.tasks] == ["ps:0", "worker:0", "worker:1"]
         pids = [r.pid for r in cluster.tasks]

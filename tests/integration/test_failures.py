@@ -79,7 +79,7 @@ CLIENT = textwrap.dedent("""
     pids = set()
     for proc in psutil.Process().children(recursive=True):
         pids.add(proc.pid)
-    print("SCRATCH " + cluster._pool.scratch, flush=True)
+    print("SCRATCH " + cluster.pool.scratch, flush=True)
     print("PIDS " + json.dumps(sorted(pids)), flush=True)
     time.sleep(600)
 """)
@@ -119,7 +119,7 @@ def test_engines_exit_on_their_own_when_the_lifeline_closes(no_leftover_processe
     cluster = wb.Cluster(ps=0, workers=1, name="wb-test-lifeline", progress=False).start()
     try:
         engine = psutil.Process(cluster.tasks[0].pid)
-        reaper = cluster._pool._reaper
+        reaper = cluster.pool._reaper
         # Kill the reaper alone, as if the client's host vanished: nobody kills the engine for it.
         os.kill(reaper.pid, signal.SIGKILL)
         engine.wait(timeout=30)

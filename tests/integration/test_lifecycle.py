@@ -91,7 +91,7 @@ def test_engines_write_temporary_files_in_the_clusters_own_directory_removed_at_
     for name in ("wb-test-scratch", "wb-test-scratch-next"):
         cluster = wb.Cluster(ps=0, workers=1, name=name, progress=False).start()
         try:
-            scratch = cluster._pool.scratch
+            scratch = cluster.pool.scratch
             engine = cluster.client[cluster.task("worker:0").engine_id]
             assert engine.apply_sync(tempfile.gettempdir) == scratch
             assert os.path.dirname(scratch) == tempfile.gettempdir()

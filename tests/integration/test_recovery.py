@@ -172,7 +172,7 @@ def test_lost_controller_fails_the_job_within_seconds_and_leaves_nothing(no_left
     try:
         job = train(cluster, strategy=wb.AsyncPS(steps_per_call=5), steps=100000)
         wait_for(_steps_reached(job, 100), 120, "100 steps")
-        (controller,) = cluster._pool.controller_pids
+        (controller,) = cluster.pool.controller_pids
         signal_process(controller, signal.SIGKILL)
         killed = time.monotonic()
         with pytest.raises(wb.ControllerLost, match="controller") as info:

@@ -60,7 +60,7 @@ def test_a_slurm_cluster_trains_scales_and_leaves_the_queue_empty(local_slurm):
         assert len(cluster.spec_dict["worker"]) == 2
         job = train(cluster, steps=100).wait(300)
         assert job.state == "finished"
-        batch_file = cluster._pool.batch_file
+        batch_file = cluster.pool.batch_file
         assert os.path.exists(batch_file) and not os.path.exists("slurm_engine.sbatch")  # not in the user's directory
     finally:
         cluster.stop()

@@ -123,25 +123,25 @@ class Cluster:
                  env: Mapping[str, str] | None = None, progress: bool | ProgressSink = True, network: Any = None,
                  **launcher_options: Any):
         validate_counts(ps, workers)
-        self._gpus_per_worker = validate_gpus_per_worker(gpus_per_worker)
+        self.gpus_per_worker = validate_gpus_per_worker(gpus_per_worker)  # the settings it was made with, as given
         self.name = validate_name(name)
-        self._start_timeout = validate_timeout(start_timeout)
-        self._progress_option = progress
-        self._ps, self._workers = ps, workers
-        self._env = {str(k): str(v) for k, v in (env or {}).items()}
-        self._tasks: dict[TaskId, TaskRecord] = {}
+        self.start_timeout = validate_timeout(start_timeout)
+        self.progress = progress
+        self.ps_count, self.worker_count = ps, workers
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.records: dict[TaskId, TaskRecord] = {}  # each task's record (``tasks`` lists them in order)
         self._state = "new"
         self._started_at = 0.0
-        self._pool: OwnedPool | AttachedPool | None = None
-        self._pool_factory: Callable[[], OwnedPool | AttachedPool]
+        self.pool: OwnedPool | AttachedPool | None = None  # the engine pool (ipyparallel's cluster, client, reaper)
+        self.pool_factory: Callable[[], OwnedPool | AttachedPool]  # makes ``pool`` at start()
         self.telemetry = EventLog()  # step spans and progress of every job on this cluster (wb.dashboard)
         self.job_queue = JobQueue(self.name)  # this process's training jobs on the cluster, one running at a time
-        self._lifecycle = threading.RLock()  # start/scale/stop, from the kernel or the control thread
+        self.lifecycle = threading.RLock()  # start/scale/stop, from the kernel or the control thread
         self.shared = Shared(self)  # what higher layers keep with it, and its registry record
         self.last_profile = None  # the newest cluster.profile(), for the served /profile page
         self._clock_offsets: tuple[float, dict[str, float]] | None = None
-        self._owner_pid = 0  # set by attach(): the process that runs this cluster
-        self._forks = False  # local engines are forked from a warm process (unless that is refused)
+        self.owner_pid = 0  # set by attach(): the process that runs this cluster
+        self.forks = False  # local engines are forked from a warm process (unless that is refused)
         # the tasks' health, followed as it changes (owned pools: the reaper's reports); jobs subscribe to it
         self.health = TaskHealth(self.name, lambda: self.tasks, self._publish_tasks, self.telemetry)
         self.failure = ""  # why the cluster failed while running (its controller exited), if it did
@@ -149,14 +149,14 @@ class Cluster:
         if engines is None:  # set by from_existing or attach
             self.links = ClusterLinks(self, None, False)
             return
-        engine_env = lambda: {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"), **self._env}  # noqa: E731
-        self._pool_factory, self._forks = owned_pool_factory(self.name, engines, controller_ip, engine_env,
-                                                             self._gpus_per_worker == 0, launcher_options)
+        engine_env = lambda: {"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"), **self.env}  # noqa: E731
+        self.pool_factory, self.forks = owned_pool_factory(self.name, engines, controller_ip, engine_env,
+                                                             self.gpus_per_worker == 0, launcher_options)
         local = engines in LOCAL_LAUNCHERS
         if local:
             self.hosting.check_local_gpus(workers)
         self.links = ClusterLinks(self, network, local)  # the emulated links between tasks: cluster.shape(...)
-        self._launcher = engines
+        self.launcher = engines
 
     # -- construction helpers -------------------------------------------------------------
 
@@ -178,7 +178,7 @@ class Cluster:
     @property
     def attached(self) -> bool:
         """True for a cluster from ``attach()``: another process owns it."""
-        return bool(self._owner_pid)
+        return bool(self.owner_pid)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -193,15 +193,15 @@ class Cluster:
             raise ClusterStateError(
                 f"cluster {self.name!r} is {self._state}; a Cluster starts once. Create a new wb.Cluster(...)."
             )
-        self._refuse_a_running_name()
-        progress = make_progress(self._progress_option)
-        deadline = Deadline(self._start_timeout)
+        sharing.refuse_a_running_name(self.name)
+        progress = make_progress(self.progress)
+        deadline = Deadline(self.start_timeout)
         self._state = "starting"
-        self._client_tf_version = client_tensorflow_version()
+        self.client_tf_version = client_tensorflow_version()
         try:
-            self.hosting.bring_up(role_layout(self._ps, self._workers), deadline, progress)
+            self.hosting.bring_up(role_layout(self.ps_count, self.worker_count), deadline, progress)
             self._state = "running"
-            self.health.follow(self._pool.health_reports(), self._pool.controller_pids, self._controller_lost)
+            self.health.follow(self.pool.health_reports(), self.pool.controller_pids, self._controller_lost)
             for hook in self.start_hooks:
                 hook(self)
         except BaseException as exc:
@@ -211,27 +211,22 @@ class Cluster:
             if isinstance(exc, WorkbenchError) or not isinstance(exc, Exception):
                 raise
             raise ClusterStartError(f"starting cluster {self.name!r} failed: {type(exc).__name__}: {exc}") from exc
-        self._state = "running"
-        self._started_at = time.monotonic()
+        self.mark_running()
         from .process import connection
 
         connection.prepare_process()  # once per process, while the start's caller waits (not later, in a job's thread)
         _LIVE_CLUSTERS.add(self)
         self.shared.write_record()
         progress.close(
-            f"cluster {self.name!r} ready: {self._ps} ps + {self._workers} worker task(s) "
+            f"cluster {self.name!r} ready: {self.ps_count} ps + {self.worker_count} worker task(s) "
             f"in {deadline.seconds - deadline.remaining():.1f} s"
         )
         return self
 
-    def _refuse_a_running_name(self) -> None:
-        """A second cluster of a running one's name would share its registry record and ipyparallel files."""
-        record = registry.read_record(self.name)
-        if record is not None and record.client_alive():
-            raise ClusterStartError(
-                f"a cluster named {self.name!r} is already running (owned by process {record.client_pid}): "
-                f"give this one another name, e.g. wb.Cluster(..., name={self.name + '-2'!r}), or stop that one first."
-            )
+    def mark_running(self) -> None:
+        """Its tasks serve (``start``; ``attach``: another process's cluster, running already)."""
+        self._state = "running"
+        self._started_at = time.monotonic()
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop every task and everything this cluster started. Safe to call twice.
@@ -243,7 +238,7 @@ class Cluster:
         cluster (its engines start without importing again); it forks nothing while kept, and exits after
         five minutes unless taken, or with this process.
         """
-        with self._lifecycle:
+        with self.lifecycle:
             if self._state == "new":
                 return
             if self._state in ("stopped", "failed"):
@@ -274,7 +269,7 @@ class Cluster:
     @property
     def scratch(self) -> str:
         """The temporary directory of this cluster's local engines and warm process, removed at stop ("" if none)."""
-        return getattr(self._pool, "scratch", "") or ""
+        return getattr(self.pool, "scratch", "") or ""
 
     @property
     def jobs(self) -> JobList:
@@ -306,29 +301,31 @@ class Cluster:
         a scale-up returns once the new engines serve, a scale-down once the job no longer uses the workers
         that leave. Two scales before the job's next boundary are one change in ``job.events``.
         """
-        with self._lifecycle:
+        with self.lifecycle:
             return self._scale(workers, ps)
 
     def _scale(self, workers: int | None, ps: int | None) -> Cluster:
-        self._require_running("scale")
+        self.require_running("scale")
         if self.attached:
-            raise ClusterStateError(f"cluster {self.name!r} is attached: process {self._owner_pid} owns it. Scale it "
+            raise ClusterStateError(f"cluster {self.name!r} is attached: process {self.owner_pid} owns it. Scale it "
                                     "there, or from the Workbench panel.")
-        if ps is not None and ps != self._ps:
+        if ps is not None and ps != self.ps_count:
             raise ConfigurationError(
                 f"ps={ps}: the number of ps tasks cannot change while the cluster runs (model variables live on "
                 f"them). Stop the cluster and start a new one with ps={ps}."
             )
-        workers = self._workers if workers is None else workers
-        validate_counts(self._ps, workers)
-        self.hosting.scale_workers(workers, Deadline(self._start_timeout))
+        workers = self.worker_count if workers is None else workers
+        validate_counts(self.ps_count, workers)
+        self.hosting.scale_workers(workers, Deadline(self.start_timeout))
         self._clock_offsets = None  # new tasks: measure again
         self.shared.write_record()
         return self
 
     @doc_from(TaskHosting.replace_task)
     def replace_task(self, task: str | TaskId, timeout: float | None = None, refresh_connection: bool = True) -> TaskRecord:
-        return self.hosting.replace_task(task, timeout, refresh_connection)
+        record = self.hosting.replace_task(task, timeout, refresh_connection)
+        self._clock_offsets = None  # a new process, maybe on another host: measure again
+        return record
 
     @doc_from(TaskHosting.check_exposure)
     def check_exposure(self, records: list[TaskRecord] | None = None, deadline: Deadline | None = None,
@@ -388,22 +385,22 @@ class Cluster:
     @property
     def tasks(self) -> list[TaskRecord]:
         """One record per task (job, index, engine id, address, pid, devices, GPUs, state), ps first."""
-        records = dict(self._tasks)  # one copy (atomic): the health monitor reads while start/scale/re-host write
+        records = dict(self.records)  # one copy (atomic): the health monitor reads while start/scale/re-host write
         return [records[t] for t in sorted(records)]
 
     def task(self, name: str | TaskId) -> TaskRecord:
         """The record of ``"worker:1"``; ``UnknownTaskError`` names the tasks that exist."""
         task = TaskId.parse(name)
-        if task not in self._tasks:
+        if task not in self.records:
             raise UnknownTaskError(
                 f"cluster {self.name!r} has no task {task}: its tasks are {', '.join(r.name for r in self.tasks) or 'none'}."
             )
-        return self._tasks[task]
+        return self.records[task]
 
     @property
     def spec_dict(self) -> dict[str, list[str]]:
         """``{"ps": [...], "worker": [...]}`` addresses."""
-        return cluster_spec_dict({t: r.address for t, r in self._tasks.items()})
+        return cluster_spec_dict({t: r.address for t, r in self.records.items()})
 
     @property
     def spec(self):
@@ -434,10 +431,10 @@ class Cluster:
 
     def clock_offsets(self, max_age: float = 300.0) -> dict[str, float]:
         """Seconds each task's host clock is ahead of this kernel's (measured, kept ``max_age`` s)."""
-        self._require_running("measure the tasks' clocks")
+        self.require_running("measure the tasks' clocks")
         now = time.monotonic()
         if self._clock_offsets is None or now - self._clock_offsets[0] > max_age:
-            by_engine = measure_offsets(self._pool.client, [r.engine_id for r in self.tasks])
+            by_engine = measure_offsets(self.pool.client, [r.engine_id for r in self.tasks])
             self._clock_offsets = (now, {r.name: by_engine.get(r.engine_id, 0.0) for r in self.tasks})
         return dict(self._clock_offsets[1])
 
@@ -459,8 +456,8 @@ class Cluster:
     @property
     def client(self):
         """The ipyparallel ``Client`` of the engine pool."""
-        self._require_running("use the engine pool")
-        return self._pool.client
+        self.require_running("use the engine pool")
+        return self.pool.client
 
     def status(self) -> ClusterStatus:
         """A table of the tasks: text in a terminal, HTML in a notebook.
@@ -468,10 +465,10 @@ class Cluster:
         States follow the engines as it happens (``silent``: not answering for 3 s; ``lost``: gone;
         ``recovering``: being re-hosted); this also asks the controller, for borrowed engines.
         """
-        if self._state == "running" and self._pool is not None:
+        if self._state == "running" and self.pool is not None:
             self.hosting.find_lost_engines()
         active = [self.job_queue.current] + self.job_queue.queued
-        return ClusterStatus(self.name, self._state, self._launcher, self.tasks, self.network,
+        return ClusterStatus(self.name, self._state, self.launcher, self.tasks, self.network,
                              tuple(job.describe() for job in active if job is not None), self.log_path)
 
     def _publish_tasks(self) -> None:
@@ -488,13 +485,14 @@ class Cluster:
         threading.Thread(target=self._fail, name=f"workbench-stop-{self.name}", daemon=True).start()
 
     def _fail(self) -> None:
-        with self._lifecycle:
+        with self.lifecycle:
             if self._state in ("running", "starting"):
                 self._teardown(30.0)
                 self._state = "failed"
 
     def __repr__(self) -> str:
-        return f"<workbench.Cluster {self.name!r} {self._state}: {self._ps} ps, {self._workers} worker(s), engines={self._launcher!r}>"
+        return (f"<workbench.Cluster {self.name!r} {self._state}: {self.ps_count} ps, {self.worker_count} worker(s), "
+                f"engines={self.launcher!r}>")
 
     def _repr_html_(self) -> str:
         return self.status()._repr_html_()

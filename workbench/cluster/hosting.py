@@ -64,7 +64,7 @@ class TaskHosting:
     def _run_each(self, calls: dict[int, tuple], phase: str, deadline: Deadline, progress: ProgressSink) -> dict[int, Any]:
         """Run ``{engine_id: (function, *args)}`` on the engines in parallel; results by engine id."""
         try:
-            return run_on_engines(self.cluster._pool.client, calls, deadline,
+            return run_on_engines(self.cluster.pool.client, calls, deadline,
                                   lambda done, total: progress.update(phase, done, total), 0.005)
         except RemoteCallFailed as exc:
             raise ClusterStartError(f"engine {exc.engine} failed while {phase}: {exc.reason}") from None
@@ -83,7 +83,7 @@ class TaskHosting:
         """
         previous = previous or {}
         by_engine = {eid: task for task, eid in assignment.items()}
-        controller_ip, lifeline = self.cluster._pool.controller_ip, self.cluster._pool.lifeline
+        controller_ip, lifeline = self.cluster.pool.controller_ip, self.cluster.pool.lifeline
         probes = self._run_each({e: (engine_side.probe, controller_ip, lifeline) for e in by_engine}, "probing engines",
                                 deadline, progress)
         for eid, task in by_engine.items():
@@ -93,9 +93,9 @@ class TaskHosting:
                     f"engine {eid} ({info['host']}, pid {info['pid']}) runs workbench {info['workbench_version']} "
                     f"but the client runs {workbench_version()}: install the same version in both environments."
                 )
-            self.cluster._tasks[task] = TaskRecord(task.job, task.index, eid, info["host"], pid=info["pid"])
-            if self.is_local(self.cluster._tasks[task]):
-                self.cluster._pool.watch([info["pid"]])
+            self.cluster.records[task] = TaskRecord(task.job, task.index, eid, info["host"], pid=info["pid"])
+            if self.is_local(self.cluster.records[task]):
+                self.cluster.pool.watch([info["pid"]])
 
         visible = self._plan_gpus(assignment, probes)
         serving: dict[TaskId, int | None] = {}  # the port each server listens on, where the spec names another
@@ -106,7 +106,7 @@ class TaskHosting:
         )
         for task, eid in assignment.items():
             self._check_import(eid, probes[eid], imports[eid])
-            record = self.cluster._tasks[task]
+            record = self.cluster.records[task]
             record.tensorflow = imports[eid]["version"]
             record.address = _format_address(probes[eid]["address"], imports[eid]["port"])
             serving[task], namespaces[task] = None, None
@@ -125,7 +125,7 @@ class TaskHosting:
             result = servers[eid]
             if not result["ok"]:
                 raise ServerStartError(f"the TF server for {task} on engine {eid} did not start: {result['error']}")
-            record = self.cluster._tasks[task]
+            record = self.cluster.records[task]
             record.address = result["address"]
             record.devices = result["devices"]
             record.gpus = [g for g in (result["cuda_visible_devices"] or "").split(",") if g]
@@ -161,7 +161,7 @@ class TaskHosting:
         return open_ports
 
     def _plan_gpus(self, assignment: dict[TaskId, int], probes: dict[int, dict]) -> dict[TaskId, list[str]]:
-        if not self.cluster._gpus_per_worker:
+        if not self.cluster.gpus_per_worker:
             return {task: [] for task in assignment}
         tasks_by_host: dict[str, list[TaskId]] = {}
         available: dict[str, list[str]] = {}
@@ -170,10 +170,10 @@ class TaskHosting:
             tasks_by_host.setdefault(host, []).append(task)
             available.setdefault(host, probes[eid]["gpus"])
         in_use: dict[str, list[str]] = {}
-        for record in self.cluster._tasks.values():
+        for record in self.cluster.records.values():
             if record.task not in assignment:
                 in_use.setdefault(record.host, []).extend(record.gpus)
-        return assign_gpus(tasks_by_host, available, self.cluster._gpus_per_worker, in_use)
+        return assign_gpus(tasks_by_host, available, self.cluster.gpus_per_worker, in_use)
 
     def _check_import(self, eid: int, probe: dict, result: dict) -> None:
         where = f"engine {eid} ({probe['host']}, pid {probe['pid']}, Python {probe['python']})"
@@ -183,9 +183,9 @@ class TaskHosting:
                 "environment (`pip install 'workbench[cpu]'`, or '[gpu]'), or point the launcher at a Python "
                 "that has it."
             )
-        if result["version"] != self.cluster._client_tf_version:
+        if result["version"] != self.cluster.client_tf_version:
             raise VersionMismatchError(
-                f"{where} runs TensorFlow {result['version']} but this client runs {self.cluster._client_tf_version}: "
+                f"{where} runs TensorFlow {result['version']} but this client runs {self.cluster.client_tf_version}: "
                 "install the same TensorFlow version in the client and engine environments."
             )
 
@@ -200,10 +200,10 @@ class TaskHosting:
         """``Cluster.start``'s work: the pool, an engine per task of ``layout``, the links, the tasks on their engines."""
         cluster = self.cluster
         self.warn_if_memory_short(len(layout), stacklevel=4)  # user -> start -> bring_up -> warn
-        cluster._pool = cluster._pool_factory()
-        cluster._pool.start(deadline)
-        cluster._pool.remove_on_death(str(registry_path(cluster.name)))
-        ids = cluster._pool.add_engines(len(layout), deadline,
+        cluster.pool = cluster.pool_factory()
+        cluster.pool.start(deadline)
+        cluster.pool.remove_on_death(str(registry_path(cluster.name)))
+        ids = cluster.pool.add_engines(len(layout), deadline,
                                         lambda done, total: progress.update("engines registered", done, total))
         self.warn_of_new_notices(("", 0), stacklevel=4)
         cluster.links.open()
@@ -213,27 +213,27 @@ class TaskHosting:
     def tear_down(self, timeout: float) -> None:
         """The engines go (borrowed ones are released, left running), then the links; every task is ``stopped``."""
         cluster = self.cluster
-        pool, cluster._pool = cluster._pool, None
+        pool, cluster.pool = cluster.pool, None
         if cluster.attached:  # only this process's connection ends: the tasks are the owner's
             if pool is not None:
                 pool.close(timeout)
             return
         if pool is not None:
-            if not pool.owned and cluster._tasks:
+            if not pool.owned and cluster.records:
                 try:
-                    pool.remove_engines([r.engine_id for r in cluster._tasks.values()], [], Deadline(min(timeout, 15)))
+                    pool.remove_engines([r.engine_id for r in cluster.records.values()], [], Deadline(min(timeout, 15)))
                 except Exception:  # noqa: BLE001 - borrowed engines may already be gone
                     pass
             pool.close(timeout)
         # after the engines: a task's connections to this kernel must close while its link still carries the
         # close (a namespace removed first leaves the kernel's TensorFlow waiting on peers that never answer)
         cluster.links.close()
-        for record in cluster._tasks.values():
+        for record in cluster.records.values():
             record.state = STOPPED
 
     def find_lost_engines(self) -> None:
         """Mark ``lost`` the running tasks whose engine left the controller (or, local, whose process is gone)."""
-        alive = set(self.cluster._pool.client.ids)
+        alive = set(self.cluster.pool.client.ids)
         for record in self.cluster.tasks:
             gone = record.engine_id not in alive or (self.is_local(record) and not psutil.pid_exists(record.pid))
             if gone:
@@ -241,10 +241,10 @@ class TaskHosting:
 
     def check_local_gpus(self, workers: int) -> None:
         """Refuse ``workers`` local workers that this machine has too few GPUs for (``gpus_per_worker`` each)."""
-        per_worker = self.cluster._gpus_per_worker
+        per_worker = self.cluster.gpus_per_worker
         if not per_worker:
             return
-        available = discover_gpus({**os.environ, **self.cluster._env})
+        available = discover_gpus({**os.environ, **self.cluster.env})
         needed = workers * per_worker
         if needed > len(available):
             raise ConfigurationError(
@@ -255,11 +255,11 @@ class TaskHosting:
 
     def warn_if_memory_short(self, engines: int, stacklevel: int = 3) -> None:
         """Warn, pointing at the user's call (``stacklevel`` for ``warnings.warn``), when local engines may not fit in memory."""
-        cluster, pool = self.cluster, self.cluster._pool
-        if cluster._launcher in LOCAL_LAUNCHERS:  # engines elsewhere use their nodes' memory
+        cluster, pool = self.cluster, self.cluster.pool
+        if cluster.launcher in LOCAL_LAUNCHERS:  # engines elsewhere use their nodes' memory
             from .launch.fork_launcher import kept_warm
 
-            forked = cluster._forks and not (pool is not None and pool.fork_notice)
+            forked = cluster.forks and not (pool is not None and pool.fork_notice)
             # start(): the warm process is yet to come, unless a stopped cluster kept one (in memory already)
             first = pool is None and kept_warm.pid is None
             message = engine_memory_warning(engines, *available_memory(), forked=forked, with_warm=forked and first)
@@ -268,13 +268,13 @@ class TaskHosting:
 
     def notices(self) -> tuple[str, int]:
         """What the pool said so far: its fork notice and how many launcher notices (``warn_of_new_notices`` takes it)."""
-        pool = self.cluster._pool
+        pool = self.cluster.pool
         return getattr(pool, "fork_notice", ""), len(getattr(pool, "launcher_notices", []))
 
     def warn_of_new_notices(self, known: tuple[str, int], stacklevel: int = 3) -> None:
         """Warn of what the pool said since ``known``: engines started as new processes instead of forks, options
         the workbench added to the launcher's command (one warning each)."""
-        pool, name = self.cluster._pool, self.cluster.name
+        pool, name = self.cluster.pool, self.cluster.name
         notice = getattr(pool, "fork_notice", "")
         if notice and notice != known[0]:
             warnings.warn(f"cluster {name!r}: engines start as separate processes, each importing TensorFlow "
@@ -287,12 +287,12 @@ class TaskHosting:
         (``job.rescale``: it takes new workers, and lets leaving ones go before their engines stop); without one,
         this kernel's TensorFlow connection grows or shrinks in place (what it made on the tasks stays valid)."""
         cluster = self.cluster
-        job, now = cluster.job_queue.current, cluster._workers
+        job, now = cluster.job_queue.current, cluster.worker_count
         if job is not None and workers != now:
             job.check_rescale(workers)  # refuses what it cannot follow, before anything starts or stops
         if workers > now:  # user -> scale -> _scale -> scale_workers -> add_workers: warnings point at the user's line
             self.add_workers([TaskId("worker", i) for i in range(now, workers)], deadline, stacklevel=5)
-            cluster._workers = workers
+            cluster.worker_count = workers
             if job is not None:
                 job.rescale()
             else:
@@ -306,42 +306,42 @@ class TaskHosting:
             # ended first): a task that leaves later makes TensorFlow log "Task 2 was not defined in sparse job worker"
             connection.resize(cluster, names, timeout=deadline.remaining(5))
             self.drop_tasks(leaving, deadline)
-            cluster._workers = workers
+            cluster.worker_count = workers
 
     def add_workers(self, new_tasks: list[TaskId], deadline: Deadline, stacklevel: int = 3) -> None:
         """Start an engine for each of ``new_tasks`` and give it its task; if that fails, none of them stays."""
         cluster = self.cluster
-        if cluster._launcher in LOCAL_LAUNCHERS:
-            self.check_local_gpus(cluster._workers + len(new_tasks))
+        if cluster.launcher in LOCAL_LAUNCHERS:
+            self.check_local_gpus(cluster.worker_count + len(new_tasks))
         self.warn_if_memory_short(len(new_tasks), stacklevel=stacklevel + 1)
-        progress = make_progress(cluster._progress_option)
+        progress = make_progress(cluster.progress)
         try:
             known = self.notices()
             ids = self.add_engines(len(new_tasks), deadline, progress)
             self.warn_of_new_notices(known, stacklevel=stacklevel + 1)
             self.assign_tasks(dict(zip(new_tasks, ids)), deadline, progress)
-            self.check_exposure([cluster._tasks[t] for t in new_tasks], deadline, stacklevel=stacklevel + 1)
+            self.check_exposure([cluster.records[t] for t in new_tasks], deadline, stacklevel=stacklevel + 1)
         except BaseException:
             progress.close("scaling failed", ok=False)
-            self.drop_tasks([t for t in new_tasks if t in cluster._tasks], deadline)
+            self.drop_tasks([t for t in new_tasks if t in cluster.records], deadline)
             raise
-        progress.close(f"cluster {cluster.name!r} now has {cluster._workers + len(new_tasks)} worker task(s)")
+        progress.close(f"cluster {cluster.name!r} now has {cluster.worker_count + len(new_tasks)} worker task(s)")
 
     def add_engines(self, n: int, deadline: Deadline, progress: ProgressSink) -> list[int]:
         """``n`` more engines from the pool (borrowed pools: ones no task uses); their ids."""
         def report(done: int, total: int) -> None:
             progress.update("engines registered", done, total)
 
-        pool = self.cluster._pool
+        pool = self.cluster.pool
         if not pool.owned:
-            used = [r.engine_id for r in self.cluster._tasks.values()]
+            used = [r.engine_id for r in self.cluster.records.values()]
             return pool.add_engines(n, deadline, report, exclude=used)
         return pool.add_engines(n, deadline, report, in_use=self._tasks_per_host())
 
     def _tasks_per_host(self) -> dict[str, int]:
         """Running tasks per host, counted under its name and under its address (a lost task no longer counts)."""
         counts: dict[str, int] = {}
-        for record in self.cluster._tasks.values():
+        for record in self.cluster.records.values():
             if record.state in (LOST, RECOVERING, STOPPED):
                 continue
             for key in {record.host, record.address.rpartition(":")[0].strip("[]")} - {""}:
@@ -350,8 +350,8 @@ class TaskHosting:
 
     def drop_tasks(self, tasks: list[TaskId], deadline: Deadline) -> None:
         """Forget ``tasks`` and stop their engines."""
-        records = [self.cluster._tasks.pop(t) for t in tasks]
-        self.cluster._pool.remove_engines([r.engine_id for r in records], [r.pid for r in records if self.is_local(r)],
+        records = [self.cluster.records.pop(t) for t in tasks]
+        self.cluster.pool.remove_engines([r.engine_id for r in records], [r.pid for r in records if self.is_local(r)],
                                           deadline)
 
     # -- re-hosting --------------------------------------------------------------------------
@@ -359,9 +359,9 @@ class TaskHosting:
     def settle(self, timeout: float) -> bool:
         """Wait until no start, scale or re-hosting is under way (each holds the cluster's lifecycle lock until its
         tasks serve and this kernel's connection knows them); False if one still runs after ``timeout`` s."""
-        if not self.cluster._lifecycle.acquire(timeout=timeout):
+        if not self.cluster.lifecycle.acquire(timeout=timeout):
             return False
-        self.cluster._lifecycle.release()
+        self.cluster.lifecycle.release()
         return True
 
     def replace_task(self, task: str | TaskId, timeout: float | None = None, refresh_connection: bool = True) -> TaskRecord:
@@ -376,14 +376,14 @@ class TaskHosting:
         ``recovering`` then ``running``; returns its new record. ``refresh_connection=False`` leaves the
         update of this kernel's connection to its next use (for callers that do not use it: all-reduce).
         """
-        with self.cluster._lifecycle:
-            self.cluster._require_running("re-host a task")
+        with self.cluster.lifecycle:
+            self.cluster.require_running("re-host a task")
             if self.cluster.attached:
-                raise ClusterStateError(f"cluster {self.cluster.name!r} is attached: process {self.cluster._owner_pid} owns it and "
+                raise ClusterStateError(f"cluster {self.cluster.name!r} is attached: process {self.cluster.owner_pid} owns it and "
                                         "re-hosts its tasks.")
             old = self.cluster.task(task)
             gone = old.state == LOST and old.note == ENGINE_EXITED  # its lifeline closed: the process is gone
-            deadline = Deadline(self.cluster._start_timeout if timeout is None else timeout)
+            deadline = Deadline(self.cluster.start_timeout if timeout is None else timeout)
             self.cluster.health.set_state(old, RECOVERING, "starting a new engine")
             added: list[int] = []
             try:
@@ -391,7 +391,7 @@ class TaskHosting:
                     self._kill_engine(old, deadline)
                 added = self.add_engines(1, deadline, make_progress(False))
                 self.assign_tasks({old.task: added[0]}, deadline, make_progress(False), previous={old.task: old})
-                new = self.cluster._tasks[old.task]
+                new = self.cluster.records[old.task]
                 self.check_exposure([new], deadline, stacklevel=4)  # through Cluster.replace_task
                 if refresh_connection:
                     connection.refresh(self.cluster, new.name, deadline.remaining(5))
@@ -405,7 +405,6 @@ class TaskHosting:
                     raise
                 raise ClusterStateError(f"re-hosting {old.name} of cluster {self.cluster.name!r} failed: {why}") from None
             new.restarts = old.restarts + 1
-            self.cluster._clock_offsets = None  # a new process, maybe on another host: measure again
             self.cluster.health.set_state(new, RUNNING, f"re-hosted on engine {new.engine_id}")
             return new
 
@@ -416,8 +415,8 @@ class TaskHosting:
                 psutil.Process(record.pid).kill()
             except psutil.Error:
                 pass  # already gone
-        elif record.engine_id in self.cluster._pool.client.ids:
-            self.cluster._pool.client.send_signal(signal.SIGKILL, targets=[record.engine_id], block=False)  # through its nanny
+        elif record.engine_id in self.cluster.pool.client.ids:
+            self.cluster.pool.client.send_signal(signal.SIGKILL, targets=[record.engine_id], block=False)  # through its nanny
         wait = Deadline(min(KILL_WAIT_SECONDS, deadline.remaining(1)))
         while self._engine_alive(record) and not wait.expired:
             time.sleep(0.02)
@@ -428,7 +427,7 @@ class TaskHosting:
     def _engine_alive(self, record: TaskRecord) -> bool:
         """The process itself for a local engine; the controller's view for one elsewhere."""
         if not self.is_local(record):
-            return record.engine_id in self.cluster._pool.client.ids
+            return record.engine_id in self.cluster.pool.client.ids
         try:
             return psutil.Process(record.pid).status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
@@ -436,11 +435,11 @@ class TaskHosting:
 
     def _undo_replacement(self, old: TaskRecord, added: list[int]) -> None:
         """A re-hosting that failed: stop the engine it started, and keep the old record."""
-        new = self.cluster._tasks.get(old.task)
-        self.cluster._tasks[old.task] = old
+        new = self.cluster.records.get(old.task)
+        self.cluster.records[old.task] = old
         if added:
             pids = [new.pid] if new is not None and new is not old and self.is_local(new) else []
             try:
-                self.cluster._pool.remove_engines(added, pids, Deadline(15))
+                self.cluster.pool.remove_engines(added, pids, Deadline(15))
             except Exception:  # noqa: BLE001 - best effort; the engine holds a lifeline and goes with the cluster
                 pass

@@ -92,10 +92,10 @@ class ClusterLinks:
         Needs ``network=`` when the cluster is made.
         """
         cluster = self.cluster
-        with cluster._lifecycle:
-            cluster._require_running("shape its links")
+        with cluster.lifecycle:
+            cluster.require_running("shape its links")
             if cluster.attached:
-                raise ClusterStateError(f"cluster {cluster.name!r} is attached: process {cluster._owner_pid} owns it and "
+                raise ClusterStateError(f"cluster {cluster.name!r} is attached: process {cluster.owner_pid} owns it and "
                                         "its links; shape them there.")
             if self.emulator is None:
                 raise ClusterStateError(

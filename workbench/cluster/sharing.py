@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from ..errors import ClusterStateError
+from ..errors import ClusterStartError, ClusterStateError
 from ..telemetry.forwarding import TelemetryForwarder
 from . import registry
 from .launch.borrowed import AttachedPool, attach_client
@@ -81,12 +81,12 @@ class Shared:
         cluster = self.cluster
         if cluster.attached:  # the owner's record stays the owner's
             return
-        pool = cluster._pool
+        pool = cluster.pool
         proc = psutil.Process()
         registry.write_record(ClusterRecord(
             name=cluster.name,
             state=cluster.state,
-            engines=cluster._launcher,
+            engines=cluster.launcher,
             owned=bool(pool and pool.owned),
             client_pid=proc.pid,
             client_created=proc.create_time(),
@@ -94,7 +94,7 @@ class Shared:
             profile_dir=pool.profile_dir if pool else "",
             spec=cluster.spec_dict,
             tasks=cluster.tasks,
-            gpus_per_worker=cluster._gpus_per_worker,
+            gpus_per_worker=cluster.gpus_per_worker,
             endpoints=dict(self.endpoints),
             network=cluster.network,
             updated=time.time(),
@@ -130,17 +130,26 @@ def attach(cls: type, name: str, timeout: float):
     except (OSError, TimeoutError, ValueError) as exc:
         raise ClusterStateError(f"could not connect to cluster {name!r}'s controller ({exc}); its owner (pid "
                                 f"{record.client_pid}) may be stopping it.") from None
-    cluster._launcher = record.engines
-    cluster._owner_pid = record.client_pid
-    cluster._pool = AttachedPool(client, close_client=True, launcher=cluster._launcher)
-    cluster._tasks = {r.task: r for r in record.tasks}
-    cluster._client_tf_version = client_tensorflow_version()
-    cluster._state = "running"
-    cluster._started_at = time.monotonic()
+    cluster.launcher = record.engines
+    cluster.owner_pid = record.client_pid
+    cluster.pool = AttachedPool(client, close_client=True, launcher=cluster.launcher)
+    cluster.records = {r.task: r for r in record.tasks}
+    cluster.client_tf_version = client_tensorflow_version()
+    cluster.mark_running()
     # this process's jobs go to the owner's telemetry too: its dashboards and the panel show them
     forwarder = TelemetryForwarder(name, cluster.telemetry, lambda: registry.endpoint(name, "control")).start()
     cluster.keep("telemetry-forwarder", forwarder, close=forwarder.stop)
     return cluster
+
+
+def refuse_a_running_name(name: str) -> None:
+    """A second cluster of a running one's name would share its registry record and ipyparallel files."""
+    record = registry.read_record(name)
+    if record is not None and record.client_alive():
+        raise ClusterStartError(
+            f"a cluster named {name!r} is already running (owned by process {record.client_pid}): "
+            f"give this one another name, e.g. wb.Cluster(..., name={name + '-2'!r}), or stop that one first."
+        )
 
 
 def borrow(cls: type, source: Any, ps: int, workers: int, profile: str | None, cluster_id: str | None, **options: Any):
@@ -152,11 +161,11 @@ def borrow(cls: type, source: Any, ps: int, workers: int, profile: str | None, c
     the engines restart: TensorFlow cannot stop a server inside a running process).
     """
     cluster = cls(ps, workers, engines=None, **options)
-    cluster._launcher = "existing"
+    cluster.launcher = "existing"
 
     def factory() -> AttachedPool:
-        client, created, ipp_cluster = attach_client(source, profile, cluster_id, cluster._start_timeout)
+        client, created, ipp_cluster = attach_client(source, profile, cluster_id, cluster.start_timeout)
         return AttachedPool(client, close_client=created, cluster=ipp_cluster)
 
-    cluster._pool_factory = factory
+    cluster.pool_factory = factory
     return cluster
