@@ -369,7 +369,8 @@ class Cluster:
 
     # -- what users read -------------------------------------------------------------------
 
-    def _require_running(self, what: str) -> None:
+    def require_running(self, what: str) -> None:
+        """Raise ``ClusterStateError`` (``ControllerLost`` after a lost controller) saying it cannot ``what`` now."""
         if self.failure:
             raise ControllerLost(f"cannot {what}: {self.failure}")
         if self._state != "running":
