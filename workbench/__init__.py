@@ -61,6 +61,7 @@ from .errors import (  # noqa: E402
     UnknownTaskError,
     VersionMismatchError,
     WorkbenchError,
+    WorkbenchWarning,
 )
 
 __all__ = [
@@ -112,6 +113,7 @@ __all__ = [
     "UnknownTaskError",
     "VersionMismatchError",
     "WorkbenchError",
+    "WorkbenchWarning",
     "list_clusters",
     "running_clusters",
     "slurm_reachable",

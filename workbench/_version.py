@@ -6,6 +6,12 @@ from importlib import metadata
 DISTRIBUTION = "jupyter-tf-workbench"  # the name on PyPI; "workbench" there is an unrelated project
 CLASHING = "workbench"  # that project: it ships an import package `workbench` and a `workbench` command too
 
+
+def install_command(extras: str) -> str:
+    """What to type to install this distribution with ``extras`` (``"cpu"``, ``"gpu"``, ``"mpi"``...), for messages."""
+    return f"pip install '{DISTRIBUTION}[{extras}]'"
+
+
 try:
     __version__ = metadata.version(DISTRIBUTION)
 except metadata.PackageNotFoundError:  # imported from a source tree that was never installed

@@ -1,14 +1,47 @@
 """The one error hierarchy of the workbench.
 
 Every message says what failed, why, and what to do next. Callers catch
-``WorkbenchError`` to handle anything the workbench raises on purpose.
+``WorkbenchError`` to handle anything the workbench raises on purpose. Each error's traceback
+ends with a ``help:`` line (an exception note) and each warning's message with a link: the
+troubleshooting page's section about its class (``docs/guide/troubleshooting.md``).
 """
 
 from __future__ import annotations
 
+HELP_PAGE = "https://github.com/workbench-dev/workbench/blob/main/docs/guide/troubleshooting.md"
+# the classes with a section of their own on that page; any other links to its nearest ancestor's
+DOCUMENTED = frozenset({
+    "WorkbenchError", "ConfigurationError", "ClusterStartError", "EngineStartTimeout", "TensorFlowImportError",
+    "VersionMismatchError", "ServerStartError", "ClusterStateError", "ControllerLost", "UnknownTaskError",
+    "TrainingError", "ParameterServerLost", "CallbackError", "WorkbenchWarning", "LowMemoryWarning",
+    "ExposedPortsWarning", "EngineForkWarning", "LauncherOptionsWarning", "UncheckedVersionWarning", "TaskFaultWarning",
+})
+
+
+def help_url(kind: type) -> str:
+    """The troubleshooting page's section about ``kind``, an error or warning class (or its nearest documented base)."""
+    name = next((k.__name__ for k in kind.__mro__ if k.__name__ in DOCUMENTED), "")
+    return f"{HELP_PAGE}#{name.lower()}" if name else HELP_PAGE
+
+
+def described(exc: BaseException) -> str:
+    """An error's message with its notes (the help link), for what shows an error's text rather than its traceback."""
+    return "\n".join([str(exc), *getattr(exc, "__notes__", ())])
+
 
 class WorkbenchError(Exception):
     """Base class of every error the workbench raises on purpose."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.add_note(f"help: {help_url(type(self))}")
+
+
+class WorkbenchWarning(UserWarning):
+    """Base class of the workbench's warnings; each message ends with the link to its troubleshooting section."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()} (help: {help_url(type(self))})"
 
 
 class ConfigurationError(WorkbenchError, ValueError):
@@ -49,28 +82,28 @@ class UnknownTaskError(WorkbenchError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class LowMemoryWarning(UserWarning):
+class LowMemoryWarning(WorkbenchWarning):
     """Starting local engines would likely use more memory than this machine or container has free."""
 
 
-class ExposedPortsWarning(UserWarning):
+class ExposedPortsWarning(WorkbenchWarning):
     """TensorFlow ports of the workbench listen on every network interface, unauthenticated; the message names them."""
 
 
-class EngineForkWarning(UserWarning):
+class EngineForkWarning(WorkbenchWarning):
     """Local engines were started as separate processes instead of forks of the warm process (the message says why)."""
 
 
-class LauncherOptionsWarning(UserWarning):
+class LauncherOptionsWarning(WorkbenchWarning):
     """The workbench added options to the engine launcher's command (e.g. mpiexec's --allow-run-as-root); the message says which and why."""
 
 
-class UncheckedVersionWarning(UserWarning):
+class UncheckedVersionWarning(WorkbenchWarning):
     """An installed library's version is outside the range the workbench's use of its internals was checked on;
     the message says which features may break and what to install."""
 
 
-class TaskFaultWarning(UserWarning):
+class TaskFaultWarning(WorkbenchWarning):
     """A task was lost, went silent or straggles, and what the workbench did about it (re-hosted it, restored a checkpoint...)."""
 
 

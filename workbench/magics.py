@@ -21,128 +21,8 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from . import training
 from .cluster import Cluster, TaskId, running_clusters
-from .errors import WorkbenchError
-
-HELP = """\
-workbench magics (each one calls the Python API shown on the right)
-
-  %wb start [--ps 1] [--workers 2] [--engines local|slurm|mpi|ssh|pbs|...] [--gpus-per-worker 0]
-            [--network auto|1gbit|...] [--name NAME]
-                                          wb.Cluster(...).start()
-  %wb status [--name NAME]                cluster.status()
-  %wb scale --workers N [--name NAME]     cluster.scale(workers=N)
-  %wb stop [--name NAME]                  cluster.stop()
-  %wb shape [RATE] [--delay 0.2ms] [--between all|ps|worker:1|ps-worker] [--name NAME]
-                                          cluster.shape(RATE, delay=..., between=...): set the emulated links
-                                          (needs --network at start); `%wb shape off` clears them,
-                                          `%wb shape` alone prints them
-  %wb list                                every cluster this kernel runs, the default first
-  %wb attach NAME                         wb.attach(NAME): use a cluster another kernel (or the panel) runs
-  %%wb on worker:1 [--name NAME]          with cluster.device("worker:1"): <the cell>
-  %%wb spmd [--name NAME] [--timeout S]   wb.run_spmd(cluster, <the cell>): on every worker at once, with
-                                          `strategy` (MultiWorkerMirroredStrategy), `worker_index`, TF_CONFIG
-  %wb train MODEL_FN DATA_FN [--loss LOSS] [--optimizer adam] [--learning-rate LR] [--metrics accuracy ...]
-            [--strategy async-ps|sync-ps|allreduce] [--backup-workers K] [--transfer fp32|bf16|fp16|int8]
-            [--steps-per-call C] [--steps N | --epochs E [--steps-per-epoch S]] [--batch-size B]
-            [--validation-data DATA [--validation-steps V]] [--callbacks NAME]
-            [--checkpoint DIR [--checkpoint-every N] [--resume]] [--seed S] [--wait] [--name NAME]
-                                          wb.train(cluster, MODEL_FN, DATA_FN, strategy=wb.SyncPS(...), ...) -> a
-                                          Job (also in `_wb_job`); loss, optimizer, metrics left out: the compiled
-                                          model's; DATA, NAME: a data function or dataset, a list of Keras
-                                          callbacks, defined in the notebook
-  %wb placement [NAME]                    wb.placement(NAME, or the last job)
-  %wb dashboard [--serve] [--name NAME]   wb.dashboard(cluster): live timeline, throughput and progress
-                                          (--serve: wb.serve_dashboard(cluster), Bokeh apps with URLs)
-  %wb profile [SECONDS] [--save PATH] [--name NAME]
-                                          cluster.profile(seconds=2): an op-level trace of every task
-                                          (--save: also a Chrome-trace JSON for Perfetto)
-  %wb help                                this text
-
---name picks a cluster; without it, the last one started. Examples:
-  %wb start --ps 1 --workers 2
-  %%wb on worker:1
-  x = tf.random.normal([2, 2])            # computed in the engine hosting worker:1
-"""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises ``UsageError`` (shown as a one-line message) instead of exiting."""
-
-    def error(self, message: str):
-        raise UsageError(f"{self.prog}: {message}. Type %wb help for every subcommand with an example.")
-
-    def exit(self, status: int = 0, message: str | None = None):
-        raise UsageError(message or f"{self.prog}: see %wb help")
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="%wb", add_help=False)
-    commands = parser.add_subparsers(dest="command", parser_class=_Parser)
-    start = commands.add_parser("start", prog="%wb start", add_help=False)
-    start.add_argument("--ps", type=int, default=1)
-    start.add_argument("--workers", type=int, default=2)
-    start.add_argument("--engines", default="local")
-    start.add_argument("--gpus-per-worker", type=int, default=0)
-    start.add_argument("--network")
-    start.add_argument("--name")
-    for name in ("status", "stop"):
-        commands.add_parser(name, prog=f"%wb {name}", add_help=False).add_argument("--name")
-    scale = commands.add_parser("scale", prog="%wb scale", add_help=False)
-    scale.add_argument("--workers", type=int, required=True)
-    scale.add_argument("--name")
-    shape = commands.add_parser("shape", prog="%wb shape", add_help=False)
-    shape.add_argument("rate", nargs="?")
-    shape.add_argument("--delay")
-    shape.add_argument("--between", default="all")
-    shape.add_argument("--name")
-    commands.add_parser("list", prog="%wb list", add_help=False)
-    commands.add_parser("attach", prog="%wb attach", add_help=False).add_argument("name")
-    commands.add_parser("help", prog="%wb help", add_help=False)
-    spmd = commands.add_parser("spmd", prog="%%wb spmd", add_help=False)
-    spmd.add_argument("--name")
-    spmd.add_argument("--timeout", type=float, default=600.0)
-    on = commands.add_parser("on", prog="%%wb on", add_help=False)
-    on.add_argument("task")
-    on.add_argument("--name")
-    train = commands.add_parser("train", prog="%wb train", add_help=False)
-    train.add_argument("model")
-    train.add_argument("data")
-    train.add_argument("--loss")
-    train.add_argument("--optimizer")
-    train.add_argument("--learning-rate", type=float)
-    train.add_argument("--strategy", default="async-ps")
-    train.add_argument("--backup-workers", type=int)
-    train.add_argument("--transfer")
-    train.add_argument("--steps-per-call", type=int)
-    train.add_argument("--steps", type=int)
-    train.add_argument("--epochs", type=int)
-    train.add_argument("--steps-per-epoch", type=int)
-    train.add_argument("--validation-data")
-    train.add_argument("--validation-steps", type=int)
-    train.add_argument("--callbacks")
-    train.add_argument("--checkpoint")
-    train.add_argument("--checkpoint-every", type=int, default=0)
-    train.add_argument("--resume", action="store_true")
-    train.add_argument("--batch-size", type=int, default=64)
-    train.add_argument("--metrics", nargs="*")
-    train.add_argument("--seed", type=int)
-    train.add_argument("--wait", action="store_true")
-    train.add_argument("--name")
-    placement = commands.add_parser("placement", prog="%wb placement", add_help=False)
-    placement.add_argument("target", nargs="?")
-    board = commands.add_parser("dashboard", prog="%wb dashboard", add_help=False)
-    board.add_argument("--serve", action="store_true")
-    board.add_argument("--name")
-    profile = commands.add_parser("profile", prog="%wb profile", add_help=False)
-    profile.add_argument("seconds", nargs="?", type=float, default=2.0)
-    profile.add_argument("--save")
-    profile.add_argument("--name")
-    return parser
-
-
-SUBCOMMANDS = ("start", "status", "scale", "stop", "shape", "list", "attach", "on", "spmd", "train", "placement", "dashboard", "profile",
-               "help")
-CELL_SUBCOMMANDS = ("on", "spmd")
+from .errors import WorkbenchError, described
+from .magic_args import CELL_SUBCOMMANDS, SUBCOMMANDS, help_text, launcher_options, parser
 
 
 @magics_class
@@ -151,7 +31,7 @@ class WorkbenchMagics(Magics):
 
     def __init__(self, shell=None):
         super().__init__(shell)
-        self._parser = _parser()
+        self._parser = parser()
         self._last_job = None
 
     # -- parsing and lookup ------------------------------------------------------------------
@@ -196,15 +76,17 @@ class WorkbenchMagics(Magics):
                              "the other subcommands are line magics (%wb ...).")
         try:
             return getattr(self, f"_do_{args.command}")(args, cell)
-        except WorkbenchError as exc:  # the API's own messages already say what to do
-            raise UsageError(str(exc)) from None
+        except WorkbenchError as exc:  # the API's own messages already say what to do, and link their help
+            raise UsageError(described(exc)) from None
 
     def _do_help(self, args, cell):
-        print(HELP)
+        print(help_text())
 
     def _do_start(self, args, cell):
-        cluster = Cluster(ps=args.ps, workers=args.workers, engines=args.engines,
-                          gpus_per_worker=args.gpus_per_worker, name=args.name, network=args.network).start()
+        options = {key: value for key in ("queue", "account", "timelimit") if (value := getattr(args, key)) is not None}
+        cluster = Cluster(ps=args.ps, workers=args.workers, engines=args.engines, gpus_per_worker=args.gpus_per_worker,
+                          name=args.name, network=args.network, controller_ip=args.controller_ip,
+                          **options, **launcher_options(args.option)).start()
         return cluster.status()
 
     def _do_shape(self, args, cell):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from ._version import install_command
 from .errors import ConfigurationError
 
 _EXTRAS = {"bokeh": "notebook", "jupyter_bokeh": "notebook", "ipywidgets": "notebook", "tensorboard": "cpu"}
@@ -16,6 +17,6 @@ def require(module: str, feature: str):
     except ImportError:
         extra = _EXTRAS.get(module, "notebook")
         raise ConfigurationError(
-            f"{feature} need the {module!r} package, which is not installed: pip install 'jupyter-tf-workbench[{extra}]' "
+            f"{feature} need the {module!r} package, which is not installed: {install_command(extra)} "
             f"(or pip install {module})."
         ) from None

@@ -55,17 +55,22 @@ def other_host():
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _options(server) -> dict:
-    return dict(ssh_args=server.ssh_args, scp_args=server.ssh_args, remote_python=sys.executable,
-                remote_profile_dir=str(server.dir / "profile"))
+def _options(server, **ssh) -> dict:
+    """The guide's options: the key and client options in ``ssh_args`` (scp takes those it shares with ssh)."""
+    return {"ssh_args": server.ssh_args, "remote_python": sys.executable,
+            "remote_profile_dir": str(server.dir / "profile"), **ssh}
 
 
 def test_an_ssh_cluster_trains_and_stops(server, capfd):
+    options = server.ssh_args  # one list for ssh and scp: ipyparallel appends each host's port to the lists it holds
+    given = list(options)
     with warnings.catch_warnings():
         warnings.simplefilter("error", wb.ExposedPortsWarning)  # engines run the workbench's bootstrap over SSH too
         cluster = wb.Cluster(ps=1, workers=2, engines="ssh", hosts={f"127.0.0.1:{server.port}": 4}, controller_ip="127.0.0.1",
-                             progress=False, start_timeout=120, name="wb-test-ssh", **_options(server))
+                             progress=False, start_timeout=120, name="wb-test-ssh",
+                             **_options(server, ssh_args=options, scp_args=options))
         cluster.start()
+    assert options == given  # the user's list, as it was given
     try:
         status = cluster.status()
         assert "engines: ssh" in str(status) and {t.name for t in status.tasks} == {"ps:0", "worker:0", "worker:1"}
@@ -139,6 +144,27 @@ def test_stopping_a_cluster_on_another_host_kills_no_process_here_that_has_an_en
     def engines_left():
         return [p for p in psutil.Process(other_host.process.pid).children(recursive=True) if "python" in p.name()]
     wait_for(lambda: not engines_left(), 30, "the engines on the other host to exit")
+
+
+def test_an_ssh_command_that_fails_says_which_on_which_host_and_what_to_check(server, tmp_path):
+    stranger = tmp_path / "not-the-key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True, timeout=30)
+    options = ["-i", str(stranger), *server.ssh_args[2:]]  # the server does not know this key
+    cluster = wb.Cluster(ps=1, workers=1, engines="ssh", hosts={f"127.0.0.1:{server.port}": 2}, controller_ip="127.0.0.1",
+                         progress=False, start_timeout=60, name="wb-test-ssh-refused", **_options(server, ssh_args=options))
+    with pytest.raises(wb.ClusterStartError) as raised:
+        cluster.start()
+    message = str(raised.value)
+    assert "over SSH" in message and "127.0.0.1" in message and "exited with status" in message, message
+    assert str(stranger) in message and "ssh_args=" in message and "CalledProcessError" not in message, message
+    assert cluster.state == "failed"
+
+
+def test_scp_takes_the_options_it_shares_with_ssh():
+    from workbench.cluster.launch.ssh import scp_options
+
+    assert scp_options(["-i", "key", "-o", "BatchMode=yes", "-p", "2222", "-l", "me", "-T", "-C"]) == [
+        "-i", "key", "-o", "BatchMode=yes", "-P", "2222", "-C"]
 
 
 def test_hosts_that_are_not_a_map_of_engine_counts_are_refused():

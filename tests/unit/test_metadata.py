@@ -65,3 +65,13 @@ def test_the_unrelated_workbench_distribution_beside_us_is_named_with_what_to_do
     plain = subprocess.run([sys.executable, "-W", "error", "-c", "import workbench"], capture_output=True, text=True,
                            timeout=120, cwd=tmp_path.parent)
     assert plain.returncode == 0, plain.stderr  # without it, no warning at all
+
+
+def test_every_install_hint_names_this_distribution_not_the_unrelated_one():
+    # "workbench" on PyPI is another project: `pip install 'workbench[cpu]'` would install it
+    wrong = re.compile(r"pip install\s+['\"]?workbench\[")
+    places = [*(ROOT / "workbench").rglob("*.py"), ROOT / "README.md", *(ROOT / "docs").rglob("*.md"),
+              *(ROOT / "notebooks").glob("*.ipynb")]
+    found = [str(p.relative_to(ROOT)) for p in places if "_build" not in p.parts and wrong.search(p.read_text())]
+    assert found == [], f"an install hint names the unrelated 'workbench' distribution: {found}"
+    assert workbench.DISTRIBUTION in workbench._version.install_command("cpu")

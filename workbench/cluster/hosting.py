@@ -16,6 +16,7 @@ from typing import Any
 
 import psutil
 
+from .._version import install_command
 from ..errors import (
     ClusterStartError,
     ClusterStateError,
@@ -180,7 +181,7 @@ class TaskHosting:
         if not result["ok"]:
             raise TensorFlowImportError(
                 f"{where} could not import TensorFlow: {result['error']}. Install it in the engines' "
-                "environment (`pip install 'workbench[cpu]'`, or '[gpu]'), or point the launcher at a Python "
+                f"environment (`{install_command('cpu')}`, or `{install_command('gpu')}`), or point the launcher at a Python "
                 "that has it."
             )
         if result["version"] != self.cluster.client_tf_version:

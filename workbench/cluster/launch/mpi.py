@@ -27,6 +27,7 @@ import sys
 
 import psutil
 
+from ..._version import install_command
 from ...errors import ConfigurationError
 
 VERSION_TIMEOUT = 10.0
@@ -49,7 +50,7 @@ def check(mpi_cmd: list[str], engines_use_this_python: bool) -> None:
     if engines_use_this_python and importlib.util.find_spec("mpi4py") is None:
         raise ConfigurationError(
             f"engines='mpi' starts each engine with `ipengine --mpi`, which imports mpi4py, and {sys.executable} "
-            "has none. Install it into this environment (pip install 'workbench[mpi]', or pip install mpi4py) and "
+            f"has none. Install it into this environment ({install_command('mpi')}, or pip install mpi4py) and "
             "start the cluster again.")
 
 

@@ -8,15 +8,26 @@ lost task. Here the engine then counts as stopped: the thread ends, and neither 
 nor, when the cluster stops, the engine itself is asked of the dead host again. Stopping an engine
 that had already exited (the cluster stops its local engines itself first) printed the remote
 ``ProcessLookupError`` traceback; it is a no-op now.
+
+The options a user gives are the user's: ipyparallel appends a host's port to the very lists it is
+given (``ssh_args``, ``scp_args``), so one list passed as both got ssh's ``-p`` and scp's ``-P`` and
+ssh then hung; here each engine works on copies. ``scp_args`` left out are taken from ``ssh_args``
+where scp has the same option (the key, ``-o`` options...), so a key given once serves both. A
+command that fails while an engine starts (``scp`` refused, no Python there) is a
+``ClusterStartError`` naming the command, the host and what to check, not a bare
+``CalledProcessError``.
 """
 
 from __future__ import annotations
 
+import shlex
 import signal
 import subprocess
 
 from ipyparallel.cluster.launcher import SSHEngineLauncher as _IPPEngineLauncher
 from ipyparallel.cluster.launcher import SSHEngineSetLauncher as _IPPEngineSetLauncher
+
+from ...errors import ClusterStartError
 
 # Run by the host's Python: signal the engine unless it is gone already.
 _KILL_UNLESS_GONE = """
@@ -26,6 +37,25 @@ try:
 except ProcessLookupError:
     pass
 """
+
+
+# ssh options scp takes as they are, with a value and without; ssh's -p PORT is scp's -P PORT
+_SCP_OPTIONS_WITH_VALUE = {"-i", "-o", "-F", "-J", "-c"}
+_SCP_FLAGS = {"-4", "-6", "-C", "-q", "-v"}
+
+
+def scp_options(ssh_args: list[str]) -> list[str]:
+    """The options of ``ssh_args`` that scp understands the same way (``-i KEY``, ``-o OPTION``...), in order."""
+    found, args = [], list(ssh_args)
+    while args:
+        arg = args.pop(0)
+        if arg in _SCP_OPTIONS_WITH_VALUE and args:
+            found += [arg, args.pop(0)]
+        elif arg == "-p" and args:
+            found += ["-P", args.pop(0)]
+        elif arg in _SCP_FLAGS or (arg.startswith("-o") and len(arg) > 2) or (arg.startswith("-i") and len(arg) > 2):
+            found.append(arg)
+    return found
 
 
 def _signal_number(sig: int | str) -> int:
@@ -39,6 +69,14 @@ class SSHEngineLauncher(_IPPEngineLauncher):
     """One engine on a host reached over SSH."""
 
     host_lost = False  # its host stopped answering while the engine ran
+
+    def start(self, hostname=None, user=None, port=None):
+        self.ssh_args = list(self.ssh_args)  # copies: ipyparallel appends the port to the lists it holds
+        self.scp_args = list(self.scp_args) or scp_options(self.ssh_args)
+        try:
+            return super().start(hostname=hostname, user=user, port=port)
+        except subprocess.CalledProcessError as exc:
+            raise ClusterStartError(_failed_command(exc, self.location, self.ssh_args)) from None
 
     def wait_one(self, timeout):
         try:
@@ -64,3 +102,12 @@ class SSHEngineSetLauncher(_IPPEngineSetLauncher):
     """ipyparallel's ``engines='ssh'`` launcher, starting the engines above."""
 
     launcher_class = SSHEngineLauncher
+
+
+def _failed_command(exc: subprocess.CalledProcessError, location: str, ssh_args: list[str]) -> str:
+    command = exc.cmd if isinstance(exc.cmd, str) else shlex.join(str(part) for part in exc.cmd)
+    said = (exc.output or b"").decode(errors="replace") if isinstance(exc.output, bytes) else (exc.output or "")
+    return (f"starting an engine on {location!r} over SSH: `{command}` exited with status {exc.returncode}"
+            f"{': ' + said.strip()[-500:] if said.strip() else ''}. Check that `ssh {shlex.join(ssh_args)} {location} true` "
+            "runs here without a prompt (the key and options go in ssh_args=; scp takes those it shares with ssh "
+            "unless scp_args= is given), and that remote_python exists on that host.")

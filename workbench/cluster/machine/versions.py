@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from ... import compat
+from ..._version import install_command
 from ...errors import TensorFlowImportError
 
 
@@ -24,5 +25,5 @@ def client_tensorflow_version() -> str:
         return version
     raise TensorFlowImportError(
         f"TensorFlow is not installed in this Python ({sys.executable}), the cluster's client: "
-        "`pip install 'workbench[cpu]'` (or '[gpu]')."
+        f"`{install_command('cpu')}` (or `{install_command('gpu')}`)."
     )
