@@ -1,11 +1,14 @@
-"""The ``workbench`` command: ``demo`` (headless smoke test of an install), ``list``, ``bind-shim``."""
+"""The ``jupyter-tf-workbench`` command: ``demo`` (headless smoke test of an install), ``list``, ``tutorials``,
+``bind-shim``."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
+from pathlib import Path
 
 from .errors import WorkbenchError
 
@@ -49,6 +52,37 @@ def list_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def tutorials_source() -> Path | None:
+    """The tutorial notebooks: shipped in the package (a wheel), or the checkout's ``notebooks/`` (an editable install)."""
+    package = Path(__file__).resolve().parent
+    for place in (package / "tutorials", package.parent / "notebooks"):
+        if sorted(place.glob("*.ipynb")):
+            return place
+    return None
+
+
+def tutorials_command(args: argparse.Namespace) -> int:
+    """Copy the tutorials into ``args.directory`` (made if needed); refuse to overwrite without ``--force``."""
+    source = tutorials_source()
+    if source is None:
+        print("jupyter-tf-workbench: error: this installation has no tutorials (an install from a wheel built "
+              "without them?): reinstall jupyter-tf-workbench.", file=sys.stderr)
+        return 2
+    notebooks = sorted(source.glob("*.ipynb"))
+    target = Path(args.directory).expanduser()
+    there = [n.name for n in notebooks if (target / n.name).exists()]
+    if there and not args.force:
+        print(f"jupyter-tf-workbench: error: {target} already has {', '.join(there)}: pass --force to overwrite "
+              "them (your changes to them are lost), or choose another directory.", file=sys.stderr)
+        return 2
+    target.mkdir(parents=True, exist_ok=True)
+    for notebook in notebooks:
+        shutil.copyfile(notebook, target / notebook.name)
+    print(f"copied {len(notebooks)} tutorials to {target}: open them with `jupyter lab {target}` and the "
+          "Python 3 (workbench) kernel (01-quickstart.ipynb first).")
+    return 0
+
+
 def bind_shim_command(args: argparse.Namespace) -> int:
     """Print the bind shim's path (building it on first use), for ``LD_PRELOAD``; say why not on stderr."""
     from .cluster.process.containment import ContainmentError, shim_path
@@ -76,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     list_parser = commands.add_parser("list", help="list running workbench clusters on this machine")
     list_parser.add_argument("--json", action="store_true")
     list_parser.set_defaults(run=list_command)
+    tutorials_parser = commands.add_parser("tutorials", help="copy the tutorial notebooks into a directory")
+    tutorials_parser.add_argument("directory", nargs="?", default="workbench-tutorials",
+                                  help="where to copy them (default: ./workbench-tutorials)")
+    tutorials_parser.add_argument("--force", action="store_true", help="overwrite tutorials already there")
+    tutorials_parser.set_defaults(run=tutorials_command)
     shim_parser = commands.add_parser(
         "bind-shim", help="print the path of the library that keeps TensorFlow's ports on loopback (for LD_PRELOAD)",
         description="Start Jupyter with LD_PRELOAD=$(jupyter-tf-workbench bind-shim) so that kernels' TensorFlow ports listen on "

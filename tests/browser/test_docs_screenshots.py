@@ -1,19 +1,21 @@
 """The README's and the docs' screenshots, from a real run: a notebook trains, the panel shows it, its plots
-and an op-level profile open as panes.
+and an op-level profile open as panes; getting started's five minutes, run as written.
 
 The test checks what the pictures show (live bars, a profile with Send/Recv links) and saves them to
 test-artifacts/. `make screenshots` runs it with WORKBENCH_DOCS_SCREENSHOTS=1, which also writes them to
-docs/_static/ (panel-dashboards.png, merged-timeline.png), where README.md and the docs take them from.
+docs/_static/ (panel-dashboards.png, merged-timeline.png, getting-started.png), where README.md and the docs
+take them from.
 """
 
 import json
 import os
 import shutil
+import time
 
 import pytest
 from conftest import ARTIFACTS, ROOT
 
-from .conftest import cell_output_text, run_notebook_in_lab, write_notebook
+from .conftest import cell_output, cell_output_text, run_notebook_in_lab, write_notebook
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
@@ -89,3 +91,29 @@ def test_the_docs_screenshots_show_live_plots_and_a_merged_profile(jupyter_lab, 
     kernel_id = json.loads(jupyter_lab.api("api/sessions"))[0]["kernel"]["id"]
     jupyter_lab.api(f"api/kernels/{kernel_id}", method="DELETE", timeout=60)
     card.wait_for(state="detached", timeout=90_000)
+
+
+def _getting_started_cells() -> list[str]:
+    """The Python blocks of getting started's five-minute section, as written there."""
+    text = (ROOT / "docs" / "getting-started.md").read_text()
+    section = text.split("## Five minutes to a trained model", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in section.split("```python\n")[1:] for block in [block.split("```", 1)[0]]]
+
+
+def test_getting_started_runs_as_written_and_shows_its_dashboard(jupyter_lab, page):
+    cells = _getting_started_cells()
+    assert len(cells) == 5 and cells[-1] == "cluster.stop()", cells
+    notebook = write_notebook(jupyter_lab, "getting-started.ipynb", cells)
+    started = time.monotonic()
+    panel = run_notebook_in_lab(page, jupyter_lab, notebook, timeout=300)
+    page.wait_for_function(JS_BARS.replace("(prefix) =>", "(prefix) => 20 <"), arg="timeline_steps_", timeout=90_000,
+                           polling=250)
+    seconds = time.monotonic() - started
+    status, evaluated = cell_output_text(panel, 0), cell_output_text(panel, 3)
+    print(f"getting started, from opening the notebook to the trained model's dashboard: {seconds:.0f} s; {evaluated}")
+    assert status.count("running") >= 3 and "ps:0" in status and "worker:1" in status, status
+    accuracy = float(evaluated.split("'accuracy':")[1].split(",")[0])
+    assert accuracy >= 0.85, evaluated  # the page says "about 0.95"
+    assert "stopped" in cell_output_text(panel, 4) or cell_output_text(panel, 4).strip() == ""
+    cell_output(panel, 1).scroll_into_view_if_needed()
+    _keep(page, "getting-started.png")

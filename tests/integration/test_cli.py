@@ -68,3 +68,20 @@ def test_version_is_the_distributions():
     assert proc.returncode == 0, proc.stderr
     package_json = json.loads((Path(__file__).resolve().parents[2] / "extension" / "package.json").read_text())
     assert proc.stdout.strip() == f"jupyter-tf-workbench {package_json['version']}" == f"jupyter-tf-workbench {workbench.__version__}"
+
+
+def test_tutorials_are_copied_out_and_never_overwritten_without_force(tmp_path):
+    def tutorials(*args):
+        return subprocess.run([sys.executable, "-m", "workbench.cli", "tutorials", *args], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+
+    first = tutorials("mine")
+    shipped = sorted((Path(workbench.__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+    assert first.returncode == 0 and f"copied {len(shipped)} tutorials to mine" in first.stdout, first.stderr
+    assert [p.read_bytes() for p in sorted((tmp_path / "mine").glob("*.ipynb"))] == [p.read_bytes() for p in shipped]
+    (tmp_path / "mine" / shipped[0].name).write_text("my own changes")
+    again = tutorials("mine")
+    assert again.returncode == 2 and "pass --force" in again.stderr and shipped[0].name in again.stderr
+    assert (tmp_path / "mine" / shipped[0].name).read_text() == "my own changes"
+    assert tutorials("mine", "--force").returncode == 0
+    assert (tmp_path / "mine" / shipped[0].name).read_bytes() == shipped[0].read_bytes()

@@ -72,6 +72,8 @@ def test_the_wheel_ships_panel_server_extension_kernel_license_and_the_compiled_
     assert f"{data}etc/jupyter/jupyter_server_config.d/workbench.json" in names
     assert f"{data}share/jupyter/kernels/workbench/kernel.json" in names
     assert "workbench/cluster/process/workbench-bind-shim.so" in names
+    tutorials = sorted(n for n in names if n.startswith("workbench/tutorials/"))
+    assert [n.rsplit("/", 1)[1] for n in tutorials] == sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not any("node_modules" in n or n.endswith(".ts") for n in names)
     # a platform wheel, and the tag is what the library really needs (auditwheel reads its symbol versions)
@@ -118,5 +120,7 @@ def test_the_sdist_installs_without_node_with_panel_server_extension_and_shim(di
     assert "workbench" in server and "enabled" in server and "OK" in server, server
     shim = run([str(fresh), "-m", "workbench.cli", "bind-shim"]).strip()
     assert shim == str(fresh_site / "workbench" / "cluster" / "process" / "workbench-bind-shim.so"), shim
+    copied = run([str(fresh), "-m", "workbench.cli", "tutorials", str(tmp_path / "mine")])
+    assert "copied 6 tutorials" in copied and len(list((tmp_path / "mine").glob("*.ipynb"))) == 6, copied
     kernels = json.loads(run([str(fresh), "-m", "jupyter_client.kernelspecapp", "list", "--json"]))
     assert kernels["kernelspecs"]["workbench"]["resource_dir"].startswith(str(venv)), kernels
