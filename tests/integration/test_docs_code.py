@@ -1,0 +1,86 @@
+"""The docs' code runs as written: every Python block of README and the user guide, page by page in a fresh
+IPython process (as a notebook runs its cells), and every ``%wb`` line anywhere in the docs and tutorials
+parses. A block that cannot run here (it needs a Slurm site, other hosts...) starts with ``# not run:`` and
+says why; its ``%wb`` lines are still parsed. Getting started's blocks run in JupyterLab
+(tests/browser/test_docs_screenshots.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from workbench.magic_args import parser
+
+PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "guide").glob("*.md"))]
+NOT_RUN = "# not run:"
+RUNNER = """
+import json, sys, traceback
+from IPython.core.interactiveshell import InteractiveShell
+
+shell = InteractiveShell.instance()
+for number, block in enumerate(json.load(open(sys.argv[1]))):
+    result = shell.run_cell(block, store_history=False)
+    if not result.success:
+        print(f"block {number} failed:\\n{block}", file=sys.stderr)
+        sys.exit(1)
+"""
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+
+
+def runnable(page: str) -> list[str]:
+    return [b for b in python_blocks((ROOT / page).read_text()) if not b.lstrip().startswith(NOT_RUN)]
+
+
+def _wb_lines(text: str) -> list[str]:
+    """``%wb`` lines of code blocks and cells, and ``%wb ...`` written inline in prose (between backticks)."""
+    joined = re.sub(r"\\\n\s*", " ", text)  # a line continued with a backslash is one line
+    lines = [line.strip() for line in joined.splitlines() if re.match(r"\s*%%?wb\b", line)]
+    inline = [span for span in re.findall(r"`(%%?wb [^`]+)`", text) if "..." not in span and "|" not in span
+              and not re.search(r"\b[A-Z]+\b", span) and span not in ("%%wb on", "%%wb spmd")]  # names, placeholders
+    return lines + inline
+
+
+def test_every_wb_line_in_the_docs_and_tutorials_parses():
+    sources = {str(p.relative_to(ROOT)): p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+               if "_build" not in p.parts}
+    for notebook in (ROOT / "notebooks").glob("*.ipynb"):
+        cells = json.loads(notebook.read_text())["cells"]
+        sources[str(notebook.relative_to(ROOT))] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    lines = [(where, line) for where, text in sources.items() for line in _wb_lines(text)]
+    assert len(lines) > 30, len(lines)  # the walker finds them
+    wrong = []
+    for where, line in lines:
+        try:  # as IPython hands a line to the magic: a comment after it is part of its arguments
+            words = shlex.split(line)[1:]
+        except ValueError as exc:
+            wrong.append(f"{where}: {line}: {exc}")
+            continue
+        if words and words[0] == "load_ext":
+            continue
+        try:
+            parser().parse_args(words)
+        except Exception as exc:  # noqa: BLE001 - collected, all reported at once
+            wrong.append(f"{where}: {line}: {exc}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if runnable(p)])
+def test_the_code_of_a_page_runs_as_written(page, tmp_path, no_leftover_processes):
+    blocks = ["%load_ext workbench", *runnable(page)]
+    (tmp_path / "blocks.json").write_text(json.dumps(blocks))
+    env = {**os.environ, "WORKBENCH_NATIVE_LOGS": "stderr"}
+    done = subprocess.run([sys.executable, "-c", RUNNER, str(tmp_path / "blocks.json")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{page}: {done.stderr[-6000:]}\n{done.stdout[-3000:]}"
+    assert "Traceback" not in done.stdout, done.stdout[-6000:]
