@@ -84,3 +84,20 @@ def test_the_code_of_a_page_runs_as_written(page, tmp_path, no_leftover_processe
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{page}: {done.stderr[-6000:]}\n{done.stdout[-3000:]}"
     assert "Traceback" not in done.stdout, done.stdout[-6000:]
+
+
+def test_a_measured_figure_outside_the_benchmarks_page_says_where_it_comes_from():
+    # the benchmarks page holds each goal's figure once; a page that quotes a measurement links to it
+    pages = [ROOT / "README.md", ROOT / "docs" / "getting-started.md", ROOT / "docs" / "architecture.md",
+             *sorted((ROOT / "docs" / "guide").glob("*.md"))]
+    unsourced = []
+    for page in pages:
+        prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for paragraph in re.split(r"\n\s*\n", prose):
+            if re.search(r"\bmeasured\b", paragraph, re.I) and "benchmarks" not in paragraph:
+                unsourced.append(f"{page.relative_to(ROOT)}: {paragraph[:120]}")
+    assert not unsourced, "link the figure's source (docs/benchmarks.md):\n" + "\n".join(unsourced)
+    table = (ROOT / "docs" / "benchmarks.md").read_text().split("## Where each goal stands", 1)[1]
+    goals = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| goal")]
+    commands = [line.split("|")[4].strip() for line in goals]
+    assert len(goals) >= 15 and all("`" in c or c == "the same" for c in commands), commands  # each with its command

@@ -35,7 +35,7 @@ from .options import overlap_transfers
 
 PROFILE_STEPS = 200  # 120 left the workers' cycle to ~1 s of steps: 10 % apart between two profiles
 # p of the norm that joins the workers' bound and the ps link's: fitted on one run of ``bench/network.py
-# --part cost`` (2026-11-25: 8 points, 1 ps + 2 workers), checked on later ones (docs/benchmarks.md)
+# --part cost`` (2026-11-25: 8 points, 1 ps + 2 workers), checked on later ones (docs/benchmarks-history.md, Network)
 COMBINE = 3.0
 STEADY = (0.25, 0.9)  # the part of the profile's steps used (start-up and the last call left out)
 
