@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import ast
 
 from IPython.core.error import UsageError
 
@@ -105,19 +104,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def launcher_options(pairs: list[str]) -> dict:
-    """``--option KEY=VALUE`` pairs as keyword arguments of ``wb.Cluster``: a value is a Python literal if it reads
-    as one (``2``, ``['-i', 'key']``, ``{'node1': 2}``), else the text itself."""
-    options = {}
-    for pair in pairs:
-        key, equals, value = pair.partition("=")
-        if not equals or not key.isidentifier():
-            raise UsageError(f"%wb start: --option {pair!r}: write KEY=VALUE, KEY a launcher option's name "
-                             "(e.g. --option ssh_args=['-i','key']).")
-        try:
-            options[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            options[key] = value
-    return options
+    """``--option KEY=VALUE`` pairs as keyword arguments of ``wb.Cluster`` (``parse_launcher_options``)."""
+    from .cluster.launch.launchers import parse_launcher_options
+    from .errors import ConfigurationError
+
+    try:
+        return parse_launcher_options(pairs)
+    except ConfigurationError as exc:
+        raise UsageError(f"%wb start --option: {exc}") from None
 
 
 def _usage(written: str, arguments: list[tuple]) -> list[str]:

@@ -47,6 +47,11 @@ export interface IStartForm {
   engines?: string;
   profile?: string;
   name?: string | null;
+  controller_ip?: string;
+  queue?: string;
+  account?: string;
+  timelimit?: string;
+  options?: string;
 }
 
 export interface IWorkerRates {

@@ -145,6 +145,22 @@ class StartForm {
     field('launcher', this.engines);
     field('ipyparallel profile', this.profile);
     field('name (optional)', el('input', { name: 'name', type: 'text', placeholder: 'wb-…' }));
+    // the launcher's main options (what a batch site or other hosts need); none for local engines
+    const site = el('details', { class: 'wb-start-site' });
+    site.append(el('summary', {}, 'Launcher options'));
+    form.append(site);
+    const option = (label: string, name: string, placeholder: string) => {
+      const row = el('label', {}, label);
+      row.append(el('input', { name, type: 'text', placeholder }));
+      site.append(row);
+    };
+    option('controller address', 'controller_ip', 'an address the engines reach');
+    option('queue', 'queue', 'batch launchers: partition');
+    option('account', 'account', 'batch launchers');
+    option('time limit', 'timelimit', 'HH:MM:SS');
+    const others = el('label', {}, 'other options (KEY=VALUE, one a line)');
+    others.append(el('textarea', { name: 'options', rows: '3', placeholder: "hosts={'node1': 2}" }));
+    site.append(others);
     const start = el('button', { type: 'submit', class: 'jp-mod-styled jp-mod-accept wb-start-button' }, 'Start');
     form.append(start);
     form.addEventListener('submit', event => {
@@ -177,7 +193,12 @@ class StartForm {
       gpus_per_worker: number('gpus_per_worker'),
       engines: String(data.get('engines') || 'local'),
       profile: String(data.get('profile') || ''),
-      name: String(data.get('name') || '') || null
+      name: String(data.get('name') || '') || null,
+      controller_ip: String(data.get('controller_ip') || '').trim(),
+      queue: String(data.get('queue') || '').trim(),
+      account: String(data.get('account') || '').trim(),
+      timelimit: String(data.get('timelimit') || '').trim(),
+      options: String(data.get('options') || '')
     };
     button.disabled = true;
     this.say({ text: 'Starting a cluster: engines, then one TensorFlow server each…', error: false });

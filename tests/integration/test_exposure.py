@@ -400,6 +400,9 @@ def test_binder_serves_the_hub_and_keeps_its_kernels_ports_closed(peer, binder_e
         kernel = call("POST", "api/kernels", {"name": "workbench"})["id"]  # the kernel the tutorials name
         client = BlockingKernelClient(connection_file=str(runtime / f"kernel-{kernel}.json"))
         client.load_connection_file()
+        # without a manager the client judges the kernel alive by its heartbeat, 1 s by default: the two busy
+        # halves of the suite once delayed one past that while the kernel started ("Kernel died before replying")
+        client.hb_channel.time_to_dead = 10.0
         client.start_channels()
         try:
             _run_kernel_code(client)

@@ -31,7 +31,7 @@ def test_engine_that_cannot_import_tensorflow(tmp_path, no_leftover_processes):
         cluster.start()
     message = str(info.value)
     assert "engine 0 (" in message and "could not import TensorFlow" in message
-    assert "libtensorflow_framework.so.2" in message and "pip install 'workbench[cpu]'" in message
+    assert "libtensorflow_framework.so.2" in message and "pip install 'jupyter-tf-workbench[cpu]'" in message
     assert cluster.state == "failed"
 
 

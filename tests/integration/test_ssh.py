@@ -155,7 +155,7 @@ def test_an_ssh_command_that_fails_says_which_on_which_host_and_what_to_check(se
     with pytest.raises(wb.ClusterStartError) as raised:
         cluster.start()
     message = str(raised.value)
-    assert "over SSH" in message and "127.0.0.1" in message and "exited with status" in message, message
+    assert "over SSH failed" in message and "127.0.0.1" in message and "without a prompt" in message, message
     assert str(stranger) in message and "ssh_args=" in message and "CalledProcessError" not in message, message
     assert cluster.state == "failed"
 

@@ -96,6 +96,10 @@ async def test_a_cluster_started_from_the_panel_is_owned_by_the_server(jp_fetch,
     ({"engines": "kubernetes"}, "engines='kubernetes': one of local"),
     ({"gpus": 1}, "unknown field(s) ['gpus']"),
     ({"name": "bad name!"}, "not a valid cluster name"),
+    ({"queue": 3}, "queue=3: text"),
+    ({"options": "nonsense"}, "launcher option 'nonsense': write KEY=VALUE"),
+    ({"queue": "gpu"}, "unknown launcher option(s) 'queue' for engines launched by ForkEngineSetLauncher"),
+    ({"options": "remote_python='/opt/py'"}, "unknown launcher option(s) 'remote_python'"),
 ])
 async def test_a_bad_start_form_is_refused_with_what_to_change(jp_fetch, form, text):
     code, body = await _error(jp_fetch, "workbench", "api", "clusters", method="POST", body=json.dumps(form))

@@ -39,7 +39,7 @@ def test_start_takes_a_batch_sites_options_by_name_and_any_launcher_option():
 
 @pytest.mark.parametrize("pair", ["hosts", "=2", "two words=1"])
 def test_an_option_that_is_not_key_equals_value_says_how_to_write_it(pair):
-    with pytest.raises(UsageError, match="write KEY=VALUE"):
+    with pytest.raises(UsageError, match="--option: launcher option .*write KEY=VALUE"):
         launcher_options([pair])
 
 

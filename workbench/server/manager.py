@@ -118,7 +118,8 @@ class ClusterManager:
         try:
             try:
                 cluster = Cluster(spec.ps, spec.workers, engines=spec.engines, gpus_per_worker=spec.gpus_per_worker,
-                                  name=name, progress=False, **({"profile": spec.profile} if spec.profile else {}))
+                                  name=name, progress=False, controller_ip=spec.controller_ip or None,
+                                  **spec.launcher_options())
             except ConfigurationError as exc:
                 raise BadRequest(str(exc)) from None
             cluster.start()  # its own errors say what failed; the handler passes them on

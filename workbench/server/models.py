@@ -81,6 +81,11 @@ class StartForm:
     engines: str = "local"  # an ipyparallel engine launcher
     profile: str = ""  # an ipyparallel profile holding that launcher's configuration
     name: str | None = None
+    controller_ip: str = ""  # an address of this machine the engines can reach ("": the launcher's default)
+    queue: str = ""  # batch launchers: the partition or queue
+    account: str = ""  # batch launchers: the account charged
+    timelimit: str = ""  # batch launchers: the engines' time limit (HH:MM:SS)
+    options: str = ""  # any other option of the launcher: KEY=VALUE, one a line (a Python literal, or text)
 
     @classmethod
     def parse(cls, body: Any) -> StartForm:
@@ -102,11 +107,22 @@ class StartForm:
             raise ConfigurationError(f"engines={values['engines']!r}: one of {', '.join(ENGINE_LAUNCHERS)}.")
         if not isinstance(values["profile"], str):
             raise ConfigurationError(f"profile={values['profile']!r}: the name of an ipyparallel profile, or ''.")
+        for key in ("controller_ip", "queue", "account", "timelimit", "options"):
+            if not isinstance(values[key], str):
+                raise ConfigurationError(f"{key}={values[key]!r}: text, or '' for none.")
         if values["name"] in ("", None):
             values["name"] = None
         elif not isinstance(values["name"], str):
             raise ConfigurationError(f"name={values['name']!r}: a cluster name, or leave it empty for a random one.")
         return cls(**values)
+
+    def launcher_options(self) -> dict[str, Any]:
+        """What ``wb.Cluster`` takes besides the counts: the profile, the named options given, and the others
+        (``ConfigurationError`` for a line that is not KEY=VALUE)."""
+        from ..cluster.launch.launchers import parse_launcher_options
+
+        named = {key: getattr(self, key) for key in ("profile", "queue", "account", "timelimit") if getattr(self, key)}
+        return {**named, **parse_launcher_options(self.options.splitlines())}
 
 
 @dataclass(frozen=True)

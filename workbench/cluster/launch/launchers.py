@@ -8,6 +8,7 @@ and the launcher; ``controller_args`` adds the workbench's controller defaults u
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable
 from typing import Any
 
@@ -71,6 +72,25 @@ def _with_workbench_ssh(cls: type) -> type:
     from .ssh import SSHEngineSetLauncher as WorkbenchSSHEngineSetLauncher
 
     return WorkbenchSSHEngineSetLauncher if cls is SSHEngineSetLauncher else cls
+
+
+def parse_launcher_options(pairs: Iterable[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` texts (``%wb start --option``, the panel's form) as ``wb.Cluster`` keyword arguments: a value
+    is a Python literal if it reads as one (``2``, ``['-i', 'key']``, ``{'node1': 2}``), else the text itself."""
+    options: dict[str, Any] = {}
+    for pair in (p.strip() for p in pairs):
+        if not pair:
+            continue
+        key, equals, value = pair.partition("=")
+        key = key.strip()
+        if not equals or not key.isidentifier():
+            raise ConfigurationError(f"launcher option {pair!r}: write KEY=VALUE, KEY an option of the launcher "
+                                     "(e.g. ssh_args=['-i', 'key'] or queue=gpu).")
+        try:
+            options[key] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            options[key] = value.strip()
+    return options
 
 
 def split_launcher_options(launcher_cls: type, options: dict[str, Any]) -> tuple[dict, dict]:

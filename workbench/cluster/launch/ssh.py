@@ -77,6 +77,8 @@ class SSHEngineLauncher(_IPPEngineLauncher):
             return super().start(hostname=hostname, user=user, port=port)
         except subprocess.CalledProcessError as exc:
             raise ClusterStartError(_failed_command(exc, self.location, self.ssh_args)) from None
+        except Exception as exc:  # noqa: BLE001 - ipyparallel's own (e.g. "Unable to get remote shell information")
+            raise ClusterStartError(_failed_start(f"{type(exc).__name__}: {exc}", self.location, self.ssh_args)) from None
 
     def wait_one(self, timeout):
         try:
@@ -107,7 +109,11 @@ class SSHEngineSetLauncher(_IPPEngineSetLauncher):
 def _failed_command(exc: subprocess.CalledProcessError, location: str, ssh_args: list[str]) -> str:
     command = exc.cmd if isinstance(exc.cmd, str) else shlex.join(str(part) for part in exc.cmd)
     said = (exc.output or b"").decode(errors="replace") if isinstance(exc.output, bytes) else (exc.output or "")
-    return (f"starting an engine on {location!r} over SSH: `{command}` exited with status {exc.returncode}"
-            f"{': ' + said.strip()[-500:] if said.strip() else ''}. Check that `ssh {shlex.join(ssh_args)} {location} true` "
-            "runs here without a prompt (the key and options go in ssh_args=; scp takes those it shares with ssh "
-            "unless scp_args= is given), and that remote_python exists on that host.")
+    return _failed_start(f"`{command}` exited with status {exc.returncode}{': ' + said.strip()[-500:] if said.strip() else ''}",
+                         location, ssh_args)
+
+
+def _failed_start(what: str, location: str, ssh_args: list[str]) -> str:
+    return (f"starting an engine on {location!r} over SSH failed: {what}. Check that `ssh {shlex.join(ssh_args)} "
+            f"{location} true` runs here without a prompt (the key and options go in ssh_args=; scp takes those it "
+            "shares with ssh unless scp_args= is given), and that remote_python exists on that host.")
