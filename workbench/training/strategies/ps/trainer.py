@@ -286,13 +286,20 @@ class PsTrainer(HeldByJob):
         workers = [r for r in job.cluster.tasks if r.job == "worker" and r.name not in leaving]
         if [r.name for r in workers] == [r.name for r in job.workers]:
             return False
+        # what the job holds on the workers that leave goes first, while this kernel's connection still has them:
+        # let go of after the resize, an input pipeline's deletion targets a task the connection no longer knows
+        # ("Client for target /job:worker/replica:0/task:2 not found", raised at the job's next op)
+        devices = [compute_device(r) for r in workers]
+        staying = {r.name for r in workers}
+        for index, record in enumerate(job.workers):
+            if record.name not in staying and index < len(self.iterators):
+                self.iterators[index] = None
+        for device in set(self.worker_devices) - set(devices):
+            self.fns.forget_worker(device)
         connection.resize(job.cluster, tuple(sorted(leaving)), timeout=self.options.recovery.step_timeout)
         per_worker = self.options.per_worker_batch
         batch = per_worker * len(workers) if self.options.strategy.elastic_batch == "per-worker" else self.options.batch_size
         job.options = validate(replace(self.options, num_workers=len(workers), batch_size=batch))
-        devices = [compute_device(r) for r in workers]
-        for device in set(self.worker_devices) - set(devices):
-            self.fns.forget_worker(device)
         job.workers, self.worker_devices = workers, devices
         # a worker being re-hosted gets its pipeline when it is back (rebuild_worker): not on its lost server now
         self.iterators = [self.iterators[i] if job.supervisor.rehosting(r.name) else self._make_iterator(i)
