@@ -72,14 +72,15 @@ def test_the_docs_screenshots_show_live_plots_and_a_merged_profile(jupyter_lab, 
     card.wait_for(timeout=30_000)
     page.wait_for_function(f"""() => {{ const r = document.querySelector(".wb-card[data-cluster='{CLUSTER}'] .wb-rate");
         return r && parseFloat(r.textContent) > 0; }}""", timeout=120_000, polling=500)
-    card.locator(".wb-plot[data-plot='dashboard']").click()
+    card.locator(".wb-plot[data-plot='dashboard']").click(timeout=90_000)
     frame = _pane(page, "dashboard")
     frame.wait_for_function(JS_BARS.replace("(prefix) =>", "(prefix) => 20 <"), arg="timeline_steps_", timeout=90_000,
                             polling=250)
     page.wait_for_timeout(1500)  # the throughput plot's next update
     _keep(page, "panel-dashboards.png")
 
-    card.locator(".wb-plot[data-plot='profile']").click()
+    # the page is busy drawing the live dashboard on a loaded machine: a click may wait for it as the panes' loads do
+    card.locator(".wb-plot[data-plot='profile']").click(timeout=90_000)
     frame = _pane(page, "profile")
     frame.wait_for_function(JS_LINKS.replace("() =>", "() => 0 <"), timeout=90_000, polling=250)
     assert frame.evaluate(JS_BARS, "profile_ops") > 0, "the profile pane shows no op"
