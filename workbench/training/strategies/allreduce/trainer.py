@@ -91,11 +91,11 @@ class AllReduceTrainer(HeldByJob):
 
     holders = "all-reduce worker"
     uses_connection = False
-    restore_tasks: list[str] = []  # a lost worker ends the run through its own check (``TaskLost`` for every worker)
 
     def __init__(self, job):
         super().__init__(job)
         self.run_id = uuid.uuid4().hex  # what the engines keep for this job is filed under it
+        self.restore_tasks: list[str] = []  # none: a lost worker ends the run through its own check (TaskLost for all)
         self.engines: list[int] = []
         self.replicas = self.per_replica_batch = 0
         self.mirror: CallbackMirror | None = None
