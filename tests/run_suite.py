@@ -120,8 +120,10 @@ def failures(parts) -> list[str]:
         for case in ElementTree.parse(report).iter("testcase"):
             for problem in (*case.iter("failure"), *case.iter("error")):
                 said = [line.strip() for line in (problem.get("message") or "").splitlines() if line.strip()]
+                # its first lines say where, its last what (a failed notebook cell's message ends with its error)
+                shown = said if len(said) <= 5 else [*said[:3], "...", *said[-2:]]
                 lines.append(f"run_suite: [{name}] {problem.tag.upper()} {case.get('classname')}::{case.get('name')}"
-                             f" - {' / '.join(said[:3])[:300]}")
+                             f" - {' / '.join(shown)[:500]}")
     return lines
 
 

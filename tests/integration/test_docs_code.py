@@ -31,6 +31,11 @@ for number, block in enumerate(json.load(open(sys.argv[1]))):
     if not result.success:
         print(f"block {number} failed:\\n{block}", file=sys.stderr)
         sys.exit(1)
+# the reader is done with the page: as closing its notebook would, stop what it left running (a job a block
+# started and did not wait for ends with its cluster, instead of training to its last step before the exit)
+import workbench as wb
+for cluster in wb.running_clusters():
+    cluster.stop()
 """
 
 

@@ -62,8 +62,11 @@ def test_killed_worker_is_rehosted_and_rejoins_without_losing_a_step(strategy, s
         assert steps_run == list(range(steps))  # no step lost, none run twice
         rejoined = [r for r in job.history if "worker:1" in r["worker"].split(",") and r["start"] > killed]
         assert rejoined, "the re-hosted worker:1 ran no step after it came back"
-        (fault,) = job.faults
-        assert fault["task"] == "worker:1" and fault["kind"] == "lost" and fault["action"] == "re-hosted"
+        # one loss, the kill's; under load a task may also be noted slow or silent meanwhile (only waited for)
+        faults = job.faults
+        (fault,) = [f for f in faults if f["kind"] == "lost"]
+        assert all(f["action"] == "waited" for f in faults if f is not fault), faults
+        assert fault["task"] == "worker:1" and fault["action"] == "re-hosted", faults
         assert fault["recovered"] is not None and 0 < fault["seconds"] < RECOVERY_SECONDS
         _assert_recovered(cluster, "worker:1", old)
         assert job.evaluate(wb.datasets.digits_test)["accuracy"] >= 0.90
