@@ -106,3 +106,49 @@ def test_a_measured_figure_outside_the_benchmarks_page_says_where_it_comes_from(
     goals = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| goal")]
     commands = [line.split("|")[4].strip() for line in goals]
     assert len(goals) >= 15 and all("`" in c or c == "the same" for c in commands), commands  # each with its command
+
+
+FIGURE = re.compile(r"(?<![\w.,-])(\d[\d,]*(?:\.\d+)?)\s?(?:×|%|s\b|ms\b|MiB\b|GiB\b|steps/s|examples/s)")
+LINK = re.compile(r"\]\((?:\.\./|docs/)?(benchmarks(?:-history)?)\.md(?:#([\w-]+))?\)")
+
+
+def _units(text: str) -> list[str]:
+    """A page's paragraphs, list items and table rows (code blocks left out)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return [unit for paragraph in re.split(r"\n\s*\n", text) for unit in re.split(r"\n(?=\s*(?:[-*] |\d+\. |\|))", paragraph)]
+
+
+def _section(text: str, anchor: str | None) -> str:
+    """The part of a benchmarks page a link points to: the section its anchor names, or the whole page."""
+    if not anchor:
+        return text
+    headers = list(re.finditer(r"^(#+) (.*)$", text, re.M))
+    for number, header in enumerate(headers):
+        if re.sub(r"[^\w -]", "", header.group(2).strip().lower()).replace(" ", "-") == anchor:
+            level = len(header.group(1))  # the section runs to the next header of its level or above
+            end = next((h.start() for h in headers[number + 1:] if len(h.group(1)) <= level), len(text))
+            return text[header.start():end]
+    raise AssertionError(f"no section for #{anchor}")
+
+
+def test_a_figure_quoted_beside_a_link_to_the_benchmarks_is_the_one_there():
+    # a page that quotes a measured figure links to where it comes from, and quotes it as it is there
+    targets = {name: (ROOT / "docs" / f"{name}.md").read_text() for name in ("benchmarks", "benchmarks-history")}
+    pages = {str(p.relative_to(ROOT)): p.read_text() for p in [ROOT / "README.md", ROOT / "CHANGELOG.md",
+             *(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "guide").glob("*.md")] if not p.stem.startswith("benchmarks")}
+    for notebook in (ROOT / "notebooks").glob("*.ipynb"):
+        cells = json.loads(notebook.read_text())["cells"]
+        pages[str(notebook.relative_to(ROOT))] = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    checked, differing = 0, []
+    for where, text in pages.items():
+        for unit in _units(text):
+            links = LINK.findall(unit)
+            if not links:
+                continue
+            sources = " ".join(_section(targets[name], anchor) for name, anchor in links)
+            for figure in FIGURE.findall(unit):
+                checked += 1
+                if not re.search(rf"(?<![\d.]){re.escape(figure)}(?![\d])", sources):
+                    differing.append(f"{where}: {figure} is not in {[f'{n}#{a}' for n, a in links]}: {unit[:160]}")
+    assert checked >= 5, checked  # the walker finds the quoted figures
+    assert not differing, "\n".join(differing)
