@@ -69,9 +69,10 @@ COMMANDS: list[tuple[str, str, str, list[tuple]]] = [
         ("--wait", dict(action="store_true")),
         NAME]),
     ("placement", "%wb placement", "wb.placement(NAME, or the last job)", [("target", dict(nargs="?", metavar="NAME"))]),
-    ("dashboard", "%wb dashboard", "wb.dashboard(cluster): live timeline, throughput and progress (--serve: "
+    ("dashboard", "%wb dashboard", "wb.dashboard(cluster): live timeline, throughput and progress (--job: "
+                                   "wb.dashboard(job) of the last %wb train job, or of the job named; --serve: "
                                    "wb.serve_dashboard(cluster), Bokeh apps with URLs)", [
-        ("--serve", dict(action="store_true")), NAME]),
+        ("--serve", dict(action="store_true")), ("--job", dict(nargs="?", const="", metavar="JOB")), NAME]),
     ("profile", "%wb profile", "cluster.profile(seconds=2): an op-level trace of every task (--save: also a "
                                "Chrome-trace JSON for Perfetto)", [
         ("seconds", dict(nargs="?", type=float, default=2.0, metavar="SECONDS")),

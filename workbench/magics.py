@@ -5,7 +5,7 @@
     %%wb on worker:1                    (the cell's ops run on that task; its variables live there)
     %wb train make_model make_data --loss sparse_categorical_crossentropy --strategy sync-ps --steps 500
     %wb placement [name]
-    %wb dashboard [--serve]             %wb profile 2 [--save trace.json]
+    %wb dashboard [--job [NAME]] [--serve]   %wb profile 2 [--save trace.json]
 
 Arguments are parsed once, here; bad ones raise ``UsageError`` saying what to type instead.
 """
@@ -193,8 +193,26 @@ class WorkbenchMagics(Magics):
         from .dashboard.live import dashboard  # (the package name is shadowed by wb.dashboard, the function)
         from .dashboard.server import serve_dashboard
 
+        if args.job is not None:
+            if args.serve:
+                raise UsageError("%wb dashboard: --serve serves the cluster's plots; --job shows one job in the notebook.")
+            return dashboard(self._job(args.job))
         cluster = self._cluster(args.name)
         return serve_dashboard(cluster) if args.serve else dashboard(cluster)
+
+    def _job(self, name: str):
+        """The job named (one of this kernel's, on any of its clusters), or the last one ``%wb train`` started."""
+        if not name:
+            if self._last_job is None:
+                raise UsageError("%wb dashboard --job: no job yet; start one with %wb train, or name one (--job async-ps-1).")
+            return self._last_job
+        for cluster in running_clusters():
+            try:
+                return cluster.jobs[name]
+            except KeyError:
+                continue
+        raise UsageError(f"%wb dashboard --job {name}: no job of that name on this kernel's clusters "
+                         "(cluster.jobs lists them).")
 
     def _do_profile(self, args, cell):
         profile = self._cluster(args.name).profile(seconds=args.seconds)

@@ -30,6 +30,7 @@ export interface IClusterInfo {
   workbench_version: string;
   spec: Record<string, string[]>;
   network: string;
+  job: string;
 }
 
 /** One plot of a cluster, as the panel opens it: ``path`` is served through this Jupyter server. */
@@ -77,6 +78,8 @@ export interface IJobNow {
   bytes_per_step: number;
   queued: string[];
   running: string[];
+  average_examples_per_s: number;
+  average_steps_per_s: number;
 }
 
 /** Every 4xx answer: what failed, and what to do. */

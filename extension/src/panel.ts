@@ -10,8 +10,47 @@ export interface IPanelActions {
   insertConnectionCode(cluster: string): string | null; // an error message, or null when inserted
 }
 
-const REFRESH_MS = 2000;
+const IDLE_MS = 2000; // a card's figures while no job runs on its cluster
+const LIVE_MS = 500; // while one runs, is stopping or waits in the queue
+const RETRY_MS = 2000; // after the list could not be read
 const SPARK_POINTS = 60;
+const ACTIVE_STATES = ['running', 'stopping', 'queued'];
+// the plots' buttons, short enough for one row at the sidebar's default width (the full title is the tooltip)
+const PLOT_LABELS: Record<string, string> = {
+  dashboard: 'All',
+  timeline: 'Timeline',
+  throughput: 'Throughput',
+  progress: 'Progress',
+  profile: 'Profile'
+};
+
+/** A figure where space is short: 812, 13.1k, 2.4M (and 0.5 for small rates). */
+export function compact(value: number): string {
+  const size = Math.abs(value);
+  if (size >= 1e6) {
+    return `${(value / 1e6).toFixed(1)}M`;
+  }
+  if (size >= 1e3) {
+    return `${(value / 1e3).toFixed(1)}k`;
+  }
+  return size >= 10 || value === 0 ? value.toFixed(0) : value.toFixed(1);
+}
+
+/** Seconds as people read them: 3.1 s, 42 s, 2 min 05 s. */
+export function duration(seconds: number): string {
+  if (seconds < 10) {
+    return `${seconds.toFixed(1)} s`;
+  }
+  if (seconds < 60) {
+    return `${seconds.toFixed(0)} s`;
+  }
+  const minutes = Math.floor(seconds / 60);
+  return `${minutes} min ${String(Math.round(seconds - 60 * minutes)).padStart(2, '0')} s`;
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise(resolve => window.setTimeout(resolve, ms));
+}
 
 function el<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -37,8 +76,10 @@ export class WorkbenchPanel extends Widget {
   private readonly list = el('div', { class: 'wb-clusters' });
   private readonly status = el('div', { class: 'wb-status', role: 'status' });
   private readonly cards = new Map<string, ClusterCard>();
-  private timer: number | undefined;
-  private refreshing = false;
+  private readonly form: StartForm;
+  private version = ''; // of the list drawn: the server answers a watch when its list differs
+  private watching = 0; // the watch loop's generation: a new loop ends the one before
+  private startedHere: string | null = null; // the cluster the form started last: its message goes with it
 
   constructor(private readonly actions: IPanelActions) {
     super();
@@ -47,8 +88,14 @@ export class WorkbenchPanel extends Widget {
     this.title.caption = 'Workbench: clusters and dashboards';
     const header = el('div', { class: 'wb-header' });
     header.append(el('h2', {}, 'Workbench clusters'));
-    const form = new StartForm(message => this.say(message.text, message.error), () => this.refresh());
-    this.node.append(header, form.node, this.status, this.list);
+    this.form = new StartForm(
+      message => this.say(message.text, message.error),
+      name => {
+        this.startedHere = name;
+        return this.refresh();
+      }
+    );
+    this.node.append(header, this.form.node, this.status, this.list);
   }
 
   /** One status line: the form's feedback, or why the list could not be read (`source`). */
@@ -59,34 +106,61 @@ export class WorkbenchPanel extends Widget {
   }
 
   protected onAfterAttach(): void {
-    void this.refresh();
-    this.timer = window.setInterval(() => void this.refresh(), REFRESH_MS);
+    void this.watch();
   }
 
   protected onAfterShow(): void {
-    void this.refresh(); // at once when the user opens the panel, not at the next tick
+    void this.watch(); // at once when the user opens the panel
   }
 
   protected onBeforeDetach(): void {
-    window.clearInterval(this.timer);
+    this.watching++;
+    for (const card of this.cards.values()) {
+      card.dispose();
+    }
+    this.cards.clear();
+    this.list.replaceChildren();
   }
 
-  /** Ask the server for the clusters and redraw (cards are kept, so inputs and sparklines stay). */
-  async refresh(): Promise<void> {
-    if (this.refreshing || !this.isVisible) {
-      return;
-    }
-    this.refreshing = true;
-    try {
-      const body = await requestAPI<{ clusters: IClusterInfo[] }>('clusters');
-      this.render(body.clusters);
-      if (this.status.dataset.source === 'list') {
-        this.say('');
+  /**
+   * Follow the server's list while the panel is shown: each request is answered as soon as the list
+   * differs from the one drawn (a cluster starting, a job beginning or ending, a task lost), so the
+   * panel learns of it within a fraction of a second without polling fast.
+   */
+  private async watch(): Promise<void> {
+    const generation = ++this.watching;
+    this.version = ''; // the first answer comes at once
+    while (generation === this.watching && this.isAttached && this.isVisible) {
+      try {
+        const body = await requestAPI<{ clusters: IClusterInfo[]; version: string }>(
+          `clusters?after=${encodeURIComponent(this.version)}`
+        );
+        if (generation !== this.watching) {
+          return;
+        }
+        this.draw(body.clusters, body.version);
+      } catch (error) {
+        this.say(`Could not list clusters: ${errorText(error)}`, true, 'list');
+        await sleep(RETRY_MS);
       }
+    }
+  }
+
+  /** Ask the server for the clusters now and redraw (after an action taken from the panel). */
+  async refresh(): Promise<void> {
+    try {
+      const body = await requestAPI<{ clusters: IClusterInfo[]; version: string }>('clusters');
+      this.draw(body.clusters, body.version);
     } catch (error) {
       this.say(`Could not list clusters: ${errorText(error)}`, true, 'list');
-    } finally {
-      this.refreshing = false;
+    }
+  }
+
+  private draw(clusters: IClusterInfo[], version: string): void {
+    this.version = version;
+    this.render(clusters);
+    if (this.status.dataset.source === 'list') {
+      this.say('');
     }
   }
 
@@ -94,20 +168,31 @@ export class WorkbenchPanel extends Widget {
     const names = new Set(clusters.map(c => c.name));
     for (const [name, card] of this.cards) {
       if (!names.has(name)) {
+        card.dispose();
         card.node.remove();
         this.cards.delete(name);
       }
     }
-    clusters.forEach((info, position) => {
+    if (this.startedHere && !names.has(this.startedHere)) {
+      // the cluster the form started went: its "started" message goes too
+      this.startedHere = null;
+      if (this.status.dataset.source === 'form' && !this.status.classList.contains('wb-error')) {
+        this.say('');
+      }
+    }
+    // the clusters with a job running first (the one being watched stays in sight), then by name
+    const ordered = [...clusters.filter(c => c.job), ...clusters.filter(c => !c.job)];
+    // a card is not moved while the user types in the list: moving a node takes the focus from its field
+    const typing = this.list.contains(document.activeElement) && document.activeElement instanceof HTMLInputElement;
+    ordered.forEach((info, position) => {
       let card = this.cards.get(info.name);
       if (!card) {
         card = new ClusterCard(info.name, this.actions, () => this.refresh());
         this.cards.set(info.name, card);
+        this.list.append(card.node);
       }
-      // the server's order (by name); a card already in place is not moved, since moving a node takes
-      // the focus from the field the user is typing in
       const there = this.list.children[position] ?? null;
-      if (there !== card.node) {
+      if (!typing && there !== card.node) {
         this.list.insertBefore(card.node, there);
       }
       card.update(info);
@@ -130,7 +215,7 @@ class StartForm {
 
   constructor(
     private readonly say: (message: { text: string; error: boolean }) => void,
-    private readonly changed: () => Promise<void>
+    private readonly started: (name: string) => Promise<void>
   ) {
     this.node.append(el('summary', {}, 'New cluster'));
     const form = el('form', { class: 'wb-start-form' });
@@ -205,7 +290,8 @@ class StartForm {
     try {
       const info = await requestAPI<IClusterInfo>('clusters', jsonInit('POST', body));
       this.say({ text: `Cluster ${info.name} started (${info.tasks.length} tasks).`, error: false });
-      await this.changed();
+      this.node.open = false; // its card is below: the form folds away until the next one
+      await this.started(info.name);
     } catch (error) {
       this.say({ text: `Could not start the cluster: ${errorText(error)}`, error: true });
     } finally {
@@ -214,7 +300,7 @@ class StartForm {
   }
 }
 
-/** One cluster: tasks, live throughput, plot buttons, connection code, scale and stop. */
+/** One cluster: tasks, its job's figures, plot buttons, connection code, scale and stop. */
 class ClusterCard {
   readonly node: HTMLElement;
   private readonly heading = el('div', { class: 'wb-card-heading' });
@@ -229,6 +315,12 @@ class ClusterCard {
   private plotsLoaded = false;
   private busy = false;
   private workersEdited = false; // the user typed a count: refreshes must not overwrite it before Scale
+  private controllable = false;
+  private recordJob: string | null = null; // the job the registry says runs ('' for none)
+  private active = false; // a job runs, stops or waits: its figures are asked for every LIVE_MS
+  private liveTimer: number | undefined;
+  private fetching = false;
+  private disposed = false;
 
   constructor(
     private readonly name: string,
@@ -240,7 +332,7 @@ class ClusterCard {
     this.spark.setAttribute('viewBox', `0 0 ${SPARK_POINTS} 20`);
     this.spark.setAttribute('preserveAspectRatio', 'none');
     const actionsRow = el('div', { class: 'wb-actions' });
-    const insert = el('button', { class: 'jp-mod-styled wb-insert' }, 'Insert connection code');
+    const insert = el('button', { class: 'jp-mod-styled wb-insert', title: 'Insert the code that uses this cluster into the notebook' }, 'Insert code');
     insert.addEventListener('click', () => {
       const problem = this.actions.insertConnectionCode(this.name);
       this.tell(problem ?? 'Inserted into the notebook below the active cell.', problem !== null);
@@ -252,16 +344,21 @@ class ClusterCard {
     this.workers.addEventListener('input', () => {
       this.workersEdited = true;
     });
-    const workersLabel = el('label', {}, 'workers ');
+    const workersLabel = el('label', { class: 'wb-workers-label' }, 'workers ');
     workersLabel.append(this.workers);
     actionsRow.append(insert, workersLabel, scale, stop);
-    const liveRow = el('div', { class: 'wb-live-row' });
-    liveRow.append(this.live, this.spark);
-    this.node.append(this.heading, this.links, this.tasks, liveRow, this.plots, actionsRow, this.feedback);
+    this.node.append(this.heading, this.links, this.tasks, this.live, this.spark, this.plots, actionsRow, this.feedback);
+  }
+
+  /** The card is gone (its cluster, or the panel): no more requests for it. */
+  dispose(): void {
+    this.disposed = true;
+    window.clearTimeout(this.liveTimer);
   }
 
   update(info: IClusterInfo): void {
     const owner = info.owned_here ? 'started from this panel' : `owner pid ${info.client_pid}`;
+    this.node.dataset.state = info.state;
     this.heading.replaceChildren(
       el('span', { class: 'wb-name' }, info.name),
       el('span', { class: `wb-state wb-state-${info.state}` }, info.state),
@@ -269,6 +366,33 @@ class ClusterCard {
     );
     this.links.textContent = info.network ? `links: ${info.network}` : '';
     this.links.hidden = !info.network;
+    this.drawTasks(info);
+    if (!this.workersEdited && document.activeElement !== this.workers && !this.busy) {
+      this.workers.value = String(info.tasks.filter(t => t.job === 'worker').length);
+    }
+    const why = info.state === 'starting' ? 'It is starting' : 'Its owner has no control endpoint: act on it from the owner';
+    for (const button of this.node.querySelectorAll<HTMLButtonElement>('.wb-scale, .wb-stop')) {
+      button.disabled = this.busy || !info.controllable;
+      button.title = info.controllable ? '' : why;
+    }
+    this.controllable = info.controllable;
+    if (!info.controllable) {
+      this.live.textContent = info.state === 'starting' ? 'Starting: engines, then one TensorFlow server each…' : '';
+      return;
+    }
+    if (!this.plotsLoaded) {
+      void this.loadPlots();
+    }
+    if (info.job !== this.recordJob) {
+      this.recordJob = info.job; // a job began or ended: its figures now, then every LIVE_MS while it runs
+      this.active = this.active || info.job !== '';
+      void this.refreshLive();
+    } else if (this.liveTimer === undefined && !this.fetching) {
+      void this.refreshLive();
+    }
+  }
+
+  private drawTasks(info: IClusterInfo): void {
     const head = el('tr');
     for (const title of ['task', 'address', 'health']) {
       head.append(el('th', {}, title));
@@ -289,19 +413,7 @@ class ClusterCard {
       return row;
     });
     this.tasks.replaceChildren(head, ...rows);
-    if (!this.workersEdited && document.activeElement !== this.workers && !this.busy) {
-      this.workers.value = String(info.tasks.filter(t => t.job === 'worker').length);
-    }
-    for (const button of this.node.querySelectorAll<HTMLButtonElement>('.wb-scale, .wb-stop')) {
-      button.disabled = this.busy || !info.controllable;
-      button.title = info.controllable ? '' : 'Its owner has no control endpoint: act on it from the owner';
-    }
-    if (info.controllable) {
-      void this.refreshLive();
-      if (!this.plotsLoaded) {
-        void this.loadPlots();
-      }
-    }
+    this.tasks.hidden = rows.length === 0;
   }
 
   private tell(text: string, error = false): void {
@@ -315,7 +427,11 @@ class ClusterCard {
       const body = await requestAPI<{ plots: IPlotLink[] }>(`clusters/${encodeURIComponent(this.name)}/plots`);
       this.plots.replaceChildren(
         ...body.plots.map(plot => {
-          const button = el('button', { class: 'jp-mod-styled wb-plot', 'data-plot': plot.name }, plot.title);
+          const button = el(
+            'button',
+            { class: 'jp-mod-styled wb-plot', 'data-plot': plot.name, title: `Open ${plot.title}` },
+            PLOT_LABELS[plot.name] ?? plot.title
+          );
           button.addEventListener('click', () => this.actions.openPlot(this.name, plot));
           return button;
         })
@@ -326,30 +442,64 @@ class ClusterCard {
     }
   }
 
+  /** The newest job's figures, then again in LIVE_MS while a job runs (IDLE_MS otherwise). */
   private async refreshLive(): Promise<void> {
-    let job: IJobNow | null;
-    try {
-      job = (await requestAPI<{ job: IJobNow | null }>(`clusters/${encodeURIComponent(this.name)}/summary`)).job;
-    } catch {
-      return; // the list refresh reports a cluster that went away
-    }
-    if (!job) {
-      this.live.textContent = 'No job yet';
+    window.clearTimeout(this.liveTimer);
+    this.liveTimer = undefined;
+    if (this.disposed || this.fetching || !this.controllable) {
       return;
     }
-    this.rates.push(job.state === 'running' ? job.examples_per_s : 0);
-    this.rates.splice(0, Math.max(0, this.rates.length - SPARK_POINTS));
-    this.live.replaceChildren(
-      el('div', { class: 'wb-rate' }, `${job.examples_per_s.toFixed(0)} examples/s`),
-      el('div', { class: 'wb-job' }, `${job.steps_per_s.toFixed(1)} steps/s · ${job.job} ${job.state} ${job.steps_done}/${job.steps_total}`),
-      ...(job.running ?? []).map(line => el('div', { class: 'wb-queued' }, `also running: ${line}`)),
-      ...(job.queued ?? []).map(line => el('div', { class: 'wb-queued' }, `queued: ${line}`))
+    this.fetching = true;
+    try {
+      if (this.node.offsetParent !== null) {
+        // shown: the panel hidden asks nothing
+        const job = (await requestAPI<{ job: IJobNow | null }>(`clusters/${encodeURIComponent(this.name)}/summary`)).job;
+        this.drawJob(job);
+      }
+    } catch {
+      // the list's watch reports a cluster that went away
+    } finally {
+      this.fetching = false;
+      if (!this.disposed && this.controllable) {
+        this.liveTimer = window.setTimeout(() => void this.refreshLive(), this.active ? LIVE_MS : IDLE_MS);
+      }
+    }
+  }
+
+  private drawJob(job: IJobNow | null): void {
+    this.active = this.recordJob !== '' && this.recordJob !== null;
+    if (!job) {
+      this.live.replaceChildren(el('div', { class: 'wb-job' }, 'No job yet'));
+      return;
+    }
+    const running = ACTIVE_STATES.includes(job.state);
+    this.active = this.active || running || job.queued.length > 0 || job.running.length > 0;
+    const rate = el('div', { class: 'wb-rate', 'data-value': String(job.examples_per_s), title: `${job.examples_per_s.toLocaleString(undefined, { maximumFractionDigits: 0 })} examples/s` });
+    rate.append(
+      `${compact(job.examples_per_s)} ex/s`,
+      el('span', { class: 'wb-rate-note' }, running ? ` · ${compact(job.steps_per_s)} steps/s` : ' average')
     );
+    const name = el('span', { class: 'wb-jobname', title: job.job }, job.job);
+    const line = el('div', { class: 'wb-job' });
+    const done = running
+      ? ` ${job.state} · ${job.steps_done}/${job.steps_total} steps · ${duration(job.elapsed_s)}`
+      : ` ${job.state} · ${job.steps_done}/${job.steps_total} steps in ${duration(job.elapsed_s)}`;
+    line.append(name, done);
+    this.live.replaceChildren(
+      rate,
+      line,
+      ...(job.running ?? []).map(text => el('div', { class: 'wb-queued' }, `also running: ${text}`)),
+      ...(job.queued ?? []).map(text => el('div', { class: 'wb-queued' }, `queued: ${text}`))
+    );
+    if (running) {
+      this.rates.push(job.examples_per_s);
+      this.rates.splice(0, Math.max(0, this.rates.length - SPARK_POINTS));
+    }
     const top = Math.max(...this.rates, 1e-9);
     const points = this.rates.map((r, i) => `${i + SPARK_POINTS - this.rates.length},${(20 - (18 * r) / top).toFixed(1)}`);
-    const line = document.createElementNS('http://www.w3.org/2000/svg', 'polyline');
-    line.setAttribute('points', points.join(' '));
-    this.spark.replaceChildren(line);
+    const polyline = document.createElementNS('http://www.w3.org/2000/svg', 'polyline');
+    polyline.setAttribute('points', points.join(' '));
+    this.spark.replaceChildren(polyline);
   }
 
   private async scale(): Promise<void> {

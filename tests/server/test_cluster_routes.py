@@ -1,5 +1,6 @@
 """Acting on real clusters through the server extension: start, scale, stop, plots, summary, proxy."""
 
+import asyncio
 import dataclasses
 import json
 import urllib.request
@@ -10,6 +11,7 @@ from training_helpers import train
 
 import workbench as wb
 from workbench.cluster import registry
+from workbench.server.handlers import LIST_WAIT
 from workbench.server.models import ClusterInfo, ErrorBody, PlotLink
 
 pytestmark = pytest.mark.cluster
@@ -55,6 +57,35 @@ async def test_summary_reports_the_newest_job(jp_fetch, cluster):
     body = await _json(jp_fetch, "workbench", "api", "clusters", cluster.name, "summary")
     assert body["cluster"] == cluster.name
     assert body["job"]["steps_done"] == body["job"]["steps_total"] == 40 and body["job"]["state"] == "finished"
+
+
+async def test_a_waiting_list_answers_as_soon_as_a_job_begins_and_ends(jp_fetch, cluster):
+    listing = await _json(jp_fetch, "workbench", "api", "clusters")
+    assert {c["name"]: c["job"] for c in listing["clusters"]}[cluster.name] == ""
+    held = asyncio.ensure_future(_json(jp_fetch, "workbench", "api", "clusters", params={"after": listing["version"]}))
+    await asyncio.sleep(1.0)
+    assert not held.done(), "the list was answered though nothing changed"
+    loop = asyncio.get_running_loop()
+    job = await loop.run_in_executor(None, lambda: train(cluster, strategy=wb.AsyncPS(steps_per_call=10), steps=300))
+    began = await asyncio.wait_for(held, LIST_WAIT)  # not held to the end: answered when the job began
+    assert {c["name"]: c["job"] for c in began["clusters"]}[cluster.name] == job.name
+    held = asyncio.ensure_future(_json(jp_fetch, "workbench", "api", "clusters", params={"after": began["version"]}))
+    await loop.run_in_executor(None, lambda: job.wait(300))
+    ended = await asyncio.wait_for(held, LIST_WAIT)
+    assert {c["name"]: c["job"] for c in ended["clusters"]}[cluster.name] == ""
+    summary = (await _json(jp_fetch, "workbench", "api", "clusters", cluster.name, "summary"))["job"]
+    await asyncio.sleep(3.0)  # past the rate window: an ended job still shows what it did, and its time stays
+    later = (await _json(jp_fetch, "workbench", "api", "clusters", cluster.name, "summary"))["job"]
+    assert later["state"] == "finished" and later["examples_per_s"] > 0 and later["elapsed_s"] == summary["elapsed_s"]
+    assert later["examples_per_s"] == pytest.approx(job.throughput()["examples_per_s"], rel=0.05)
+
+
+async def test_a_plot_pane_of_a_cluster_that_is_not_running_says_so_in_a_page(jp_fetch):
+    with pytest.raises(tornado.httpclient.HTTPClientError) as info:
+        await jp_fetch("workbench", "dashboards", "wb-gone", "timeline")
+    page = info.value.response.body.decode()
+    assert info.value.code == 404 and info.value.response.headers["Content-Type"].startswith("text/html")
+    assert "Cluster 'wb-gone' is not running" in page and "open its plots from the Workbench panel" in page
 
 
 async def test_scale_and_stop_reach_the_owner(jp_fetch, no_leftover_processes):

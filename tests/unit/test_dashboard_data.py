@@ -16,6 +16,7 @@ from workbench.dashboard.data import (
     row_name,
     span_columns,
 )
+from workbench.dashboard.summary import JobSummary
 from workbench.telemetry import EventLog, StepSpan
 from workbench.telemetry.clocks import offset_from
 from workbench.telemetry.events import COMPUTE, PUSH_APPLY, RUNNING, JobProgress, StepDone
@@ -96,7 +97,21 @@ def test_throughput_bins_count_per_worker_and_total_and_update_late_bins():
                      "worker:0:steps": 1.0, "worker:1:examples": 32.0, "worker:1:steps": 1.0}]
     bins.add([StepDone("j", 1, 10.5, 10.9, 64, ("worker:0",))])  # a late result for a drawn bin
     assert bins.take_changed() == [10] and bins.row(10)["total:steps"] == 2.0
-    assert [r["time"] for r in bins.final(13.6)] == [11000.0, 12000.0]  # empty bins are drawn as zeros
+    later = bins.final(13.6)  # job j has not ended: nothing landed is a zero
+    assert [r["time"] for r in later] == [11000.0, 12000.0] and [r["total:steps"] for r in later] == [0.0, 0.0]
+
+
+def test_throughput_is_zero_only_while_a_job_runs_and_a_worker_had_begun():
+    bins = ThroughputBins(width=1.0, settle=0.0)
+    bins.add([JobProgress("a", 10.0, 0, 9, "running", 10.0, "async-ps", ("worker:0",)), span(0, 10.0, 10.2),
+              StepDone("a", 0, 10.0, 10.2, 32, ("worker:0",)), JobProgress("a", 12.5, 1, 9, "finished", 10.0)])
+    bins.add([JobProgress("b", 13.2, 0, 9, "running", 13.2, "async-ps", ("worker:1",)),  # set up until 15
+              span(0, 15.0, 15.2, task="worker:1"), StepDone("b", 0, 15.0, 15.2, 32, ("worker:1",))])
+    rows = {r["time"] / 1000: r for r in bins.final(17.0)}
+    assert rows[11]["total:steps"] == 0.0 and rows[12]["worker:0:steps"] == 0.0  # job a ran, nothing landed
+    assert all(math.isnan(rows[t]["total:steps"]) for t in (13, 14))  # between the jobs' steps: a break
+    assert math.isnan(rows[12]["worker:1:steps"]) and rows[15]["worker:1:steps"] == 1.0  # before it joined: a gap
+    assert math.isnan(rows[16]["worker:0:steps"]) and rows[16]["worker:1:steps"] == 0.0  # not in job b: a gap
     rates = current_rates([(9.5, TOTAL, 64), (10.5, TOTAL, 64), (10.9, "worker:0", 32)], now=11.0, window=1.0)
     assert rates == {TOTAL: (64.0, 1.0), "worker:0": (32.0, 1.0)}
 
@@ -114,6 +129,31 @@ def test_progress_notes_slow_steps_and_stale_workers():
     info = progress_info(job, [], now=20.0, rate=10.0)  # no bar running either: stale
     assert len(info["notes"]) == 1 and "worker:1 reported no step" in info["notes"][0]
     assert progress_info(job, [], now=4.0, rate=10.0)["notes"] == []  # too early to call it stale
+
+
+def test_an_ended_job_keeps_its_average_rates_and_its_elapsed_time():
+    job = JobState("j")
+    job.add(JobProgress("j", 100.0, 0, 10, "running", 100.0, "sync-ps", ("worker:0",)))
+    for i in range(10):  # 10 steps of 64 examples from 101.0 to 103.0
+        job.add(StepDone("j", i, 101.0 + 0.2 * i, 101.2 + 0.2 * i, 64, ("worker:0",)))
+    running = progress_info(job, [], now=103.5, rate=5.0)
+    assert running["elapsed_s"] == pytest.approx(3.5) and running["average_examples_per_s"] == pytest.approx(320.0)
+    job.add(JobProgress("j", 103.1, 10, 10, "finished", 100.0, "sync-ps", ("worker:0",)))
+    for now in (104.0, 110.0):  # frozen once it ended, however long after
+        info = progress_info(job, [], now=now, rate=0.0)
+        assert info["elapsed_s"] == pytest.approx(3.1) and info["average_steps_per_s"] == pytest.approx(5.0)
+
+
+def test_the_summary_of_an_ended_job_gives_its_average_not_the_silence_after_it():
+    log = EventLog()
+    log.append(JobProgress("j", 100.0, 0, 4, "running", 100.0, "async-ps", ("worker:0",)))
+    log.extend(StepDone("j", i, 100.0 + i, 101.0 + i, 32, ("worker:0",)) for i in range(4))
+    log.append(JobProgress("j", 104.2, 4, 4, "finished", 100.0, "async-ps", ("worker:0",)))
+    summary = JobSummary(log)
+    info = summary.update(now=120.0)  # 16 s after its last step: nothing in the rate window
+    assert info["state"] == "finished" and info["examples_per_s"] == pytest.approx(32.0)
+    assert info["steps_per_s"] == pytest.approx(1.0) and info["elapsed_s"] == pytest.approx(4.2)
+    assert info["workers"] == {}
 
 
 def test_components_stream_only_new_rows_with_rollover():
@@ -140,7 +180,7 @@ def test_components_stream_only_new_rows_with_rollover():
     throughput.update(now=5.0)
     times = throughput.source.data["time"]
     assert times[0] == 0.0 and len(times) == len(set(times))
-    assert math.isclose(sum(throughput.source.data["total:steps"]), 1.0)
+    assert math.isclose(sum(v for v in throughput.source.data["total:steps"] if not math.isnan(v)), 1.0)
     progress = ProgressComponent(log)
     progress.update(now=5.0)
     assert "No job yet" in progress.root.text  # no JobProgress: nothing to show

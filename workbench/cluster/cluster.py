@@ -22,7 +22,7 @@ from ..native_logs import notice
 from ..progress import ProgressSink, make_progress
 from ..telemetry.clocks import measure_offsets
 from ..telemetry.log import EventLog
-from . import registry, sharing
+from . import sharing
 from .health import TaskHealth
 from .hosting import TaskHosting
 from .jobs import JobList, JobQueue
@@ -135,9 +135,10 @@ class Cluster:
         self.pool: OwnedPool | AttachedPool | None = None  # the engine pool (ipyparallel's cluster, client, reaper)
         self.pool_factory: Callable[[], OwnedPool | AttachedPool]  # makes ``pool`` at start()
         self.telemetry = EventLog()  # step spans and progress of every job on this cluster (wb.dashboard)
-        self.job_queue = JobQueue(self.name)  # this process's training jobs on the cluster, one running at a time
         self.lifecycle = threading.RLock()  # start/scale/stop, from the kernel or the control thread
         self.shared = Shared(self)  # what higher layers keep with it, and its registry record
+        # this process's training jobs on the cluster, one running at a time; the record names the one running
+        self.job_queue = JobQueue(self.name, on_change=self.shared.jobs_changed)
         self.last_profile = None  # the newest cluster.profile(), for the served /profile page
         self._clock_offsets: tuple[float, dict[str, float]] | None = None
         self.owner_pid = 0  # set by attach(): the process that runs this cluster
@@ -197,6 +198,7 @@ class Cluster:
         progress = make_progress(self.progress)
         deadline = Deadline(self.start_timeout)
         self._state = "starting"
+        self.shared.write_record()  # the panel shows it starting; a failed start removes it with the rest
         self.client_tf_version = client_tensorflow_version()
         try:
             self.hosting.bring_up(role_layout(self.ps_count, self.worker_count), deadline, progress)
@@ -281,8 +283,7 @@ class Cluster:
         self.health.closing = True  # the engines stopped from here on are not "lost"
         self.shared.close_all()
         self.hosting.tear_down(timeout)
-        if not self.attached:  # an attached process only ends its own connection; the owner keeps the cluster
-            registry.remove_record(self.name)
+        self.shared.remove_record()
         _LIVE_CLUSTERS.discard(self)
 
     def __enter__(self) -> Cluster:

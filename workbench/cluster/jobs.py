@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 
 from ..errors import ClusterStateError
 
@@ -48,8 +49,9 @@ class JobList(list):
 class JobQueue:
     """The jobs of one cluster: at most one runs; the others wait their turn, oldest first."""
 
-    def __init__(self, cluster_name: str):
+    def __init__(self, cluster_name: str, on_change: Callable[[], None] = lambda: None):
         self.cluster_name = cluster_name
+        self.on_change = on_change  # called (outside the lock) when the job that runs changes
         self._lock = threading.Lock()
         # queued and running jobs, then ended ones held weakly: an ended job keeps its TensorFlow state (its
         # functions, its model) for job.model and job.evaluate, so it lives only as long as the user keeps it
@@ -87,6 +89,7 @@ class JobQueue:
             else:
                 self._waiting.append(job)
         if busy is None:
+            self.on_change()
             job.on_turn()
         return busy is None
 
@@ -98,6 +101,7 @@ class JobQueue:
                 return
             self._current = self._waiting.popleft() if self._waiting else None
             following = self._current
+        self.on_change()
         if following is not None:
             following.on_turn()
 

@@ -80,6 +80,7 @@ class ClusterRecord:
     network: str = ""  # the emulated links and their shaping (Cluster.network), "" without network=
     updated: float = 0.0
     workbench_version: str = ""
+    job: str = ""  # the owner's job running now (set-up included), "" when none: the panel follows it closely
 
     def to_json(self) -> dict[str, Any]:
         return {"registry_version": REGISTRY_VERSION, **asdict(self)}
@@ -158,7 +159,7 @@ def _checked(key: str, value: Any, types: dict[str, Any]) -> Any:
 _RECORD_TYPES: dict[str, Any] = {
     "name": str, "state": str, "engines": str, "owned": bool, "client_pid": int, "client_created": "number",
     "cluster_file": str, "profile_dir": str, "spec": "spec", "gpus_per_worker": int, "updated": "number",
-    "workbench_version": str, "network": str}
+    "workbench_version": str, "network": str, "job": str}
 _TASK_TYPES: dict[str, Any] = {
     "job": str, "index": int, "engine_id": int, "host": str, "address": str, "pid": int, "devices": "strings",
     "gpus": "strings", "state": str, "tensorflow": str, "since": "number", "note": str, "restarts": int}

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,8 @@ class Shared:
         self.cluster = cluster
         self._kept: dict[str, tuple[Any, Callable[[], None] | None]] = {}  # key -> (resource, close)
         self.endpoints: dict[str, Endpoint] = {}  # what this process serves for other processes, in the record
+        self._record_lock = threading.Lock()  # one writer at a time: a job's thread, the kernel, the control thread
+        self._removed = False  # the cluster stopped: nothing writes its record again
 
     def keep(self, key: str, resource: Any, close: Callable[[], None] | None = None) -> Any:
         """Hold ``resource`` (a server, a widget, ...) under ``key`` until this cluster stops, then call ``close``.
@@ -76,11 +79,26 @@ class Shared:
                 pass
         self.endpoints.clear()
 
+    def jobs_changed(self) -> None:
+        """The job running on the cluster changed: the record says so (the panel follows a running job closely)."""
+        if self.cluster.state == "running":
+            self.write_record()
+
+    def remove_record(self) -> None:
+        """The cluster stopped (or failed to start): its record goes, and no late writer brings it back."""
+        with self._record_lock:
+            self._removed = True
+            if not self.cluster.attached:  # an attached process only ends its own connection; the owner keeps it
+                registry.remove_record(self.cluster.name)
+
     def write_record(self) -> None:
         """The cluster's registry record, as it is now (read by the panel and by attached processes)."""
+        with self._record_lock:
+            if not self.cluster.attached and not self._removed:  # the owner's record stays the owner's
+                self._write_record()
+
+    def _write_record(self) -> None:
         cluster = self.cluster
-        if cluster.attached:  # the owner's record stays the owner's
-            return
         pool = cluster.pool
         proc = psutil.Process()
         registry.write_record(ClusterRecord(
@@ -99,6 +117,7 @@ class Shared:
             network=cluster.network,
             updated=time.time(),
             workbench_version=workbench_version(),
+            job=getattr(cluster.job_queue.current, "name", ""),
         ))
 
 
@@ -111,12 +130,20 @@ def attach(cls: type, name: str, timeout: float):
     """
     import ipyparallel as ipp
 
-    records = {r.name: r for r in registry.list_clusters()}
-    record = records.get(name)
+    deadline = time.monotonic() + timeout
+    while True:  # a cluster still starting is waited for (its record says "starting" until its servers are up)
+        records = {r.name: r for r in registry.list_clusters()}
+        record = records.get(name)
+        if record is None or record.state != "starting" or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
     if record is None:
         running = ", ".join(records) or "none"
         raise ClusterStateError(f"no running cluster named {name!r} on this machine (running: {running}). Start "
                                 "one with wb.Cluster(...).start() or from the Workbench panel.")
+    if record.state != "running":
+        raise ClusterStateError(f"cluster {name!r} is {record.state} (owner pid {record.client_pid}), not running after "
+                                f"{timeout:.0f} s: attach once it runs, or pass a longer timeout=.")
     if record.client_pid == os.getpid():
         raise ClusterStateError(f"cluster {name!r} runs in this very process: use that object "
                                 f"(wb.running_clusters() lists it).")

@@ -12,13 +12,16 @@ import math
 import time
 from collections import deque
 
-from ..telemetry.events import PHASES, StepSpan
+from ..cluster.jobs import RUNNING as RUNNING_JOB
+from ..telemetry.events import PHASES, JobProgress, StepSpan
 from ..telemetry.log import EventLog
 from .data import (
     RATE_WINDOW,
     TOTAL,
+    JobState,
     RecentRates,
     ThroughputBins,
+    average_rates,
     fault_columns,
     link_changes,
     new_rows,
@@ -80,12 +83,33 @@ def _set_rows(plot, rows: list[str]) -> None:
     plot.height = 90 + 26 * max(len(rows), 2)
 
 
-def phase_legend(phases=PHASES) -> str:
-    """The phase colours as HTML swatches (one legend for every segment of the timeline)."""
+PHASE_MEANINGS = {
+    "compute": "forward and backward pass", "push+apply": "gradients to the ps, applied, parameters back",
+    "allreduce+apply": "gradients summed across workers, applied", "apply": "averaged gradients applied on the ps",
+    "running": "a call still running (hatched)",
+}
+# what the diamonds on a task's row mean, by colour (data.FAULT_COLOURS)
+MARKER_MEANINGS = (("#d62728", "lost or failed"), ("#ff9f1c", "silent, straggling or dropped"),
+                   ("#9467bd", "being re-hosted"), ("#2ca02c", "back or recovered"))
+
+
+def _swatch(colour: str, label: str, title: str = "", diamond: bool = False) -> str:
+    shape = ("width:9px;height:9px;transform:rotate(45deg);margin:0 2px" if diamond else "width:12px;height:12px")
+    return (f"<span style='white-space:nowrap;margin-right:10px' title='{html.escape(title)}'><span style='display:"
+            f"inline-block;{shape};background:{colour};vertical-align:middle'></span> {html.escape(label)}</span>")
+
+
+def phase_legend(phases=PHASES, markers: bool = False, links: bool = False) -> str:
+    """The legend of the timeline as HTML: the colours of the phases shown, and (once there are some) what the
+    diamonds on a task's row and the shaded bands mean. Hover over an entry for what it measures."""
     colours = dict(zip(PHASES, PHASE_COLOURS))
-    return "<div class='workbench-phases'>" + " ".join(
-        f"<span style='white-space:nowrap;margin-right:10px'><span style='display:inline-block;width:12px;height:12px;"
-        f"background:{colours[p]};vertical-align:middle'></span> {html.escape(p)}</span>" for p in phases) + "</div>"
+    parts = [_swatch(colours[p], p, PHASE_MEANINGS.get(p, "")) for p in PHASES if p in phases]
+    if markers:
+        parts.append("<span style='white-space:nowrap;margin-right:4px'>task events:</span>" + "".join(
+            _swatch(colour, meaning, diamond=True) for colour, meaning in MARKER_MEANINGS))
+    if links:
+        parts.append(_swatch("rgba(31,119,180,0.15)", "links shaped (cluster.shape)"))
+    return "<div class='workbench-phases'>" + " ".join(parts) + "</div>"
 
 
 class TimelineComponent:
@@ -99,13 +123,16 @@ class TimelineComponent:
     once more than ``rollover`` rows are kept; a stream touches only the newest segment.
     """
 
-    def __init__(self, log: EventLog, rows: list[str], rollover: int | None = None, segment_rows: int | None = None):
+    def __init__(self, log: EventLog, rows: list[str], rollover: int | None = None, segment_rows: int | None = None,
+                 follow: bool = True):
         _bokeh()
         from bokeh.layouts import column
         from bokeh.models import ColumnDataSource, Div, HoverTool
         from bokeh.transform import factor_cmap
 
-        self.log, self.rows = log, list(rows)
+        self.log, self.rows, self.follow = log, list(rows), follow
+        self.phases: set[str] = set()  # the phases drawn so far: the legend lists those
+        self.legend = Div(text=phase_legend(()), name="timeline_legend", sizing_mode="stretch_width")
         self.rollover = TIMELINE_ROLLOVER if rollover is None else int(rollover)
         self.segment_rows = max(1, min(int(segment_rows or SEGMENT_ROWS), self.rollover))
         self.cursor = 0  # show what the log still holds: a dashboard opened after a job shows the job
@@ -115,7 +142,7 @@ class TimelineComponent:
         self.extents: dict[int, list[float]] = {}  # id(source) -> [first left, last right] in ms
         self._segment_number = 0
         self.open_source = ColumnDataSource(span_columns([]), name="timeline_in_progress")
-        self.plot = plot = timeline_figure(self.rows)
+        self.plot = plot = timeline_figure(self.rows, follow=follow)
         plot.hbar(y="row", left="left", right="right", height=0.7, source=self.open_source, color=self._colour,
                   fill_alpha=0.45, hatch_pattern="/", hatch_alpha=0.5, line_color="#555555")
         self._span_hover = HoverTool(renderers=[plot.renderers[-1]], tooltips=[  # segments join it as they are made
@@ -131,7 +158,18 @@ class TimelineComponent:
                                  formatters={"@x": "datetime"}))
         self.link_bands: list = []  # shaded while the links were shaped (cluster.shape), newest last
         self._new_segment()
-        self.root = column(Div(text=phase_legend()), plot, sizing_mode="stretch_width")
+        self.root = column(self.legend, plot, sizing_mode="stretch_width")
+
+    def _update_legend(self, phases: set[str]) -> None:
+        if phases <= self.phases and not (self.fault_source.data["x"] and "markers" not in self.phases) \
+                and not (self.link_bands and "links" not in self.phases):
+            return
+        self.phases |= phases
+        if self.fault_source.data["x"]:
+            self.phases.add("markers")
+        if self.link_bands:
+            self.phases.add("links")
+        self.legend.text = phase_legend(self.phases, "markers" in self.phases, "links" in self.phases)
 
     def _shade_links(self, at: float, shaping: str) -> None:
         """A band from ``at`` (ms) while the links are shaped; the previous band ends there."""
@@ -201,10 +239,11 @@ class TimelineComponent:
         newest = max((e[1] for e in self.extents.values() if e[1] > -math.inf), default=None)
         start, end = x_range.start, x_range.end
         if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or math.isnan(start) or math.isnan(end):
-            start, end = (newest or 0.0) - FOLLOW_MS, math.inf  # not drawn yet: the range it will follow
-        if newest is not None and end >= newest - 1000.0:  # following the newest data: it moves on
+            # not drawn yet: the range it will follow, or (a job's timeline) all of it
+            start, end = ((newest or 0.0) - FOLLOW_MS, math.inf) if self.follow else (-math.inf, math.inf)
+        if self.follow and newest is not None and end >= newest - 1000.0:  # following the newest data: it moves on
             end = math.inf
-        margin = (end - start) * 0.5 if end < math.inf else FOLLOW_MS * 0.5
+        margin = (end - start) * 0.5 if end < math.inf and start > -math.inf else FOLLOW_MS * 0.5
         for source, renderer in self.segments:
             first, last = self.extents[id(source)]
             visible = source is self.source or (last >= start - margin and first <= end + margin)
@@ -235,32 +274,40 @@ class TimelineComponent:
         self._show_segments_in_view()
         if running or self.open_source.data["left"]:
             self.open_source.data = span_columns(running, now)
+        self._update_legend({span.phase for span in [*spans, *running]})
         return len(spans)
 
 
 class ThroughputComponent:
     """Examples/s and steps/s per worker and in total, in one-second bins, and the current figures large."""
 
-    def __init__(self, log: EventLog, bin_seconds: float = 1.0):
+    def __init__(self, log: EventLog, bin_seconds: float = 1.0, follow: bool = True):
         _bokeh()
         from bokeh.layouts import column, row
-        from bokeh.models import ColumnDataSource, DataRange1d, Div
+        from bokeh.models import ColumnDataSource, DataRange1d, Div, Legend
         from bokeh.plotting import figure
 
         self.log = log
         self.cursor = 0
         self.bins = ThroughputBins(width=bin_seconds)
         self.rates = RecentRates()
+        self.latest: JobState | None = None  # the newest job: an ended one's figures are its averages
         self.source = ColumnDataSource(self._empty(), name="throughput")
         self.sources = [self.source]
         self.figure_div = Div(text=self._big(None), name="throughput_now")
-        shared_x = DataRange1d(follow="end", follow_interval=300_000.0, range_padding=0.02)
-        self.examples_plot = figure(title="examples/s", x_axis_type="datetime", x_range=shared_x, height=230,
-                                    sizing_mode="stretch_width", tools="xpan,xwheel_zoom,reset,save")
-        self.steps_plot = figure(title="steps/s", x_axis_type="datetime", x_range=shared_x, height=230,
-                                 sizing_mode="stretch_width", tools="xpan,xwheel_zoom,reset,save")
+        # the last 5 minutes, following; or (a job's dashboard) the whole job
+        shared_x = DataRange1d(follow="end", follow_interval=300_000.0, range_padding=0.02) if follow else DataRange1d(
+            range_padding=0.02)
+        self.examples_plot, self.steps_plot = (
+            figure(title=title, x_axis_type="datetime", x_range=shared_x, height=230, sizing_mode="stretch_width",
+                   tools="xpan,xwheel_zoom,reset,save", y_axis_label=title, x_axis_label="time (kernel clock)",
+                   name=f"throughput_{kind}") for title, kind in (("examples/s", "examples"), ("steps/s", "steps")))
         for plot in (self.examples_plot, self.steps_plot):
             clock_axis(plot)
+            plot.y_range.start = 0
+            # below the plot, not on the lines; a click on an entry hides its series
+            plot.add_layout(Legend(orientation="horizontal", click_policy="hide", label_text_font_size="8pt",
+                                   spacing=4, padding=2, margin=2, border_line_alpha=0), "below")
         self.lines: dict[str, list] = {}
         self._add_lines(TOTAL)
         self.root = column(self.figure_div, row(self.examples_plot, self.steps_plot, sizing_mode="stretch_width"),
@@ -280,19 +327,34 @@ class ThroughputComponent:
                              plot.scatter("time", f"{series}:{kind}", source=self.source, color=colour, size=4,
                                           legend_label=series))
         ]
-        for plot in (self.examples_plot, self.steps_plot):
-            plot.legend.location = "top_left"
 
     @staticmethod
-    def _big(rates: dict | None) -> str:
-        examples, steps = (rates or {}).get(TOTAL, (0.0, 0.0))
+    def _big(rates: dict | None, ended: JobState | None = None) -> str:
+        """The figures now (the last ``RATE_WINDOW`` s); once the newest job ended, its averages instead."""
+        if ended is not None:
+            average = average_rates(ended)
+            examples, steps = average["average_examples_per_s"], average["average_steps_per_s"]
+            when = f"job {html.escape(ended.job)} {html.escape(ended.state)}: its average"
+            rates = {}
+        else:
+            examples, steps = (rates or {}).get(TOTAL, (0.0, 0.0))
+            when = f"last {RATE_WINDOW:.0f} s"
         parts = [f"<span style='font-size:28px;font-weight:600'>{examples:,.0f}</span> examples/s &nbsp; "
                  f"<span style='font-size:28px;font-weight:600'>{steps:,.1f}</span> steps/s"]
         workers = sorted(k for k in (rates or {}) if k != TOTAL)
         if workers:
             parts.append("<br><span style='color:#555'>" + " · ".join(
                 f"{html.escape(w)}: {rates[w][0]:,.0f} ex/s, {rates[w][1]:,.1f} steps/s" for w in workers) + "</span>")
-        return f"<div class='workbench-throughput-now'>{''.join(parts)} <span style='color:#888'>(last {RATE_WINDOW:.0f} s)</span></div>"
+        return f"<div class='workbench-throughput-now'>{''.join(parts)} <span style='color:#888'>({when})</span></div>"
+
+    def _follow_jobs(self, events: list) -> None:
+        for event in events:
+            name = getattr(event, "job", "")
+            if isinstance(event, JobProgress) and event.state == RUNNING_JOB and (
+                    self.latest is None or self.latest.job != name):
+                self.latest = JobState(name)
+            if self.latest is not None and name == self.latest.job:
+                self.latest.add(event)
 
     def update(self, now: float | None = None) -> int:
         now = time.time() if now is None else now
@@ -301,7 +363,10 @@ class ThroughputComponent:
         known = list(self.bins.series)
         self.bins.add(batch.events)
         self.rates.add(batch.events)
-        self.figure_div.text = self._big(self.rates.rates(now))
+        self._follow_jobs(batch.events)
+        rates = self.rates.rates(now)
+        ended = self.latest if self.latest is not None and self.latest.ended and TOTAL not in rates else None
+        self.figure_div.text = self._big(rates, ended)
         if self.bins.series != known:  # a new worker: every row gets its columns (zeros before it appeared)
             emitted = self.bins.emitted
             data = self._empty()
@@ -378,20 +443,24 @@ class ProgressComponent:
 
 
 PLOTS = {
-    "progress": ("Job progress", lambda log, rows: ProgressComponent(log)),
-    "throughput": ("Throughput", lambda log, rows: ThroughputComponent(log)),
-    "timeline": ("Timeline", lambda log, rows: TimelineComponent(log, rows)),
+    "progress": ("Job progress", lambda log, rows, follow: ProgressComponent(log)),
+    "throughput": ("Throughput", lambda log, rows, follow: ThroughputComponent(log, follow=follow)),
+    "timeline": ("Timeline", lambda log, rows, follow: TimelineComponent(log, rows, follow=follow)),
 }
 
 
-def make_components(log: EventLog, rows: list[str], names=tuple(PLOTS)) -> dict:
-    """Fresh components (for one Bokeh document) by plot name; unknown names raise a clear error."""
+def make_components(log: EventLog, rows: list[str], names=tuple(PLOTS), follow: bool = True) -> dict:
+    """Fresh components (for one Bokeh document) by plot name; unknown names raise a clear error.
+
+    ``follow``: the plots follow the newest data (a cluster's dashboard); ``False`` spans all the log holds
+    (a job's dashboard, reading a ``JobView``).
+    """
     from ..errors import ConfigurationError
 
     unknown = [n for n in names if n not in PLOTS]
     if unknown:
         raise ConfigurationError(f"no plot named {', '.join(map(repr, unknown))}: the plots are {', '.join(PLOTS)}.")
-    return {name: PLOTS[name][1](log, rows) for name in names}
+    return {name: PLOTS[name][1](log, rows, follow) for name in names}
 
 
 __all__ = ["PLOTS", "ProgressComponent", "ThroughputComponent", "TimelineComponent", "make_components",

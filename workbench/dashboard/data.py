@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..cluster.jobs import ENDED, QUEUED
 from ..telemetry.events import COMPUTE, PHASES, JobProgress, LinkEvent, StepDone, StepSpan, TaskEvent
 
 TOTAL = "total"
@@ -102,7 +103,10 @@ class ThroughputBins:
     Per worker counts its computed gradients (``compute`` spans: a worker's own work, used or
     not); ``total`` counts the steps that count (``StepDone``: one per ``job.history`` record).
     A bin is final ``settle`` seconds after it ends; results that come later still update it
-    (``changed`` lists those bins).
+    (``changed`` lists those bins). A bin is 0 only where there was something to count: while a job
+    trained (from its first step to its end, from ``JobProgress``), and for a worker of that job from its
+    first step on; elsewhere (between jobs and during a job's set-up, before a worker joined) it is NaN,
+    which a plot draws as a break in the line rather than a fall to zero.
     """
 
     width: float = 1.0
@@ -111,18 +115,32 @@ class ThroughputBins:
     series: list[str] = field(default_factory=lambda: [TOTAL])
     emitted: int | None = None  # the last bin handed out as final
     changed: set[int] = field(default_factory=set)
+    jobs: dict[str, list] = field(default_factory=dict)  # job -> [first step's start, end (inf: runs), workers]
+    first_bin: dict[str, int] = field(default_factory=dict)  # series -> the first bin it counted anything in
 
     def add(self, events: Iterable) -> None:
         for event in events:
             if isinstance(event, StepDone):
                 self._count(TOTAL, event.end, event.examples)
+                job = self.jobs.setdefault(event.job, [math.inf, math.inf, ()])
+                job[0] = min(job[0], event.start)
             elif isinstance(event, StepSpan) and event.phase == COMPUTE and event.end is not None:
                 self._count(event.task, event.end, event.examples)
+            elif isinstance(event, JobProgress) and event.state != QUEUED:
+                job = self.jobs.setdefault(event.job, [math.inf, math.inf, ()])
+                job[1:] = [event.time if event.state in ENDED else math.inf, tuple(event.workers)]
+
+    def _active(self, index: int, series: str) -> bool:
+        """Whether a job that ``series`` counts for (the total: any) ran during bin ``index``."""
+        start, end = index * self.width, (index + 1) * self.width
+        return any(first < end and last >= start and (series == TOTAL or not workers or series in workers)
+                   for first, last, workers in self.jobs.values())
 
     def _count(self, series: str, t: float, examples: int) -> None:
         index = int(math.floor(t / self.width))
         if series not in self.series:
             self.series.append(series)
+        self.first_bin[series] = min(index, self.first_bin.get(series, index))
         slot = self.bins.setdefault(index, {}).setdefault(series, [0.0, 0.0])
         slot[0] += examples
         slot[1] += 1
@@ -133,9 +151,11 @@ class ThroughputBins:
         counts = self.bins.get(index, {})
         row = {"time": index * self.width * 1000.0}
         for name in self.series:
-            examples, steps = counts.get(name, (0.0, 0.0))
-            row[f"{name}:examples"] = examples / self.width
-            row[f"{name}:steps"] = steps / self.width
+            if name in counts or (index >= self.first_bin.get(name, index + 1) and self._active(index, name)):
+                examples, steps = counts.get(name, (0.0, 0.0))
+                row[f"{name}:examples"], row[f"{name}:steps"] = examples / self.width, steps / self.width
+            else:  # nothing ran that it could count: a gap, not a zero
+                row[f"{name}:examples"] = row[f"{name}:steps"] = math.nan
         return row
 
     def final(self, now: float) -> list[dict[str, float]]:
@@ -203,6 +223,10 @@ class JobState:
     bytes_per_step: int = 0
     last_step_end: dict[str, float] = field(default_factory=dict)  # worker -> end of its last computed step
     durations: deque = field(default_factory=lambda: deque(maxlen=500))  # recent step durations (compute and the rest)
+    ended: float = 0.0  # when it finished, failed or was cancelled (0: not yet)
+    examples_done: int = 0
+    first_start: float = math.inf  # of the steps that count: the span its average rates are over
+    last_end: float = 0.0
 
     def add(self, event) -> None:
         if isinstance(event, JobProgress):
@@ -210,8 +234,11 @@ class JobState:
             self.strategy, self.workers = event.strategy, event.workers
             self.transfer, self.bytes_per_step = event.transfer, event.bytes_per_step
             self.steps_done = max(self.steps_done, event.steps_done)
+            self.ended = event.time if event.state in ENDED else 0.0
         elif isinstance(event, StepDone):
             self.steps_done += 1
+            self.examples_done += event.examples
+            self.first_start, self.last_end = min(self.first_start, event.start), max(self.last_end, event.end)
         elif isinstance(event, StepSpan) and event.end is not None:
             if event.phase == COMPUTE:
                 self.last_step_end[event.task] = max(event.end, self.last_step_end.get(event.task, 0.0))
@@ -244,10 +271,19 @@ def progress_info(job: JobState, in_progress: list[StepSpan], now: float, rate: 
     return {
         "job": job.job, "strategy": job.strategy, "state": job.state, "steps_done": job.steps_done,
         "steps_total": job.steps_total, "fraction": job.steps_done / job.steps_total if job.steps_total else 0.0,
-        "eta_s": eta, "elapsed_s": now - job.started if job.started else 0.0, "notes": notes,
-        "transfer": job.transfer, "bytes_per_step": job.bytes_per_step,
+        "eta_s": eta, "elapsed_s": ((job.ended or now) - job.started) if job.started else 0.0, "notes": notes,
+        "transfer": job.transfer, "bytes_per_step": job.bytes_per_step, **average_rates(job),
     }
 
 
-__all__ = ["PHASES", "RATE_WINDOW", "SPAN_COLUMNS", "TOTAL", "JobState", "RecentRates", "ThroughputBins", "current_rates", "device_rows",
-           "new_rows", "progress_info", "row_name", "span_columns"]
+def average_rates(job: JobState) -> dict[str, float]:
+    """Examples/s and steps/s over the job's counted steps so far, from the first one's start to the last one's end
+    (what ``job.throughput()`` says): the figure an ended job keeps."""
+    seconds = job.last_end - job.first_start
+    if job.steps_done == 0 or seconds <= 0:
+        return {"average_examples_per_s": 0.0, "average_steps_per_s": 0.0}
+    return {"average_examples_per_s": job.examples_done / seconds, "average_steps_per_s": job.steps_done / seconds}
+
+
+__all__ = ["PHASES", "RATE_WINDOW", "SPAN_COLUMNS", "TOTAL", "JobState", "RecentRates", "ThroughputBins", "average_rates",
+           "current_rates", "device_rows", "new_rows", "progress_info", "row_name", "span_columns"]

@@ -7,34 +7,42 @@ import threading
 import time
 import weakref
 
+from ..cluster.jobs import ENDED
 from ..compat import jupyter_bokeh as bokeh_compat
 from ..errors import ConfigurationError
 from .components import DEFAULT_INTERVAL, PLOTS, make_components
 from .data import device_rows
+from .scope import JobView
 from .server import default_cluster, serve_dashboard
 
 
 class Dashboard:
-    """Progress, throughput and the per-device timeline of a cluster's jobs, live.
+    """Progress, throughput and the per-device timeline of a cluster's jobs, or of one job, live.
 
-    In a notebook, display it (``wb.dashboard(cluster)`` as the last line of a cell): a
-    ``jupyter_bokeh`` widget with BokehJS inline (no CDN), updated every ``interval`` seconds
-    from the cluster's telemetry by a kernel thread, also while another cell runs. ``serve()``
-    gives the same plots as Bokeh server apps (URLs for a browser tab or the JupyterLab panel).
+    In a notebook, display it (``wb.dashboard(cluster)`` or ``wb.dashboard(job)`` as the last line of a
+    cell): a ``jupyter_bokeh`` widget with BokehJS inline (no CDN), updated every ``interval`` seconds
+    from the cluster's telemetry by a kernel thread, also while another cell runs. A cluster's dashboard
+    follows whatever runs (the newest 30 s of the timeline, 5 minutes of throughput); a job's spans that
+    job from its start and stays on its final state once it ended. ``serve()`` gives the cluster's plots as
+    Bokeh server apps (URLs for a browser tab or the JupyterLab panel).
     """
 
-    def __init__(self, cluster, plots=tuple(PLOTS), interval: float = DEFAULT_INTERVAL):
+    def __init__(self, cluster, plots=tuple(PLOTS), interval: float = DEFAULT_INTERVAL, job=None):
         if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not 0.05 <= interval <= 60:
             raise ConfigurationError(f"interval={interval!r}: pass seconds between updates, from 0.05 to 60.")
         self.cluster = cluster
+        self.job = job  # the job it follows, or None: every job of the cluster
         self.interval = float(interval)
         self.rows = device_rows(cluster.tasks)
-        self.components = make_components(cluster.telemetry, self.rows, tuple(plots))
+        self.view = JobView(cluster.telemetry, job.name) if job is not None else None
+        source = self.view if self.view is not None else cluster.telemetry
+        self.components = make_components(source, self.rows, tuple(plots), follow=job is None)
         self._widget = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.RLock()
         self._key = f"dashboard-widget-{id(self)}"  # under which the cluster keeps it while it updates
+        self._drawn_after_end = False
 
     @property
     def layout(self):
@@ -59,12 +67,19 @@ class Dashboard:
             pass
         return message
 
+    @property
+    def over(self) -> bool:
+        """A job's dashboard whose job ended and whose last events are drawn: nothing will change any more."""
+        return self.view is not None and (self.view.over or self._drawn_after_end)
+
     def update(self) -> None:
         """One update of every component (the live thread calls this every ``interval``)."""
         now = time.time()
+        ended = self.job is not None and self.job.state in ENDED  # (its end's event may have left the log)
         with self._lock:
             for component in self.components.values():
                 component.update(now)
+        self._drawn_after_end = self._drawn_after_end or ended
 
     def widget(self):
         """The ``jupyter_bokeh.BokehModel`` widget (made once; BokehJS comes inline, not from a CDN)."""
@@ -81,7 +96,10 @@ class Dashboard:
         return self._widget
 
     def start(self) -> Dashboard:
-        """Keep the components live (idempotent) until ``stop_updates()``, ``close()`` or the cluster stops."""
+        """Keep the components live (idempotent) until ``stop_updates()``, ``close()``, the cluster stops or (a
+        job's dashboard) the job ended."""
+        if self.over:
+            return self  # it shows the job's final state already
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
             ref = weakref.ref(self)
@@ -120,18 +138,23 @@ class Dashboard:
 
     def __repr__(self) -> str:
         live = "live" if self._thread is not None and self._thread.is_alive() else "not live"
-        return (f"<workbench.Dashboard of cluster {self.cluster.name!r} ({', '.join(self.components)}; {live}): display "
+        of = f"job {self.job.name!r} on cluster" if self.job is not None else "cluster"
+        return (f"<workbench.Dashboard of {of} {self.cluster.name!r} ({', '.join(self.components)}; {live}): display "
                 "it in a notebook, or dashboard.serve() for URLs to open in a browser>")
 
 
 def _live(ref, stop: threading.Event, interval: float) -> None:
-    """The update loop; holds the dashboard weakly, so a dropped dashboard's thread ends."""
+    """The update loop; holds the dashboard weakly, so a dropped dashboard's thread ends. A job's dashboard
+    stops after the update that drew its job's end: it stays on that final state."""
     while not stop.wait(interval):
         dashboard = ref()
         if dashboard is None:
             return
         try:
             dashboard.update()
+            if dashboard.over:
+                dashboard.cluster.release(dashboard._key)
+                return
         except Exception as exc:  # noqa: BLE001 - a closed widget or comm: stop, and say why where it shows
             import warnings
 
@@ -142,14 +165,22 @@ def _live(ref, stop: threading.Event, interval: float) -> None:
             del dashboard
 
 
-def dashboard(cluster=None, *, plots=tuple(PLOTS), interval: float = DEFAULT_INTERVAL) -> Dashboard:
-    """A live dashboard of ``cluster`` (default: the last one started in this kernel).
+def dashboard(target=None, *, plots=tuple(PLOTS), interval: float = DEFAULT_INTERVAL) -> Dashboard:
+    """A live dashboard of a cluster or of one job (default: the last cluster started in this kernel).
 
-    ``plots``: any of ``"progress"``, ``"throughput"``, ``"timeline"`` (all by default). Display the
-    result in a notebook; it follows every job trained on the cluster (``wb.train(..., telemetry=True)``,
-    the default), including jobs that ran before it was opened, as far as the telemetry log reaches.
+    ``wb.dashboard(cluster)`` follows every job trained on the cluster (``wb.train(..., telemetry=True)``,
+    the default), including jobs that ran before it was opened, as far as the telemetry log reaches: the
+    newest 30 s of the timeline and 5 minutes of throughput. ``wb.dashboard(job)`` shows that job alone:
+    its plots span the job from its start, and once it ended they stay on its final state (its average
+    throughput, every step it ran), however many jobs come after. ``plots``: any of ``"progress"``,
+    ``"throughput"``, ``"timeline"`` (all by default). Display the result in a notebook.
     """
-    cluster = cluster if cluster is not None else default_cluster()
+    job = None
+    if target is not None and not hasattr(target, "telemetry"):  # not a cluster: a job (it knows its cluster)
+        if not hasattr(target, "cluster") or not isinstance(getattr(target, "name", None), str):
+            raise ConfigurationError(f"wb.dashboard({target!r}): pass a wb.Cluster or a job from wb.train.")
+        job, target = target, target.cluster
+    cluster = target if target is not None else default_cluster()
     if cluster.state != "running" and not cluster.telemetry.cursor:
         raise ConfigurationError(f"cluster {cluster.name!r} is {cluster.state} and recorded nothing: start it first.")
-    return Dashboard(cluster, plots, interval)
+    return Dashboard(cluster, plots, interval, job=job)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from ..cluster.jobs import QUEUED, RUNNING
+from ..cluster.jobs import ENDED, QUEUED, RUNNING
 from ..telemetry.events import JobProgress, StepDone
 from ..telemetry.log import EventLog
 from .data import TOTAL, JobState, RecentRates, progress_info
@@ -48,9 +48,13 @@ class JobSummary:
         if self.latest is None:
             return None
         info = progress_info(self.jobs[self.latest], self.log.in_progress(), now, len(self.done_ends) / ETA_WINDOW)
-        examples, steps = rates.get(TOTAL, (0.0, 0.0))
-        info.update(examples_per_s=examples, steps_per_s=steps, queued=queued, running=others,
-                    workers={w: {"examples_per_s": r[0], "steps_per_s": r[1]} for w, r in rates.items() if w != TOTAL})
+        if info["state"] in ENDED:  # what it did, not the silence after it
+            examples, steps = info["average_examples_per_s"], info["average_steps_per_s"]
+            workers = {}
+        else:
+            examples, steps = rates.get(TOTAL, (0.0, 0.0))
+            workers = {w: {"examples_per_s": r[0], "steps_per_s": r[1]} for w, r in rates.items() if w != TOTAL}
+        info.update(examples_per_s=examples, steps_per_s=steps, queued=queued, running=others, workers=workers)
         self.info = info
         return info
 

@@ -7,8 +7,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import html
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +30,8 @@ from .manager import BadRequest, ClusterManager, NotFound, OwnerError
 from .models import ENGINE_LAUNCHERS, ErrorBody
 
 PROXY_TIMEOUT = 30.0
+LIST_WAIT = 10.0  # seconds a waiting list request is held at most (then answered as it is)
+LIST_CHECK = 0.2  # seconds between looks at the registry while one waits
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
 
 
@@ -49,12 +54,16 @@ class _Base(APIHandler):
         try:
             result = await IOLoop.current().run_in_executor(None, call)
         except WorkbenchError as exc:
-            code = _status_of(exc)
-            self.set_status(code)
-            self.finish(json.dumps(ErrorBody(str(exc), code).to_json()))
+            self.fail(exc)
             return
         self.set_status(status)
         self.finish(json.dumps(result))
+
+    def fail(self, exc: WorkbenchError) -> None:
+        """Answer ``exc`` as an ``ErrorBody`` with its status."""
+        code = _status_of(exc)
+        self.set_status(code)
+        self.finish(json.dumps(ErrorBody(str(exc), code).to_json()))
 
     def json_body(self) -> Any:
         """The request's JSON (called inside ``answer``, so that a bad body is a 400 ``ErrorBody``)."""
@@ -72,7 +81,21 @@ class _Base(APIHandler):
 class ClustersHandler(_Base):
     @tornado.web.authenticated
     async def get(self) -> None:
-        await self.answer(lambda: {"clusters": [c.to_json() for c in self.manager.clusters()]})
+        """The clusters and a ``version`` of the list. With ``?after=<version>``, answered once the list differs
+        from that version (a cluster starting, a job beginning or ending, a task lost) or after ``LIST_WAIT`` s:
+        the panel learns of a change within a fraction of a second without polling fast."""
+        after = self.get_query_argument("after", None)
+        loop, deadline = IOLoop.current(), time.monotonic() + (LIST_WAIT if after else 0.0)
+        while True:
+            try:
+                clusters, version = await loop.run_in_executor(None, self.manager.clusters_and_version)
+            except WorkbenchError as exc:
+                self.fail(exc)
+                return
+            if version != after or time.monotonic() >= deadline or self.request.connection.stream.closed():
+                self.finish(json.dumps({"clusters": [c.to_json() for c in clusters], "version": version}))
+                return
+            await asyncio.sleep(LIST_CHECK)
 
     @tornado.web.authenticated
     async def post(self) -> None:
@@ -137,6 +160,27 @@ def _ipython_profiles() -> list[str]:
 # -- the dashboards, proxied -------------------------------------------------------------------
 
 
+UNAVAILABLE = """<!doctype html><html><head><meta charset="utf-8"><title>{title}</title><style>
+body {{ font: 13px/1.5 system-ui, -apple-system, 'Segoe UI', sans-serif; color: #333; margin: 24px; }}
+.wb-unavailable {{ max-width: 640px; border-left: 4px solid #ff9f1c; background: #fff8ee; padding: 10px 14px; }}
+h1 {{ font-size: 15px; margin: 0 0 6px; }} p {{ margin: 4px 0; }} .why {{ color: #666; }}
+</style></head><body><div class="wb-unavailable" data-cluster="{cluster}"><h1>{title}</h1><p>{what}</p>
+<p class="why">{why}</p></div></body></html>
+"""
+
+
+def unavailable_page(cluster: str, exc: WorkbenchError) -> str:
+    """What a plot pane shows when its cluster's plots cannot be had: most often a pane JupyterLab restored after
+    the cluster stopped."""
+    if isinstance(exc, NotFound):
+        title, what = (f"Cluster {cluster!r} is not running", "Its plots ended with it. Close this pane; when a cluster "
+                       "of this name runs again, open its plots from the Workbench panel (or reload this pane).")
+    else:
+        title, what = f"The plots of cluster {cluster!r} are unavailable", "Reload this pane to try again."
+    return UNAVAILABLE.format(cluster=html.escape(cluster), title=html.escape(title), what=html.escape(what),
+                              why=html.escape(str(exc)))
+
+
 class DashboardProxy(JupyterHandler):
     """``GET <base>/workbench/dashboards/<cluster>/<path>`` -> the owner's Bokeh server, same path."""
 
@@ -150,8 +194,8 @@ class DashboardProxy(JupyterHandler):
             upstream = await IOLoop.current().run_in_executor(None, self.manager.upstream, name, prefix)
         except WorkbenchError as exc:
             self.set_status(_status_of(exc))
-            self.set_header("Content-Type", "text/plain; charset=utf-8")
-            self.finish(f"workbench: {exc}\n")
+            self.set_header("Content-Type", "text/html; charset=utf-8")
+            self.finish(unavailable_page(name, exc))
             return
         url = f"{upstream}/{path}" + (f"?{self.request.query}" if self.request.query else "")
         response = await tornado.httpclient.AsyncHTTPClient().fetch(url, raise_error=False,

@@ -8,6 +8,7 @@ this Jupyter server for clusters started from the panel), through the owner's co
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -55,6 +56,12 @@ class ClusterManager:
     def clusters(self) -> list[ClusterInfo]:
         """Every cluster whose owner (a kernel, a terminal, a script, this server) is alive, by name."""
         return [self._info(r) for r in registry.list_clusters()]
+
+    def clusters_and_version(self) -> tuple[list[ClusterInfo], str]:
+        """``clusters()`` and a digest of them: the same digest means the panel has nothing new to draw."""
+        clusters = self.clusters()
+        digest = hashlib.sha1(json.dumps([c.to_json() for c in clusters], sort_keys=True).encode()).hexdigest()
+        return clusters, digest[:16]
 
     def cluster(self, name: str) -> ClusterInfo:
         return self._info(self._record(name))

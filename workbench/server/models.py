@@ -39,6 +39,7 @@ class ClusterInfo:
     workbench_version: str = ""
     spec: dict[str, list[str]] = field(default_factory=dict)
     network: str = ""  # the emulated links between tasks and their shaping ("" without network=)
+    job: str = ""  # the owner's job running now, "" when none (its figures: the summary route)
 
     @classmethod
     def from_record(cls, record: ClusterRecord, owned_here: bool = False) -> ClusterInfo:
@@ -50,7 +51,8 @@ class ClusterInfo:
         return cls(name=record.name, state=record.state, engines=record.engines, owned=record.owned,
                    client_pid=record.client_pid, tasks=tasks, dashboard=dashboard.url if dashboard else None,
                    updated=record.updated, workbench_version=record.workbench_version, spec=dict(record.spec),
-                   controllable="control" in record.endpoints, owned_here=owned_here, network=record.network)
+                   controllable="control" in record.endpoints, owned_here=owned_here, network=record.network,
+                   job=record.job)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,6 +153,9 @@ class JobNow:
     bytes_per_step: int = 0  # what one worker's step moves to and from the ps tasks (0: not known)
     queued: list[str] = field(default_factory=list)  # the jobs waiting for the cluster, one line each, oldest first
     running: list[str] = field(default_factory=list)  # other jobs training now (another kernel's), one line each
+    # over the job's counted steps so far; an ended job's examples_per_s / steps_per_s are these
+    average_examples_per_s: float = 0.0
+    average_steps_per_s: float = 0.0
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> JobNow:
