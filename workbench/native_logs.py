@@ -156,13 +156,31 @@ def stdout_to_log():
         os.close(saved)
 
 
+NOTICE_FILE = "<workbench notice>"  # where a notice "comes from": shown as nothing (see _format)
+
+
 def notice(message: str, category: type[Warning], source: str) -> None:
     """A warning raised from one of the workbench's own threads (a job's, the health monitor's), shown as one line.
 
-    ``warnings.warn`` there can only point at library source lines, which say nothing to the user; this names
-    what it comes from (``source``, e.g. ``job async-ps-3``) instead. Filters apply as for any warning.
+    ``warnings.warn`` there can only point at library source lines, which say nothing to the user; a notice
+    names what it comes from once, at its start (``source``, e.g. ``job async-ps-3``), and shows no file or
+    line: ``TaskFaultWarning: job async-ps-3: worker:1 ...``. Filters apply as for any warning.
     """
-    warnings.warn_explicit(message, category, filename=source, lineno=0, module="workbench")
+    said = message if not source or message.startswith(f"{source}:") else f"{source}: {message}"
+    warnings.warn_explicit(said, category, filename=NOTICE_FILE, lineno=0, module="workbench")
+
+
+_format_warning = warnings.formatwarning
+
+
+def _format(message, category, filename, lineno, line=None) -> str:
+    """Python's warning format, but a notice (``NOTICE_FILE``) is its category and its words, without a place."""
+    if filename == NOTICE_FILE:
+        return f"{category.__name__}: {message}\n"
+    return _format_warning(message, category, filename, lineno, line)
+
+
+warnings.formatwarning = _format
 
 
 def inform(message: str, source: str) -> None:

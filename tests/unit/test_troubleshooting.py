@@ -66,3 +66,18 @@ def test_an_internal_error_links_to_its_nearest_documented_base():
 
     assert help_url(TaskUnreachable).endswith("#clusterstateerror")
     assert help_url(ValueError) == HELP_PAGE
+
+
+def test_a_notice_from_a_workbench_thread_names_its_source_once_and_no_file():
+    from workbench.native_logs import notice
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        notice("worker:1 failed a call at step 3: re-hosting it", wb.TaskFaultWarning, "job async-ps-5")
+        notice("job async-ps-5: worker:1 is back after 1.2 s", wb.TaskFaultWarning, "job async-ps-5")
+        warnings.warn_explicit("elsewhere", UserWarning, "script.py", 7)  # any other warning keeps Python's format
+    # as Python shows each one (showwarning formats with warnings.formatwarning)
+    lines = [warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line).rstrip() for w in seen]
+    assert lines[0].startswith("TaskFaultWarning: job async-ps-5: worker:1 failed a call at step 3: re-hosting it")
+    assert lines[1].startswith("TaskFaultWarning: job async-ps-5: worker:1 is back after 1.2 s")
+    assert lines[2] == "script.py:7: UserWarning: elsewhere"

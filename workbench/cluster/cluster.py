@@ -483,7 +483,7 @@ class Cluster:
         self.failure = (f"{reason}, so cluster {self.name!r} cannot be controlled any more: it was stopped, with its "
                         "engines. Start a new wb.Cluster(...); jobs resume from their last checkpoint with resume=True.")
         self.health.controller_lost(self.failure)
-        notice(self.failure, TaskFaultWarning, f"cluster {self.name}")
+        notice(self.failure, TaskFaultWarning, "")  # it names the cluster
         threading.Thread(target=self._fail, name=f"workbench-stop-{self.name}", daemon=True).start()
 
     def _fail(self) -> None:
