@@ -149,9 +149,13 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     form.locator("input[name='queue']").fill("")
     form.locator(".wb-start-button").click()
     started = _card(page, PANEL_CLUSTER)
-    started.wait_for(timeout=180_000)
+    started.wait_for(timeout=180_000)  # its card comes while it starts, and says so
     assert "started from this panel" in started.locator(".wb-owner").inner_text()
+    started.locator(".wb-state-running").wait_for(timeout=180_000)
     assert _listing(jupyter_lab)[PANEL_CLUSTER]["owned_here"]
+    page.wait_for_function("() => !document.querySelector('.wb-start').open", timeout=30_000)  # the form folded
+    assert f"Cluster {PANEL_CLUSTER} started" in page.locator(".wb-status").inner_text()
+    page.locator(".wb-start > summary").click()
     form.locator(".wb-start-button").click()  # the same name again: the server's reason, in the panel
     page.locator(".wb-status.wb-error").wait_for(timeout=30_000)
     assert f"a cluster named '{PANEL_CLUSTER}' is already running" in page.locator(".wb-status").inner_text()
@@ -170,6 +174,19 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     page.locator(".jp-Dialog .jp-mod-warn").click()
     started.wait_for(state="detached", timeout=120_000)
     assert PANEL_CLUSTER not in _listing(jupyter_lab)
+    # a pane of a cluster that is not running says so in a page of its own
+    page.evaluate("""(name) => window.jupyterapp.commands.execute('workbench:open-plot', {cluster: name, name: 'timeline',
+        title: 'Timeline', path: `${JSON.parse(document.getElementById('jupyter-config-data').textContent).baseUrl}`
+            + `workbench/dashboards/${name}/timeline`})""",
+                  PANEL_CLUSTER)
+    gone = page.locator(f".wb-plot-pane iframe[data-cluster='{PANEL_CLUSTER}']")
+    gone.wait_for(state="attached", timeout=30_000)
+    frame = gone.element_handle().content_frame()
+    frame.wait_for_selector(".wb-unavailable", timeout=30_000)
+    assert f"Cluster '{PANEL_CLUSTER}' is not running" in frame.inner_text("body")
+    page.screenshot(path=str(ARTIFACTS / "panel-stopped-pane.png"))
+    page.evaluate("(id) => window.jupyterapp.shell.widgets('main') && [...window.jupyterapp.shell.widgets('main')]"
+                  ".filter((w) => w.id === id).forEach((w) => w.close())", f"workbench-plot-{PANEL_CLUSTER}-timeline")
 
     # a reload restores the open pane, which keeps updating
     page.reload(wait_until="domcontentloaded")

@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import html
 import json
 import urllib.request
 
@@ -83,7 +84,7 @@ async def test_a_waiting_list_answers_as_soon_as_a_job_begins_and_ends(jp_fetch,
 async def test_a_plot_pane_of_a_cluster_that_is_not_running_says_so_in_a_page(jp_fetch):
     with pytest.raises(tornado.httpclient.HTTPClientError) as info:
         await jp_fetch("workbench", "dashboards", "wb-gone", "timeline")
-    page = info.value.response.body.decode()
+    page = html.unescape(info.value.response.body.decode())
     assert info.value.code == 404 and info.value.response.headers["Content-Type"].startswith("text/html")
     assert "Cluster 'wb-gone' is not running" in page and "open its plots from the Workbench panel" in page
 

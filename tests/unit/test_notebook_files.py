@@ -69,3 +69,14 @@ def test_a_tutorial_sets_up_in_its_first_code_cell_and_hides_no_state_between_se
         hidden = sorted(read - defined - known)
         assert not hidden, f"{path.name}, {heading}: uses {hidden} from another section: set it up in the first cell"
         assert cells or len(prose.splitlines()) > 2, f"{path.name}: {heading!r} has neither code nor text under it"
+
+
+LINE_LIMIT = 110  # characters: what a notebook shows without scrolling at 1400 px with the panel open at 300 px
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_tutorials_code_fits_the_notebook(path):
+    notebook = nbformat.read(path, as_version=4)
+    wide = [line for cell in notebook.cells if cell.cell_type == "code" for line in cell.source.splitlines()
+            if len(line) > LINE_LIMIT]
+    assert not wide, f"{path.name}: lines over {LINE_LIMIT} characters (continue them on the next line): {wide}"

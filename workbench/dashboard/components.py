@@ -74,13 +74,29 @@ def clock_axis(plot) -> None:
     from bokeh.models import DatetimeTickFormatter
 
     plot.xaxis.formatter = DatetimeTickFormatter(
-        milliseconds="%H:%M:%S.%3N", seconds="%H:%M:%S", minsec="%H:%M:%S", minutes="%H:%M", hourmin="%H:%M",
-        hours="%H:%M", context=None)
+        microseconds="%H:%M:%S.%3N", milliseconds="%H:%M:%S.%3N", seconds="%H:%M:%S", minsec="%H:%M:%S",
+        minutes="%H:%M", hourmin="%H:%M", hours="%H:%M", context=None)
+    plot.xaxis.ticker.desired_num_ticks = 5  # a label is 8 to 12 characters wide: fewer, and none overlap
 
 
 def _set_rows(plot, rows: list[str]) -> None:
     plot.y_range.factors = list(reversed(rows))
-    plot.height = 90 + 26 * max(len(rows), 2)
+    plot.height = plot.min_height = 90 + 26 * max(len(rows), 2)
+
+
+def stretch(root, plots) -> None:
+    """Let ``plots`` (and the layouts around them, ``root`` down) fill the height of a page of their own."""
+    from bokeh.models import LayoutDOM
+
+    for plot in plots:
+        plot.min_height = plot.height
+        plot.sizing_mode = "stretch_both"
+    stack = [root]
+    while stack:  # the rows and columns that hold them; a legend or a figure's text keeps its height
+        layout = stack.pop()
+        if isinstance(layout, LayoutDOM) and hasattr(layout, "children") and layout not in plots:
+            layout.sizing_mode = "stretch_both"
+            stack.extend(layout.children)
 
 
 PHASE_MEANINGS = {
@@ -159,6 +175,10 @@ class TimelineComponent:
         self.link_bands: list = []  # shaded while the links were shaped (cluster.shape), newest last
         self._new_segment()
         self.root = column(self.legend, plot, sizing_mode="stretch_width")
+
+    def fill(self) -> None:
+        """Fill the height of the page (a served app, a pane of the panel), not only its width."""
+        stretch(self.root, [self.plot])
 
     def _update_legend(self, phases: set[str]) -> None:
         if phases <= self.phases and not (self.fault_source.data["x"] and "markers" not in self.phases) \
@@ -296,8 +316,9 @@ class ThroughputComponent:
         self.sources = [self.source]
         self.figure_div = Div(text=self._big(None), name="throughput_now")
         # the last 5 minutes, following; or (a job's dashboard) the whole job
+        # (at least 10 s wide: a short job's few one-second points spread over a readable axis)
         shared_x = DataRange1d(follow="end", follow_interval=300_000.0, range_padding=0.02) if follow else DataRange1d(
-            range_padding=0.02)
+            range_padding=0.05, min_interval=10_000.0)
         self.examples_plot, self.steps_plot = (
             figure(title=title, x_axis_type="datetime", x_range=shared_x, height=230, sizing_mode="stretch_width",
                    tools="xpan,xwheel_zoom,reset,save", y_axis_label=title, x_axis_label="time (kernel clock)",
@@ -327,6 +348,10 @@ class ThroughputComponent:
                              plot.scatter("time", f"{series}:{kind}", source=self.source, color=colour, size=4,
                                           legend_label=series))
         ]
+
+    def fill(self) -> None:
+        """Fill the height of the page (a served app, a pane of the panel), not only its width."""
+        stretch(self.root, [self.examples_plot, self.steps_plot])
 
     @staticmethod
     def _big(rates: dict | None, ended: JobState | None = None) -> str:
@@ -365,7 +390,7 @@ class ThroughputComponent:
         self.rates.add(batch.events)
         self._follow_jobs(batch.events)
         rates = self.rates.rates(now)
-        ended = self.latest if self.latest is not None and self.latest.ended and TOTAL not in rates else None
+        ended = self.latest if self.latest is not None and self.latest.ended else None
         self.figure_div.text = self._big(rates, ended)
         if self.bins.series != known:  # a new worker: every row gets its columns (zeros before it appeared)
             emitted = self.bins.emitted

@@ -52,6 +52,49 @@ def span_columns(spans: Iterable[StepSpan], now: float | None = None) -> dict[st
     return columns
 
 
+OVERVIEW_COLUMNS = ("row", "left", "right", "phase", "alpha", "busy_ms", "bars")
+
+
+def overview_columns(columns: dict[str, list], start: float, end: float, bucket_ms: float) -> dict[str, list]:
+    """Timeline bars narrower than a pixel, drawn as what they add up to (the timeline zoomed out on many steps).
+
+    Per row and bucket of ``bucket_ms`` between ``start`` and ``end`` (ms): one bar over the bucket, in the phase
+    that took most of it, as opaque as the share of the bucket that was busy (at least 0.2, so that a little
+    work still shows). A bar counts in the bucket of its middle.
+    """
+    import numpy as np
+
+    out: dict[str, list] = {name: [] for name in OVERVIEW_COLUMNS}
+    if not columns["left"] or bucket_ms <= 0 or not end > start:
+        return out
+    left, right = np.asarray(columns["left"], dtype=float), np.asarray(columns["right"], dtype=float)
+    inside = (right >= start) & (left <= end)
+    if not inside.any():
+        return out
+    left, right = left[inside], right[inside]
+    rows, row_index = np.unique(np.asarray(columns["row"], dtype=object)[inside].astype(str), return_inverse=True)
+    phase_index = np.asarray([PHASES.index(p) if p in PHASES else len(PHASES) - 1 for p in
+                              np.asarray(columns["phase"], dtype=object)[inside]])
+    first = int(np.floor(start / bucket_ms))
+    bucket = np.floor((left + right) / 2 / bucket_ms).astype(np.int64) - first
+    count = int(bucket.max()) + 1
+    keep = bucket >= 0
+    key = (row_index[keep] * count + bucket[keep]) * len(PHASES) + phase_index[keep]
+    busy = np.bincount(key, weights=(right - left)[keep], minlength=len(rows) * count * len(PHASES))
+    bars = np.bincount(key, minlength=len(rows) * count * len(PHASES))
+    busy, bars = busy.reshape(len(rows), count, len(PHASES)), bars.reshape(len(rows), count, len(PHASES))
+    total, dominant, number = busy.sum(axis=2), busy.argmax(axis=2), bars.sum(axis=2)
+    for r, b in zip(*np.nonzero(number)):
+        out["row"].append(str(rows[r]))
+        out["left"].append(float((first + b) * bucket_ms))
+        out["right"].append(float((first + b + 1) * bucket_ms))
+        out["phase"].append(PHASES[dominant[r, b]])
+        out["alpha"].append(float(min(1.0, max(0.2, total[r, b] / bucket_ms))))
+        out["busy_ms"].append(float(total[r, b]))
+        out["bars"].append(int(number[r, b]))
+    return out
+
+
 FAULT_COLUMNS = ("row", "x", "task", "kind", "detail", "job", "colour")
 # Fault markers on the timeline: red for a task gone, amber for one not answering or straggling, green when it is back.
 FAULT_COLOURS = {"lost": "#d62728", "failed": "#d62728", "silent": "#ff9f1c", "straggler": "#ff9f1c", "dropped": "#ff9f1c",
@@ -286,4 +329,4 @@ def average_rates(job: JobState) -> dict[str, float]:
 
 
 __all__ = ["PHASES", "RATE_WINDOW", "SPAN_COLUMNS", "TOTAL", "JobState", "RecentRates", "ThroughputBins", "average_rates",
-           "current_rates", "device_rows", "new_rows", "progress_info", "row_name", "span_columns"]
+           "current_rates", "device_rows", "new_rows", "overview_columns", "progress_info", "row_name", "span_columns"]

@@ -65,7 +65,9 @@ class DashboardServer:
             components = make_components(self.cluster.telemetry, device_rows(self.cluster.tasks), names)
             for component in components.values():
                 component.update()
-            doc.add_root(column(*[c.root for c in components.values()], sizing_mode="stretch_width"))
+                if hasattr(component, "fill"):  # a page of its own: the plots take its height too
+                    component.fill()
+            doc.add_root(column(*[c.root for c in components.values()], sizing_mode="stretch_both"))
             doc.title = f"workbench · {self.cluster.name} · {', '.join(names)}"
 
             def update() -> None:

@@ -78,7 +78,8 @@ class ClusterManager:
         for task in record.tasks:
             if task.state == "running" and task.host in here and not psutil.pid_exists(task.pid):
                 task.state, task.note = "lost", "its process is gone"
-        return ClusterInfo.from_record(record, owned_here=record.name in self._owned)
+        from_panel = record.name in self._owned or record.name in self._starting  # started (or starting) here
+        return ClusterInfo.from_record(record, owned_here=from_panel)
 
     def summary(self, name: str) -> JobNow | None:
         """The newest job's progress and throughput now (``None`` before the first job)."""
