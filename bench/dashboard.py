@@ -188,7 +188,7 @@ def browser_latency(cluster, steps: int, repeats: int = 3) -> dict:
 def scale(events: int = 100_000, seconds: float = 10.0, steps_per_s: float = 100.0, segment_rows: int | None = None) -> dict:
     """A synthetic log: ``events`` spans kept, then steps at ``steps_per_s`` (2 workers) in chunks of 10."""
     from workbench.cluster.status import TaskRecord
-    from workbench.dashboard import DashboardServer, components
+    from workbench.dashboard import DashboardServer, timeline
     from workbench.telemetry import EventLog, StepSpan
     from workbench.telemetry.events import COMPUTE, PUSH_APPLY
 
@@ -206,9 +206,9 @@ def scale(events: int = 100_000, seconds: float = 10.0, steps_per_s: float = 100
     t0 = time.time() - events / 2 * period / 2
     backlog = [s for i in range(events // 4) for w in (0, 1) for s in spans(i, t0 + i * period, w)]
     cluster.telemetry.extend(backlog)
-    default = components.SEGMENT_ROWS
-    components.SEGMENT_ROWS = segment_rows or default
-    kept = components.TIMELINE_ROLLOVER
+    default = timeline.SEGMENT_ROWS
+    timeline.SEGMENT_ROWS = segment_rows or default
+    kept = timeline.TIMELINE_ROLLOVER
     server = DashboardServer(cluster).start()
     try:
         loaded = time.monotonic()
@@ -240,7 +240,7 @@ def scale(events: int = 100_000, seconds: float = 10.0, steps_per_s: float = 100
             kept = page.evaluate(ROWS)
     finally:
         server.stop()
-        components.SEGMENT_ROWS = default
+        timeline.SEGMENT_ROWS = default
     return {"events": events, "kept_in_browser": kept, "first_load_s": load_seconds,
             "latency_ms_median": statistics.median(latency) if latency else None,
             "latency_ms_p90": latency[int(0.9 * len(latency))] if latency else None,

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from workbench.cluster.status import TaskRecord
-from workbench.dashboard.components import ProgressComponent, ThroughputComponent, TimelineComponent
+from workbench.dashboard.components import ProgressComponent, ThroughputComponent
 from workbench.dashboard.data import (
     TOTAL,
     JobState,
@@ -17,6 +17,7 @@ from workbench.dashboard.data import (
     span_columns,
 )
 from workbench.dashboard.summary import JobSummary
+from workbench.dashboard.timeline import TimelineComponent
 from workbench.telemetry import EventLog, StepSpan
 from workbench.telemetry.clocks import offset_from
 from workbench.telemetry.events import COMPUTE, PUSH_APPLY, RUNNING, JobProgress, StepDone

@@ -55,7 +55,7 @@ def profile_plot(rows: list[str], events: list[OpEvent], transfers: list[tuple[O
     from bokeh.models import ColumnDataSource, Div, HoverTool
     from bokeh.transform import factor_cmap
 
-    from .components import timeline_figure
+    from .timeline import timeline_figure
 
     plot = timeline_figure(rows, title=title, follow=False)
     plot.height = 90 + 22 * max(len(rows), 2)
