@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import html
 import math
+import statistics
 import time
 from collections import deque
 
 from ..telemetry.events import PHASES, StepSpan
 from ..telemetry.log import EventLog
-from .data import fault_columns, link_changes, new_rows, span_columns
+from .data import fault_columns, link_changes, new_rows, overview_columns, span_columns
 from .plotting import EVENTS_PER_UPDATE, clock_axis, require_bokeh, stretch
 
 # The kernel's log keeps the newest 100,000 events, and a timeline keeps as many bars, in segments
@@ -24,6 +25,9 @@ SEGMENT_ROWS = 5_000
 FOLLOW_MS = 30_000.0  # the timeline follows the newest 30 s until the user pans or zooms
 PHASE_COLOURS = ("#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7")  # PHASES order
 FAULT_ROLLOVER = 2_000  # fault markers kept on a timeline
+OVERVIEW_PIXELS = 3  # zoomed out, a bar of the overview every 3 pixels of every row
+OVERVIEW_EVERY = 1.0  # seconds between redraws of the overview while it follows new bars
+_NO_BARS = {"row": [], "left": [], "right": [], "phase": []}
 
 
 def timeline_figure(rows: list[str], title: str = "Timeline", follow: bool = True):
@@ -41,6 +45,17 @@ def timeline_figure(rows: list[str], title: str = "Timeline", follow: bool = Tru
     plot.xaxis.axis_label = "time (kernel clock)"
     clock_axis(plot)
     return plot
+
+
+def _drawn_width(plot) -> int:
+    """The plot's width in pixels as the browser drew it (1000 before it was drawn)."""
+    from bokeh.core.property.descriptors import UnsetValueError
+
+    try:
+        width = plot.inner_width
+    except UnsetValueError:  # not drawn yet: the browser sends it once it is
+        return 1000
+    return width if isinstance(width, int) and width >= 100 else 1000
 
 
 def _set_rows(plot, rows: list[str]) -> None:
@@ -84,6 +99,9 @@ class TimelineComponent:
     renderer. BokehJS maps every bar of every visible renderer to the screen whenever the range
     moves (each update, while it follows the newest data), so a segment is drawn only while its time
     span overlaps the range in view: with 100,000 bars kept, an update maps the few thousand in view.
+    Zoomed out on bars narrower than a pixel (a long job seen whole, a fast one followed), the segments are
+    hidden and an overview stands for them: per row, a bar every ``OVERVIEW_PIXELS`` pixels in the phase that
+    took most of it, as opaque as it was busy; zoomed in until bars are a pixel wide, every bar again.
     Panning back shows older segments (the range syncs back to the kernel). Whole segments roll out
     once more than ``rollover`` rows are kept; a stream touches only the newest segment.
     """
@@ -122,6 +140,14 @@ class TimelineComponent:
                                                                 ("job", "@job"), ("at", "@x{%H:%M:%S}")],
                                  formatters={"@x": "datetime"}))
         self.link_bands: list = []  # shaded while the links were shaped (cluster.shape), newest last
+        # zoomed out on more steps than pixels: what they add up to, a bar per row every few pixels
+        self.overview_source = ColumnDataSource(overview_columns(_NO_BARS, 0.0, 0.0, 1.0), name="timeline_overview")
+        self.overview = plot.hbar(y="row", left="left", right="right", height=0.7, source=self.overview_source,
+                                  color=self._colour, fill_alpha="alpha", line_color=None, visible=False)
+        plot.add_tools(HoverTool(renderers=[self.overview], tooltips=[
+            ("row", "@row"), ("most of it", "@phase"), ("busy", "@busy_ms{0.0} ms"), ("bars", "@bars (zoom in for each)")]))
+        self._overview_drawn: tuple = ()  # the view and bucket it was drawn for
+        self._overview_at = 0.0
         self._new_segment()
         self.root = column(self.legend, plot, sizing_mode="stretch_width")
 
@@ -202,22 +228,65 @@ class TimelineComponent:
             self.source.stream(part)
             done += room
 
-    def _show_segments_in_view(self) -> None:
-        """Draw only the segments whose time span overlaps the range in view (or, following, the newest)."""
+    def _view(self) -> tuple[float, float, bool]:
+        """The time range in view (ms), and whether it follows the newest bars (its end then moves on)."""
         x_range = self.plot.x_range
-        newest = max((e[1] for e in self.extents.values() if e[1] > -math.inf), default=None)
+        ends = [e for e in self.extents.values() if e[1] > -math.inf]
+        newest = max((e[1] for e in ends), default=0.0)
         start, end = x_range.start, x_range.end
         if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or math.isnan(start) or math.isnan(end):
             # not drawn yet: the range it will follow, or (a job's timeline) all of it
-            start, end = ((newest or 0.0) - FOLLOW_MS, math.inf) if self.follow else (-math.inf, math.inf)
-        if self.follow and newest is not None and end >= newest - 1000.0:  # following the newest data: it moves on
-            end = math.inf
-        margin = (end - start) * 0.5 if end < math.inf and start > -math.inf else FOLLOW_MS * 0.5
+            start, end = (newest - FOLLOW_MS, newest) if self.follow else (min((e[0] for e in ends), default=0.0), newest)
+        return start, end, self.follow and end >= newest - 1000.0
+
+    def _show_segments_in_view(self, start: float, end: float, following: bool, drawn: bool = True) -> None:
+        """Draw only the segments whose time span overlaps the range in view (or, following, the newest); none
+        while the overview stands for them (``drawn`` False)."""
+        end = math.inf if following else end
+        margin = (end - start) * 0.5 if end < math.inf else FOLLOW_MS * 0.5
         for source, renderer in self.segments:
             first, last = self.extents[id(source)]
-            visible = source is self.source or (last >= start - margin and first <= end + margin)
+            visible = drawn and (source is self.source or (last >= start - margin and first <= end + margin))
             if renderer.visible != visible:
                 renderer.visible = visible
+
+    def _typical_ms(self) -> float | None:
+        """How long the newest bars last (ms): the median of the last 200."""
+        durations = [d for source, _ in list(self.segments)[-2:] for d in source.data["duration_ms"][-200:]]
+        return statistics.median(durations) if durations else None
+
+    def _draw_view(self, now: float, streamed: bool) -> None:
+        """Every bar where they are wider than a pixel; the overview where more steps than pixels are in view."""
+        start, end, following = self._view()
+        width = _drawn_width(self.plot)
+        per_pixel = (end - start) / width
+        typical = self._typical_ms()
+        if typical is None or per_pixel <= typical:  # bars a pixel wide or more: each one
+            if self.overview.visible:
+                self.overview.visible = False
+            self._show_segments_in_view(start, end, following)
+            return
+        self._show_segments_in_view(start, end, following, drawn=False)
+        bucket = OVERVIEW_PIXELS * per_pixel
+        view = (round(start / bucket), round(end / bucket), round(bucket, 3))
+        changed = view != self._overview_drawn
+        # the view moved with no new bar (the user panned or zoomed): at once; new bars: once a second at most
+        if changed and (not streamed or not self.overview.visible or now - self._overview_at >= OVERVIEW_EVERY):
+            self.overview_source.data = overview_columns(self._bars_between(start - bucket, end + bucket), start - bucket,
+                                                         end + bucket, bucket)
+            self._overview_drawn, self._overview_at = view, now
+        if not self.overview.visible:
+            self.overview.visible = True
+
+    def _bars_between(self, start: float, end: float) -> dict[str, list]:
+        """The completed bars of the segments that overlap ``start``..``end`` (ms): the overview's input."""
+        joined: dict[str, list] = {name: [] for name in _NO_BARS}
+        for source, _ in self.segments:
+            first, last = self.extents[id(source)]
+            if last >= start and first <= end:
+                for name in joined:
+                    joined[name].extend(source.data[name])
+        return joined
 
     def update(self, now: float | None = None) -> int:
         """Stream new completed spans, redraw the in-progress ones; return how many rows were streamed."""
@@ -240,7 +309,7 @@ class TimelineComponent:
             self.fault_source.stream(faults, rollover=FAULT_ROLLOVER)
         for at, shaping in link_changes(batch.events):
             self._shade_links(at, shaping)
-        self._show_segments_in_view()
+        self._draw_view(now, bool(spans))
         if running or self.open_source.data["left"]:
             self.open_source.data = span_columns(running, now)
         self._update_legend({span.phase for span in [*spans, *running]})
