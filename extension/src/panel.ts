@@ -19,10 +19,11 @@ const ACTIVE_STATES = ['running', 'stopping', 'queued'];
 const PLOT_LABELS: Record<string, string> = {
   dashboard: 'All',
   timeline: 'Timeline',
-  throughput: 'Throughput',
+  throughput: 'Rates',
   progress: 'Progress',
   profile: 'Profile'
 };
+const PLOT_ORDER = ['dashboard', 'timeline', 'throughput', 'progress', 'profile'];
 
 /** A figure where space is short: 812, 13.1k, 2.4M (and 0.5 for small rates). */
 export function compact(value: number): string {
@@ -332,7 +333,11 @@ class ClusterCard {
     this.spark.setAttribute('viewBox', `0 0 ${SPARK_POINTS} 20`);
     this.spark.setAttribute('preserveAspectRatio', 'none');
     const actionsRow = el('div', { class: 'wb-actions' });
-    const insert = el('button', { class: 'jp-mod-styled wb-insert', title: 'Insert the code that uses this cluster into the notebook' }, 'Insert code');
+    const insert = el(
+      'button',
+      { class: 'jp-mod-styled wb-insert', title: 'Insert the code that uses this cluster into the notebook' },
+      'Code'
+    );
     insert.addEventListener('click', () => {
       const problem = this.actions.insertConnectionCode(this.name);
       this.tell(problem ?? 'Inserted into the notebook below the active cell.', problem !== null);
@@ -425,8 +430,9 @@ class ClusterCard {
     this.plotsLoaded = true;
     try {
       const body = await requestAPI<{ plots: IPlotLink[] }>(`clusters/${encodeURIComponent(this.name)}/plots`);
+      const rank = (name: string) => (PLOT_ORDER.includes(name) ? PLOT_ORDER.indexOf(name) : PLOT_ORDER.length);
       this.plots.replaceChildren(
-        ...body.plots.map(plot => {
+        ...[...body.plots].sort((a, b) => rank(a.name) - rank(b.name)).map(plot => {
           const button = el(
             'button',
             { class: 'jp-mod-styled wb-plot', 'data-plot': plot.name, title: `Open ${plot.title}` },

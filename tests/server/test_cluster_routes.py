@@ -141,7 +141,7 @@ async def test_a_bad_start_form_is_refused_with_what_to_change(jp_fetch, form, t
 async def test_the_proxy_says_which_cluster_is_unknown(jp_fetch):
     with pytest.raises(tornado.httpclient.HTTPClientError) as info:
         await jp_fetch("workbench", "dashboards", "nosuch", "timeline")
-    assert info.value.code == 404 and b"no running cluster named 'nosuch'" in info.value.response.body
+    assert info.value.code == 404 and "no running cluster named 'nosuch'" in html.unescape(info.value.response.body.decode())
 
 
 def test_the_control_endpoint_refuses_requests_without_the_token(cluster):

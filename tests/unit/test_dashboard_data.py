@@ -298,6 +298,8 @@ def test_the_timeline_zoomed_out_draws_an_overview_and_zoomed_in_every_bar():
     assert list(zip(drawn["row"], drawn["left"], drawn["phase"], drawn["bars"])) == [
         ("a", 0.0, "compute", 2), ("a", 50.0, "compute", 1), ("b", 0.0, "apply", 1)]
     assert drawn["alpha"] == [0.2, 0.2, 0.5] and drawn["busy_ms"] == [1.0, 0.5, 5.0]  # busy share, at least 0.2
+    straggler = overview_columns({**columns, "right": [0.5, 1.5, 50.5, 35.0]}, 0.0, 100.0, 10.0)  # b: 35 ms long
+    assert ("b", 0.0, 35.0, 1.0) in list(zip(straggler["row"], straggler["left"], straggler["right"], straggler["alpha"]))
 
     log = EventLog()
     log.extend(span(i, 100.0 + i * 0.01, 100.0 + i * 0.01 + 0.002) for i in range(3000))  # 2 ms steps over 30 s

@@ -60,7 +60,8 @@ def overview_columns(columns: dict[str, list], start: float, end: float, bucket_
 
     Per row and bucket of ``bucket_ms`` between ``start`` and ``end`` (ms): one bar over the bucket, in the phase
     that took most of it, as opaque as the share of the bucket that was busy (at least 0.2, so that a little
-    work still shows). A bar counts in the bucket of its middle.
+    work still shows). A bar counts in the bucket of its middle. A bar as long as a bucket or longer (a
+    straggler's step) is drawn as it is, over its own time.
     """
     import numpy as np
 
@@ -71,10 +72,18 @@ def overview_columns(columns: dict[str, list], start: float, end: float, bucket_
     inside = (right >= start) & (left <= end)
     if not inside.any():
         return out
+    row_names, phases = np.asarray(columns["row"], dtype=object)[inside], np.asarray(columns["phase"], dtype=object)[inside]
     left, right = left[inside], right[inside]
-    rows, row_index = np.unique(np.asarray(columns["row"], dtype=object)[inside].astype(str), return_inverse=True)
-    phase_index = np.asarray([PHASES.index(p) if p in PHASES else len(PHASES) - 1 for p in
-                              np.asarray(columns["phase"], dtype=object)[inside]])
+    for i in np.nonzero(right - left >= bucket_ms)[0]:  # long enough to draw as it is
+        for name, value in zip(OVERVIEW_COLUMNS, (str(row_names[i]), float(left[i]), float(right[i]), str(phases[i]),
+                                                  1.0, float(right[i] - left[i]), 1)):
+            out[name].append(value)
+    short = right - left < bucket_ms
+    if not short.any():
+        return out
+    left, right, row_names, phases = left[short], right[short], row_names[short], phases[short]
+    rows, row_index = np.unique(row_names.astype(str), return_inverse=True)
+    phase_index = np.asarray([PHASES.index(p) if p in PHASES else len(PHASES) - 1 for p in phases])
     first = int(np.floor(start / bucket_ms))
     bucket = np.floor((left + right) / 2 / bucket_ms).astype(np.int64) - first
     count = int(bucket.max()) + 1
