@@ -151,6 +151,33 @@ def test_a_live_dashboard_is_held_by_its_cluster_until_updates_stop(cluster):
     assert repr(board).endswith("dashboard.serve() for URLs to open in a browser>") and "not live" in repr(board)
 
 
+def test_a_jobs_dashboard_shows_that_job_alone_and_stays_on_its_end(cluster):
+    first = train(cluster, strategy=wb.AsyncPS(steps_per_call=5), steps=200)
+    board = wb.dashboard(first, interval=0.05).start()  # live while it trains, then on its final state
+    first.wait(300)
+    deadline = time.monotonic() + 30
+    while board._thread is not None and board._thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert board.over and not board._thread.is_alive() and cluster.kept(board._key) is None
+    second = train(cluster, strategy=wb.SyncPS(), steps=50).wait(300)
+    board.update()  # whatever comes after, it shows the first job
+    bars = board.components["timeline"].columns()
+    assert set(bars["job"]) == {first.name} and len(bars["step"]) >= 200
+    assert board.components["progress"].info["job"] == first.name
+    throughput = board.components["throughput"]
+    assert f"job {first.name} finished: its average" in throughput.figure_div.text
+    totals = throughput.source.data[f"{TOTAL}:steps"]
+    drawn = [i for i, v in enumerate(totals) if not math.isnan(v)]
+    assert sum(totals[i] for i in drawn) * throughput.bins.width == pytest.approx(200)  # its steps, no other job's
+    assert drawn == list(range(drawn[0], drawn[-1] + 1)) and len(totals) == len(drawn)  # nothing outside the job
+    late = wb.dashboard(second)  # made after the job ended: its whole job at once, not live
+    late.update()
+    assert set(late.components["timeline"].columns()["job"]) == {second.name} and late.over
+    assert "job " + second.name in repr(late) and late.start()._thread is None
+    with pytest.raises(wb.ConfigurationError, match="pass a wb.Cluster, or a job"):
+        wb.dashboard("sync-ps-1")
+
+
 def test_a_live_dashboard_that_stops_on_an_error_says_so_above_its_plots(cluster):
     """A warning from the kernel's update thread may show in no cell: the widget itself says why it stopped."""
     board = wb.dashboard(cluster, plots=("progress",), interval=0.05)

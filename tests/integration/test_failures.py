@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -59,6 +60,29 @@ def test_engines_that_die_at_start_report_the_launchers_log(no_leftover_processe
     message = str(info.value)
     assert "only 0 of 2 engine(s) registered (the engine launcher stopped)" in message
     assert "cannot find the scratch filesystem" in message
+
+
+def test_a_starting_cluster_is_listed_as_starting_and_a_failed_start_leaves_no_record(no_leftover_processes,
+                                                                                      registry_dir):
+    from workbench.cluster import registry
+
+    crash = [sys.executable, "-c", "import sys, time; time.sleep(2); sys.exit(3)"]
+    cluster = wb.Cluster(ps=0, workers=1, engine_cmd=crash, progress=False, start_timeout=60, name="wb-test-starting")
+    failed = []
+    starting = threading.Thread(target=lambda: failed.append(pytest.raises(wb.EngineStartTimeout, cluster.start)))
+    starting.start()
+    seen = None
+    for _ in range(200):  # at most 20 s
+        record = registry.read_record("wb-test-starting")
+        if record is not None:
+            seen = record.state
+            break
+        time.sleep(0.1)
+    with pytest.raises(wb.ClusterStateError, match="is starting"):
+        wb.attach("wb-test-starting", timeout=0.5)  # waited for, then a clear error
+    starting.join(90)
+    assert seen == "starting" and failed, (seen, failed)  # the panel saw it while it started
+    assert registry.read_record("wb-test-starting") is None  # and nothing is left of it
 
 
 def test_engines_that_never_register_time_out_and_are_stopped(no_leftover_processes):

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
+from training_helpers import train
 
 import workbench as wb
 
@@ -150,6 +151,13 @@ def test_dashboard_magic_opens_the_live_dashboard_or_serves_it(shell, cluster):
     assert list(board.components) == ["progress", "throughput", "timeline"]
     server = shell.run_line_magic("wb", f"dashboard --serve --name {cluster.name}")
     assert server is wb.serve_dashboard(cluster) and "plots.json" in server._repr_html_()
+    job = train(cluster, strategy=wb.AsyncPS(steps_per_call=5), steps=20).wait(300)
+    named = shell.run_line_magic("wb", f"dashboard --job {job.name}")
+    assert named.job is job and list(named.components) == ["progress", "throughput", "timeline"]
+    with pytest.raises(UsageError, match="no job of that name"):
+        shell.run_line_magic("wb", "dashboard --job no-such-job")
+    with pytest.raises(UsageError, match="--serve serves the cluster"):
+        shell.run_line_magic("wb", f"dashboard --serve --job {job.name}")
     with pytest.raises(UsageError, match="seconds"):
         shell.run_line_magic("wb", f"profile nan --name {cluster.name}")
 

@@ -175,10 +175,12 @@ def dashboard(target=None, *, plots=tuple(PLOTS), interval: float = DEFAULT_INTE
     throughput, every step it ran), however many jobs come after. ``plots``: any of ``"progress"``,
     ``"throughput"``, ``"timeline"`` (all by default). Display the result in a notebook.
     """
+    from ..cluster import Cluster
+
     job = None
-    if target is not None and not hasattr(target, "telemetry"):  # not a cluster: a job (it knows its cluster)
-        if not hasattr(target, "cluster") or not isinstance(getattr(target, "name", None), str):
-            raise ConfigurationError(f"wb.dashboard({target!r}): pass a wb.Cluster or a job from wb.train.")
+    if target is not None and not isinstance(target, Cluster):  # a job, which knows its cluster
+        if not isinstance(getattr(target, "cluster", None), Cluster) or not isinstance(getattr(target, "name", None), str):
+            raise ConfigurationError(f"wb.dashboard({target!r}): pass a wb.Cluster, or a job from wb.train.")
         job, target = target, target.cluster
     cluster = target if target is not None else default_cluster()
     if cluster.state != "running" and not cluster.telemetry.cursor:
