@@ -51,12 +51,13 @@ class Peer:
                          ("addr", "add", f"{self.peer6}/64", "dev", self.peer_link, "nodad"),
                          ("link", "set", self.peer_link, "up"), ("link", "set", "lo", "up")):
                 ip("netns", "exec", self.namespace, "ip", *args)
-            self._wait_reachable()
+            self.wait_reachable()
         except BaseException:
             self.close()
             raise
 
-    def _wait_reachable(self, timeout: float = 10.0) -> None:
+    def wait_reachable(self, timeout: float = 10.0) -> None:
+        """Wait until this machine answers the peer's ping (the link is up both ways)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.run(["ping", "-c", "1", "-W", "1", self.host4], timeout=5).returncode == 0 or not shutil.which("ping"):
