@@ -173,7 +173,7 @@ def test_a_jobs_dashboard_shows_that_job_alone_and_stays_on_its_end(cluster):
     late = wb.dashboard(second)  # made after the job ended: its whole job at once, not live
     late.update()
     assert set(late.components["timeline"].columns()["job"]) == {second.name} and late.over
-    assert "job " + second.name in repr(late) and late.start()._thread is None
+    assert f"of job {second.name!r} on cluster" in repr(late) and late.start()._thread is None
     with pytest.raises(wb.ConfigurationError, match="pass a wb.Cluster, or a job"):
         wb.dashboard("sync-ps-1")
 
