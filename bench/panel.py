@@ -4,7 +4,8 @@ A Jupyter server with the workbench's extension (``jupyter server`` on 127.0.0.1
 this process (its owner), and the panel's two requests made as the panel makes them:
 
 - the cluster list, waiting (``GET /workbench/api/clusters?after=VERSION``): from a cluster's ``start()``
-  being called, from ``wb.train`` returning and from a job's end, to the waiting request's answer showing it;
+  being called, from ``wb.train`` returning and from ``job.wait()`` returning, to the waiting request's
+  answer showing it (0 when it showed it before);
 - the summary (``GET /workbench/api/clusters/NAME/summary``), polled every 50 ms: from ``wb.train``
   returning to the first answer naming the job; and 5 s after the job ended: its state, its examples/s and
   whether its elapsed time stayed where it was when it ended.
@@ -88,17 +89,22 @@ class ListWatcher:
 
     def _watch(self) -> None:
         while self.running:
-            body = self.server.get(f"workbench/api/clusters?after={self.version}", timeout=30)
+            try:
+                body = self.server.get(f"workbench/api/clusters?after={self.version}", timeout=30)
+            except OSError:
+                if not self.running:
+                    return  # the server stopped at the end of the run
+                raise
             self.version = body["version"]
             self.seen.append((time.monotonic(), {c["name"]: (c["state"], c["job"]) for c in body["clusters"]}))
 
     def first(self, since: float, test, timeout: float = 30.0) -> float:
-        """Seconds from ``since`` to the first answer after it for which ``test(clusters)`` holds."""
+        """When (``time.monotonic()``) the first answer after ``since`` for which ``test(clusters)`` holds came."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for at, clusters in list(self.seen):
                 if at >= since and test(clusters):
-                    return at - since
+                    return at
             time.sleep(0.01)
         raise TimeoutError("the waiting list request never showed the change")
 
@@ -123,14 +129,16 @@ def one_job(server: Server, watcher: ListWatcher, cluster, name: str) -> dict:
             named = time.monotonic() - returned
         else:
             time.sleep(0.05)
-    listed = watcher.first(called, lambda c: c.get(name, ("", ""))[1] == job.name)
+    # the job is named from its submission inside wb.train: counted from wb.train's return (0 if before it)
+    listed = max(0.0, watcher.first(called, lambda c: c.get(name, ("", ""))[1] == job.name) - returned)
     job.wait(300)
     ended = time.monotonic()
-    gone = watcher.first(ended - 0.5, lambda c: c.get(name, ("", "x"))[1] == "")  # the end may come before wait returns
+    # the list may show the end before wait() returns: counted from wait()'s return, 0 if before it
+    gone = max(0.0, watcher.first(ended - 1.0, lambda c: c.get(name, ("", "x"))[1] == "") - ended)
     at_end = server.get(summary_path)["job"]
     time.sleep(5.0)
     later = server.get(summary_path)["job"]
-    return {"summary_names_job_s": named, "list_shows_start_s": listed, "list_shows_end_s": max(0.0, gone - 0.5),
+    return {"summary_names_job_s": named, "list_shows_start_s": listed, "list_shows_end_s": gone,
             "state_5s_after": later["state"], "examples_per_s_5s_after": later["examples_per_s"],
             "elapsed_frozen": later["elapsed_s"] == at_end["elapsed_s"], "history_examples_per_s": job.throughput()["examples_per_s"]}
 
@@ -151,7 +159,7 @@ def main() -> int:
         cluster = wb.Cluster(ps=1, workers=2, name=name, progress=False)
         started = threading.Thread(target=cluster.start, daemon=True)
         started.start()
-        appeared = watcher.first(called, lambda c: name in c)
+        appeared = watcher.first(called, lambda c: name in c) - called
         started.join(300)
         try:
             runs = [one_job(server, watcher, cluster, name) for _ in range(args.repeats)]
