@@ -131,7 +131,7 @@ def telemetry_cost(cluster, pairs: int, steps: int) -> dict:
     for i in range(pairs):
         results["off"].append(steps_per_second(train(cluster, steps, telemetry=False)))
         board.start()
-        threads = [board._thread.native_id, server._thread.native_id]
+        threads = [board._thread.native_id, server.thread_id]
         cpu0, wall0 = thread_cpu(threads), time.monotonic()
         results["live"].append(steps_per_second(train(cluster, steps, telemetry=True)))
         results["cpu_share"].append((thread_cpu(threads) - cpu0) / (time.monotonic() - wall0))
@@ -228,13 +228,13 @@ def scale(events: int = 100_000, seconds: float = 10.0, steps_per_s: float = 100
                     step += 10
 
             producer = threading.Thread(target=produce, daemon=True)
-            cpu0 = thread_cpu([server._thread.native_id])
+            cpu0 = thread_cpu([server.thread_id])
             producer.start()
             time.sleep(seconds)
             stop.set()
             producer.join(5)
             time.sleep(1.0)
-            cpu = thread_cpu([server._thread.native_id]) - cpu0
+            cpu = thread_cpu([server.thread_id]) - cpu0
             latency = sorted(page.evaluate("() => window.__latency"))
             long_tasks = page.evaluate("() => window.__long")
             kept = page.evaluate(ROWS)

@@ -58,6 +58,11 @@ class ServingThread:
     def running(self) -> bool:
         return self._thread is not None
 
+    @property
+    def native_id(self) -> int | None:
+        """The serving thread's id in the operating system (what its CPU time is read by), or None."""
+        return self._thread.native_id if self._thread is not None else None
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving and end the thread (from any thread; from its own, without waiting)."""
         thread, self._thread = self._thread, None

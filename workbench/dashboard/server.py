@@ -104,6 +104,11 @@ class DashboardServer:
 
         return Application(FunctionHandler(make_document))
 
+    @property
+    def thread_id(self) -> int | None:
+        """The operating-system id of the thread that serves the apps (for measuring its CPU), or None."""
+        return self._serving.native_id
+
     def plots(self) -> list[PlotEntry]:
         names = [*PLOTS, "dashboard", "profile"]
         titles = {**{k: v[0] for k, v in PLOTS.items()}, "dashboard": "All plots", "profile": "Latest op-level profile"}
