@@ -289,7 +289,8 @@ def test_time_axes_read_as_clock_time_and_short_throughput_runs_show_their_point
     assert any(isinstance(r.glyph, Scatter) for r in throughput.examples_plot.renderers)
 
 
-def test_the_timeline_zoomed_out_draws_an_overview_and_zoomed_in_every_bar():
+def test_the_timeline_zoomed_out_draws_an_overview_and_zoomed_in_every_bar(monkeypatch):
+    from workbench.dashboard import timeline as timeline_module
     from workbench.dashboard.data import overview_columns
 
     columns = {"row": ["a", "a", "a", "b"], "left": [0.0, 1.0, 50.0, 0.0], "right": [0.5, 1.5, 50.5, 5.0],
@@ -304,7 +305,10 @@ def test_the_timeline_zoomed_out_draws_an_overview_and_zoomed_in_every_bar():
     log = EventLog()
     log.extend(span(i, 100.0 + i * 0.01, 100.0 + i * 0.01 + 0.002) for i in range(3000))  # 2 ms steps over 30 s
     timeline = TimelineComponent(log, [row_name(W0)])
-    timeline.update(now=131.0)  # following the newest 30 s on ~1000 px: 30 ms a pixel, bars of 2 ms
+    timeline.update(now=130.5)  # drawn nowhere yet: every bar, no overview computed
+    assert not timeline.overview.visible and not timeline.overview_source.data["left"]
+    monkeypatch.setattr(timeline_module, "_drawn_width", lambda plot: 1000)  # as a browser 1000 px wide reports
+    timeline.update(now=131.0)  # following the newest 30 s on 1000 px: 30 ms a pixel, bars of 2 ms
     assert timeline.overview.visible and not any(r.visible for _, r in timeline.segments)
     assert 300 < len(timeline.overview_source.data["left"]) <= 1100 and sum(timeline.overview_source.data["bars"]) == 3000
     timeline.plot.x_range.start, timeline.plot.x_range.end = 110_000.0, 110_500.0  # zoomed in on 0.5 s: 0.5 ms a pixel

@@ -26,7 +26,7 @@ FOLLOW_MS = 30_000.0  # the timeline follows the newest 30 s until the user pans
 PHASE_COLOURS = ("#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#c7c7c7")  # PHASES order
 FAULT_ROLLOVER = 2_000  # fault markers kept on a timeline
 OVERVIEW_PIXELS = 3  # zoomed out, a bar of the overview every 3 pixels of every row
-OVERVIEW_EVERY = 1.0  # seconds between redraws of the overview while it follows new bars
+OVERVIEW_EVERY = 2.0  # seconds between redraws of the overview while it follows new bars
 _NO_BARS = {"row": [], "left": [], "right": [], "phase": []}
 
 
@@ -47,15 +47,15 @@ def timeline_figure(rows: list[str], title: str = "Timeline", follow: bool = Tru
     return plot
 
 
-def _drawn_width(plot) -> int:
-    """The plot's width in pixels as the browser drew it (1000 before it was drawn)."""
+def _drawn_width(plot) -> int | None:
+    """The plot's width in pixels as a browser drew it, or None while no browser has (it sends it once it has)."""
     from bokeh.core.property.descriptors import UnsetValueError
 
     try:
         width = plot.inner_width
-    except UnsetValueError:  # not drawn yet: the browser sends it once it is
-        return 1000
-    return width if isinstance(width, int) and width >= 100 else 1000
+    except UnsetValueError:
+        return None
+    return width if isinstance(width, int) and width >= 100 else None
 
 
 def _set_rows(plot, rows: list[str]) -> None:
@@ -259,7 +259,7 @@ class TimelineComponent:
         """Every bar where they are wider than a pixel; the overview where more steps than pixels are in view."""
         start, end, following = self._view()
         width = _drawn_width(self.plot)
-        per_pixel = (end - start) / width
+        per_pixel = (end - start) / width if width else 0.0  # not drawn anywhere yet: no overview to compute
         typical = self._typical_ms()
         if typical is None or per_pixel <= typical:  # bars a pixel wide or more: each one
             if self.overview.visible:
