@@ -28,6 +28,7 @@ FAULT_ROLLOVER = 2_000  # fault markers kept on a timeline
 OVERVIEW_PIXELS = 3  # zoomed out, a bar of the overview every 3 pixels of every row
 OVERVIEW_EVERY = 2.0  # seconds between redraws of the overview while it follows new bars
 _NO_BARS = {"row": [], "left": [], "right": [], "phase": []}
+DRAWN_WIDTH = 1000  # pixels a drawn timeline is taken to be wide (a notebook's or a pane's plot area, about)
 
 
 def timeline_figure(rows: list[str], title: str = "Timeline", follow: bool = True):
@@ -48,14 +49,22 @@ def timeline_figure(rows: list[str], title: str = "Timeline", follow: bool = Tru
 
 
 def _drawn_width(plot) -> int | None:
-    """The plot's width in pixels as a browser drew it, or None while no browser has (it sends it once it has)."""
+    """The plot's width in pixels, or None while no browser has drawn it.
+
+    BokehJS sets ``inner_width`` without sending it back, but a drawn plot sends its x range: once that came,
+    the width is taken as ``DRAWN_WIDTH`` unless Bokeh did send one.
+    """
     from bokeh.core.property.descriptors import UnsetValueError
 
     try:
         width = plot.inner_width
     except UnsetValueError:
-        return None
-    return width if isinstance(width, int) and width >= 100 else None
+        width = None
+    if isinstance(width, int) and width >= 100:
+        return width
+    start, end = plot.x_range.start, plot.x_range.end
+    drawn = isinstance(start, (int, float)) and isinstance(end, (int, float)) and not math.isnan(start) and end > start
+    return DRAWN_WIDTH if drawn else None
 
 
 def _set_rows(plot, rows: list[str]) -> None:
