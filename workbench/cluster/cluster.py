@@ -138,7 +138,7 @@ class Cluster:
         self.lifecycle = threading.RLock()  # start/scale/stop, from the kernel or the control thread
         self.shared = Shared(self)  # what higher layers keep with it, and its registry record
         # this process's training jobs on the cluster, one running at a time; the record names the one running
-        self.job_queue = JobQueue(self.name, on_change=self.shared.jobs_changed)
+        self.job_queue = JobQueue(self.name, on_change=self.shared.write_record)
         self.last_profile = None  # the newest cluster.profile(), for the served /profile page
         self._clock_offsets: tuple[float, dict[str, float]] | None = None
         self.owner_pid = 0  # set by attach(): the process that runs this cluster

@@ -79,11 +79,6 @@ class Shared:
                 pass
         self.endpoints.clear()
 
-    def jobs_changed(self) -> None:
-        """The job running on the cluster changed: the record says so (the panel follows a running job closely)."""
-        if self.cluster.state == "running":
-            self.write_record()
-
     def remove_record(self) -> None:
         """The cluster stopped (or failed to start): its record goes, and no late writer brings it back."""
         with self._record_lock:

@@ -1,5 +1,6 @@
 """Live Bokeh components. One contract: ``root`` (the Bokeh model to lay out), ``sources`` (its
-data), ``update()`` (read the events newer than the component's cursor and stream only those).
+data), ``update()`` (read the events newer than the component's cursor and stream only those),
+``fill()`` (take the height of a page of its own, as a served app does).
 
 Each component belongs to one Bokeh document (a notebook widget or one browser session of a
 served app); many components read the same ``EventLog``, each with its own cursor. The timeline is
@@ -167,6 +168,9 @@ class ProgressComponent:
     @property
     def info(self) -> dict | None:
         return self.summary.info
+
+    def fill(self) -> None:
+        """A line of text: it keeps its height on a page of its own."""
 
     def update(self, now: float | None = None) -> int:
         before = self.summary.cursor

@@ -7,6 +7,7 @@ import threading
 import time
 import weakref
 
+from ..cluster import Cluster
 from ..cluster.jobs import ENDED
 from ..compat import jupyter_bokeh as bokeh_compat
 from ..errors import ConfigurationError
@@ -175,8 +176,6 @@ def dashboard(target=None, *, plots=tuple(PLOTS), interval: float = DEFAULT_INTE
     throughput, every step it ran), however many jobs come after. ``plots``: any of ``"progress"``,
     ``"throughput"``, ``"timeline"`` (all by default). Display the result in a notebook.
     """
-    from ..cluster import Cluster
-
     job = None
     if target is not None and not isinstance(target, Cluster):  # a job, which knows its cluster
         if not isinstance(getattr(target, "cluster", None), Cluster) or not isinstance(getattr(target, "name", None), str):

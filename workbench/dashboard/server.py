@@ -65,8 +65,7 @@ class DashboardServer:
             components = make_components(self.cluster.telemetry, device_rows(self.cluster.tasks), names)
             for component in components.values():
                 component.update()
-                if hasattr(component, "fill"):  # a page of its own: the plots take its height too
-                    component.fill()
+                component.fill()  # a page of its own: the plots take its height too
             doc.add_root(column(*[c.root for c in components.values()], sizing_mode="stretch_both"))
             doc.title = f"workbench · {self.cluster.name} · {', '.join(names)}"
 

@@ -48,23 +48,18 @@ def timeline_figure(rows: list[str], title: str = "Timeline", follow: bool = Tru
     return plot
 
 
-def _drawn_width(plot) -> int | None:
-    """The plot's width in pixels, or None while no browser has drawn it.
-
-    BokehJS sets ``inner_width`` without sending it back, but a drawn plot sends its x range: once that came,
-    the width is taken as ``DRAWN_WIDTH`` unless Bokeh did send one.
-    """
-    from bokeh.core.property.descriptors import UnsetValueError
-
-    try:
-        width = plot.inner_width
-    except UnsetValueError:
-        width = None
-    if isinstance(width, int) and width >= 100:
-        return width
+def _synced_range(plot) -> tuple[float, float] | None:
+    """The x range a browser drew and sent back (start, end in ms), or None while none has."""
     start, end = plot.x_range.start, plot.x_range.end
-    drawn = isinstance(start, (int, float)) and isinstance(end, (int, float)) and not math.isnan(start) and end > start
-    return DRAWN_WIDTH if drawn else None
+    if isinstance(start, (int, float)) and isinstance(end, (int, float)) and not math.isnan(start) and end > start:
+        return start, end
+    return None
+
+
+def _drawn_width(plot) -> int | None:
+    """The plot's width in pixels, or None while no browser has drawn it. BokehJS keeps ``inner_width`` to itself,
+    but a drawn plot sends its x range back: a drawn plot is taken to be ``DRAWN_WIDTH`` wide."""
+    return DRAWN_WIDTH if _synced_range(plot) is not None else None
 
 
 def _set_rows(plot, rows: list[str]) -> None:
@@ -239,13 +234,11 @@ class TimelineComponent:
 
     def _view(self) -> tuple[float, float, bool]:
         """The time range in view (ms), and whether it follows the newest bars (its end then moves on)."""
-        x_range = self.plot.x_range
         ends = [e for e in self.extents.values() if e[1] > -math.inf]
         newest = max((e[1] for e in ends), default=0.0)
-        start, end = x_range.start, x_range.end
-        if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or math.isnan(start) or math.isnan(end):
-            # not drawn yet: the range it will follow, or (a job's timeline) all of it
-            start, end = (newest - FOLLOW_MS, newest) if self.follow else (min((e[0] for e in ends), default=0.0), newest)
+        # not drawn yet: the range it will follow, or (a job's timeline) all of it
+        start, end = _synced_range(self.plot) or (
+            (newest - FOLLOW_MS, newest) if self.follow else (min((e[0] for e in ends), default=0.0), newest))
         return start, end, self.follow and end >= newest - 1000.0
 
     def _show_segments_in_view(self, start: float, end: float, following: bool, drawn: bool = True) -> None:

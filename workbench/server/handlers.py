@@ -88,12 +88,12 @@ class ClustersHandler(_Base):
         loop, deadline = IOLoop.current(), time.monotonic() + (LIST_WAIT if after else 0.0)
         while True:
             try:
-                clusters, version = await loop.run_in_executor(None, self.manager.clusters_and_version)
+                listing = await loop.run_in_executor(None, self.manager.listing)
             except WorkbenchError as exc:
                 self.fail(exc)
                 return
-            if version != after or time.monotonic() >= deadline or self.request.connection.stream.closed():
-                self.finish(json.dumps({"clusters": [c.to_json() for c in clusters], "version": version}))
+            if listing["version"] != after or time.monotonic() >= deadline or self.request.connection.stream.closed():
+                self.finish(json.dumps(listing))
                 return
             await asyncio.sleep(LIST_CHECK)
 

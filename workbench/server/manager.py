@@ -57,11 +57,10 @@ class ClusterManager:
         """Every cluster whose owner (a kernel, a terminal, a script, this server) is alive, by name."""
         return [self._info(r) for r in registry.list_clusters()]
 
-    def clusters_and_version(self) -> tuple[list[ClusterInfo], str]:
-        """``clusters()`` and a digest of them: the same digest means the panel has nothing new to draw."""
-        clusters = self.clusters()
-        digest = hashlib.sha1(json.dumps([c.to_json() for c in clusters], sort_keys=True).encode()).hexdigest()
-        return clusters, digest[:16]
+    def listing(self) -> dict[str, Any]:
+        """``clusters()`` as the panel reads them, with a ``version``: the same version, nothing new to draw."""
+        clusters = [c.to_json() for c in self.clusters()]
+        return {"clusters": clusters, "version": hashlib.sha1(json.dumps(clusters, sort_keys=True).encode()).hexdigest()[:16]}
 
     def cluster(self, name: str) -> ClusterInfo:
         return self._info(self._record(name))
