@@ -402,23 +402,24 @@ class ClusterCard {
     for (const title of ['task', 'address', 'health']) {
       head.append(el('th', {}, title));
     }
-    const rows = info.tasks.map(task => {
+    const rows = info.tasks.flatMap(task => {
       const row = el('tr', { 'data-task': task.name });
       const devices = task.devices.map(d => d.split('/device:')[1] ?? d).join(', ');
       const health = task.restarts > 0 ? `${task.state}, re-hosted ${task.restarts}x` : task.state;
-      // three columns fit the sidebar at its default width: engine and devices go under the task's name
-      const name = el('td', {}, task.name);
-      name.append(el('div', { class: 'wb-sub' }, `engine ${task.engine_id} · ${devices || '—'}`));
-      row.append(name, el('td', {}, task.address), el('td', {}, health));
+      row.append(el('td', {}, task.name), el('td', {}, task.address), el('td', {}, health));
       const cell = row.lastElementChild as HTMLElement | null;
       cell?.classList.add(`wb-health-${task.state}`);
       if (cell && task.note) {
         cell.title = task.note; // why: "its engine exited", "not answering", "re-hosted on engine 3"
       }
-      return row;
+      // three columns fit the sidebar at 300 px: the engine and devices take a line of their own under them
+      const sub = el('td', { class: 'wb-sub', colspan: '3' }, `engine ${task.engine_id} · ${devices || '—'}`);
+      const under = el('tr', { class: 'wb-task-sub', 'data-task-of': task.name });
+      under.append(sub);
+      return [row, under];
     });
     this.tasks.replaceChildren(head, ...rows);
-    this.tasks.hidden = rows.length === 0;
+    this.tasks.hidden = info.tasks.length === 0;
   }
 
   private tell(text: string, error = false): void {

@@ -314,6 +314,13 @@ _JS_STATE = "(path) => {" + _JS_PANEL + """
   };
 }"""
 
+# the panel's figures, job names and task lines that take more than one line, or more width than their card
+JS_WRAPPED = """() => [...document.querySelectorAll(
+    ".wb-card .wb-rate, .wb-card .wb-jobname, .wb-card .wb-name, .wb-card .wb-tasks td")]
+  .filter((e) => e.getClientRects().length > 1 || e.getBoundingClientRect().height > 2.2 * parseFloat(getComputedStyle(e).fontSize)
+                 || e.getBoundingClientRect().right > e.closest(".wb-card").getBoundingClientRect().right + 1)
+  .map((e) => e.textContent)"""
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

@@ -2,8 +2,8 @@
 
 Screenshots go to test-artifacts/ (tutorial-01-*.png, tutorial-03-*.png). What can be asserted is: every
 dashboard a tutorial shows spans the job its cell trains (its timeline holds that job's steps and no other
-job's; its throughput has no zero outside the job: gaps, not invented zeros); in the panel, no figure or job
-name wraps at 300 px, the card with a running job comes first (before an idle cluster whose name sorts
+job's; its throughput has no zero outside the job: gaps, not invented zeros); in the panel, no figure, job
+name or task line wraps at 300 px, the card with a running job comes first (before an idle cluster whose name sorts
 first), and a finished job keeps a figure above 0.
 """
 
@@ -13,7 +13,7 @@ import shutil
 import pytest
 from conftest import ARTIFACTS, ROOT
 
-from .conftest import run_notebook_in_lab
+from .conftest import JS_WRAPPED, run_notebook_in_lab
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
@@ -35,11 +35,6 @@ JS_DASHBOARDS = """() => [...(window.Bokeh ? Bokeh.documents : [])].map((d) => [
       totals: throughput ? [...throughput.data["total:examples"]].map((v) => (Number.isFinite(v) ? v : null)) : [],
     };
   })"""
-# the panel's figures and job names that take more than one line, or more width than their card
-JS_WRAPPED = """() => [...document.querySelectorAll(".wb-card .wb-rate, .wb-card .wb-jobname, .wb-card .wb-name")]
-  .filter((e) => e.getClientRects().length > 1 || e.getBoundingClientRect().height > 2.2 * parseFloat(getComputedStyle(e).fontSize)
-                 || e.getBoundingClientRect().right > e.closest(".wb-card").getBoundingClientRect().right + 1)
-  .map((e) => e.textContent)"""
 JS_FIRST_CARD = """() => { const c = document.querySelector(".wb-clusters .wb-card");
   return c ? {name: c.dataset.cluster, job: (c.querySelector(".wb-job") || {}).textContent || ""} : null; }"""
 

@@ -1,5 +1,9 @@
 """Every tutorial, executed top to bottom in a kernel of the Binder environment, and its numbers checked.
 
+Each ``##`` section after the first runs as if after the set-up cell alone: before it, the kernel's names
+go back to what the set-up cell left (names defined since are deleted, rebound ones restored), so a section
+that reads a variable another section made fails here, as it would for a reader who skipped there.
+
 The environment is built only from ``binder/`` (see the ``binder_env`` fixture), so a tutorial that
 passes here runs on Binder too. As root, every tutorial also runs inside a 2 GiB memory cgroup, the
 cap mybinder.org puts on a session, together with that environment's idle JupyterLab server: the
@@ -76,7 +80,7 @@ def _execute(binder_env, capped, name: str) -> list:
     notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     kernel_name, kernel_dirs = ("binder-capped", capped.kernels) if capped else ("binder", binder_env.kernels)
     manager = KernelManager(kernel_name=kernel_name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dirs)]))
-    client = NotebookClient(notebook, km=manager, timeout=CELL_TIMEOUT, resources={"metadata": {"path": str(ROOT / "notebooks")}})
+    client = _SectionClient(notebook, km=manager, timeout=CELL_TIMEOUT, resources={"metadata": {"path": str(ROOT / "notebooks")}})
     kills = capped.cap.oom_kills() if capped else 0
     sampler = _Sampler(capped.cap) if capped else None
     # the kernel's environment as a user's: the suite's own TF log level off, and ipykernel shows what C++
@@ -97,6 +101,42 @@ def _execute(binder_env, capped, name: str) -> list:
     cells = [c for c in notebook.cells if c.cell_type == "code"]
     _count_stderr(name, cells)
     return cells
+
+
+# the kernel's names after the set-up cell (IPython's own and private names aside), kept ...
+_KEEP_SETUP = """_wb_user = lambda ip: {k: v for k, v in ip.user_ns.items() if not k.startswith("_") and k not in ip.user_ns_hidden}
+_wb_setup = _wb_user(get_ipython())"""
+# ... and put back before each later section
+_BACK_TO_SETUP = """for _wb_name in set(_wb_user(get_ipython())) - set(_wb_setup):
+    del get_ipython().user_ns[_wb_name]
+get_ipython().user_ns.update(_wb_setup)"""
+
+
+class _SectionClient(NotebookClient):
+    """Runs a notebook's cells in order, each ``##`` section after the first as if after the set-up cell alone."""
+
+    def __init__(self, notebook, **kwargs):
+        super().__init__(notebook, **kwargs)
+        code = [i for i, cell in enumerate(notebook.cells) if cell.cell_type == "code"]
+        self._setup = code[0] if code else None
+        starts, heading = set(), False
+        for index, cell in enumerate(notebook.cells):
+            heading |= cell.cell_type == "markdown" and cell.source.startswith("## ")
+            if cell.cell_type == "code" and heading:
+                starts.add(index)
+                heading = False
+        self._section_starts = starts - {self._setup}
+
+    async def _hidden(self, source: str, index: int) -> None:
+        await super().async_execute_cell(nbformat.v4.new_code_cell(source), index, store_history=False)
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+        if cell_index in self._section_starts:
+            await self._hidden(_BACK_TO_SETUP, cell_index)
+        result = await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        if cell_index == self._setup:
+            await self._hidden(_KEEP_SETUP, cell_index)
+        return result
 
 
 # TensorFlow's, absl's and gRPC's own lines: a cell shows none of them (they go to the kernel's log file)
