@@ -128,7 +128,11 @@ class _SectionClient(NotebookClient):
         self._section_starts = starts - {self._setup}
 
     async def _hidden(self, source: str, index: int) -> None:
-        await super().async_execute_cell(nbformat.v4.new_code_cell(source), index, store_history=False)
+        cell = self.nb.cells[index]  # nbclient stores the cell it ran at its index: the notebook's is put back
+        try:
+            await super().async_execute_cell(nbformat.v4.new_code_cell(source), index, store_history=False)
+        finally:
+            self.nb.cells[index] = cell
 
     async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
         if cell_index in self._section_starts:
