@@ -33,7 +33,10 @@ from .training import (
 
 attach = Cluster.attach
 
-from . import native_logs  # noqa: E402
+from . import (  # noqa: E402
+    native_logs,
+    tracking,  # noqa: F401 - wb.tracking.MLflow, wb.tracking.WandB (loaded on first use)
+)
 from .cluster.machine.gpus import let_kernel_memory_grow  # noqa: E402
 
 let_kernel_memory_grow()  # before the user's first TensorFlow op: the kernel must not reserve its GPUs' memory
@@ -68,6 +71,7 @@ __all__ = [
     "__version__",
     "DISTRIBUTION",
     "attach",
+    "tracking",
     "datasets",
     "Dashboard",
     "DashboardServer",

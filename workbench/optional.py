@@ -7,7 +7,8 @@ import importlib
 from ._version import install_command
 from .errors import ConfigurationError
 
-_EXTRAS = {"bokeh": "notebook", "jupyter_bokeh": "notebook", "ipywidgets": "notebook", "tensorboard": "cpu"}
+_EXTRAS = {"bokeh": "notebook", "jupyter_bokeh": "notebook", "ipywidgets": "notebook", "tensorboard": "cpu",
+           "mlflow": "mlflow", "wandb": "wandb"}
 
 
 def require(module: str, feature: str):

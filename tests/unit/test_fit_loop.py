@@ -6,7 +6,8 @@ import pytest
 
 from workbench.compat.keras import watch_model_reads
 from workbench.errors import ConfigurationError
-from workbench.telemetry.tensorboard import dropped_gradients, run_name, staleness, worker_rates
+from workbench.telemetry.job_scalars import dropped_gradients, staleness, worker_rates
+from workbench.telemetry.tensorboard import run_name
 from workbench.training.fit.loop import check_callbacks, epoch_averages, tensorboard_dir, validation_due
 from workbench.training.options import resolve_epochs
 from workbench.training.strategies.async_ps import chunks_of

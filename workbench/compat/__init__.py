@@ -1,9 +1,9 @@
 """What the workbench takes from other libraries' internals, fenced: one module per library.
 
 Every use of a private part of TensorFlow (``tensorflow.py``), Keras (``keras.py``), ipyparallel
-(``ipyparallel.py``), jupyter_bokeh (``jupyter_bokeh.py``) or Bokeh (``bokeh.py``) goes through a function of that library's
-module here; the rest of the package imports no internal module of theirs (``tests/unit/test_layout.py``
-checks it). ``FENCES`` says, per library, the versions those functions were checked on (those
+(``ipyparallel.py``), jupyter_bokeh (``jupyter_bokeh.py``), Bokeh (``bokeh.py``) or MLflow (``mlflow.py``)
+goes through a function of that library's module here; the rest of the package imports no internal module
+of theirs (``tests/unit/test_layout.py`` checks it). ``FENCES`` says, per library, the versions those functions were checked on (those
 ``pyproject.toml`` admits: CI tests the newest) and what may break outside them; importing the workbench
 with another version warns once (``UncheckedVersionWarning``) naming both.
 
@@ -32,6 +32,8 @@ FENCES = {
                     "exits, attaching to a running cluster"),
     "jupyter_bokeh": (("jupyter_bokeh", "jupyter-bokeh"), "4.0", "4.2", "live dashboards in a notebook"),
     "Bokeh": (("bokeh",), "3.6", "4.0", "dashboards served on a port the system chose"),
+    "MLflow": (("mlflow", "mlflow-skinny"), "3.1", "4.0", "MLflow's Keras callbacks in wb.train (the caller's active run "
+               "seen from the job's thread)"),
 }
 
 

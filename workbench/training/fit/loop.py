@@ -2,7 +2,9 @@
 
 A job's run (async-ps, sync-ps, all-reduce, a placed model) runs the steps; this loop says which of them
 it may run now (``claimable``: those of the current epoch) and, from the run's own thread (the job's),
-calls the callbacks, so that the loop itself stays free of logging, checkpointing and early stopping:
+calls the callbacks, so that the loop itself stays free of logging, checkpointing and early stopping
+(an experiment tracker's callback logs into the run active where ``wb.train`` was called, as under
+``model.fit``):
 
 * ``on_train_begin`` once the job is set up; ``on_epoch_begin(epoch)`` before the epoch's first call;
 * ``on_train_batch_begin(batch)`` and ``on_train_batch_end(batch, logs)`` once per remote call that
@@ -24,7 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...compat import keras as keras_compat
+from ...compat import mlflow as mlflow_compat
 from ...errors import ConfigurationError, WorkbenchError
+from ...native_logs import inform
 
 
 class CallbackError(WorkbenchError):
@@ -98,9 +102,14 @@ class EpochLoop:
         self.model = None
         self._sync = None  # where the callbacks' model is a local copy: fetches and pushes its weights
         self._restore_classes: list[tuple[Any, type]] = []
-        self._summaries = None
-        self._faults_written = 0
+        self._scalars = None  # JobScalars, for TensorBoard and the callbacks that take them (wb.tracking's)
+        self._faults_written = self._scales_written = 0
         self._begun = False
+        # made in the thread that called wb.train: the callbacks log into its experiment tracker's active run
+        self._caller_runs = mlflow_compat.caller_runs()
+        for callback in self.user_callbacks:
+            if hasattr(callback, "set_job"):  # wb.tracking's: told of the job in the caller's thread
+                callback.set_job(job)
 
     # -- what the runs ask ----------------------------------------------------------------------
 
@@ -132,10 +141,15 @@ class EpochLoop:
         params = {"verbose": 0, "epochs": options.epochs, "steps": self.per_epoch}
         for callback in self.callbacks:
             callback.set_params(params)
+        sinks = [c for c in self.user_callbacks if hasattr(c, "log_scalars") and hasattr(c, "log_text")]
         if self.log_dir is not None:
-            from ...telemetry.tensorboard import JobSummaries
+            from ...telemetry.tensorboard import TensorBoardSink
 
-            self._summaries = JobSummaries(self.log_dir)
+            sinks.insert(0, TensorBoardSink(self.log_dir))
+        if sinks:
+            from ...telemetry.job_scalars import JobScalars
+
+            self._scalars = JobScalars(sinks)
         self._begun = True
         self._dispatch("on_train_begin", {})
         self._dispatch("on_epoch_begin", self.epoch, {})
@@ -167,7 +181,7 @@ class EpochLoop:
         if self.finished or self.job.stop_requested:
             return
         self._drain()
-        self._write_faults()
+        self._write_events()
         complete = self.job.start_step + self.job.steps_done >= self.limit
         if parked and (self.closing or complete):
             self._end_epoch()
@@ -188,16 +202,19 @@ class EpochLoop:
             self._dispatch("on_train_batch_begin", batch, {})
             self._dispatch("on_train_batch_end", batch, logs)
         records = [r for r, _ in records]
-        if records and self._summaries is not None:
-            self._summaries.steps(records)
+        if records and self._scalars is not None:
+            self._scalars.steps(records)
 
-    def _write_faults(self) -> None:
-        if self._summaries is None:
+    def _write_events(self) -> None:
+        """The faults and scales since the last look, to TensorBoard and the trackers."""
+        if self._scalars is None:
             return
-        faults = self.job.faults
+        faults, scales = self.job.faults, self.job.events
         for fault in faults[self._faults_written:]:
-            self._summaries.fault(fault, self.job.start_step + self.job.steps_done)
-        self._faults_written = len(faults)
+            self._scalars.fault(fault, self.job.start_step + self.job.steps_done)
+        for event in scales[self._scales_written:]:
+            self._scalars.scale(event)
+        self._faults_written, self._scales_written = len(faults), len(scales)
 
     def _end_epoch(self) -> None:
         options, job = self.job.options, self.job
@@ -207,8 +224,8 @@ class EpochLoop:
         if self.validation_data is not None and validation_due(self.epoch, options.validation_freq):
             values = job.trainer.validate(self.validation_data, options.validation_steps)
             logs.update({f"val_{name}": value for name, value in values.items() if name != "examples"})
-        if self._summaries is not None:
-            self._summaries.epoch(records, job.options.strategy.epoch_scalars, job.trainer.bytes_per_step(), self.limit)
+        if self._scalars is not None:
+            self._scalars.epoch(records, job.options.strategy.epoch_scalars, job.trainer.bytes_per_step(), self.limit)
         self._dispatch("on_epoch_end", self.epoch, logs)
         self.last_logs = logs
         if self.closing or self.limit >= options.steps:
@@ -220,15 +237,24 @@ class EpochLoop:
         self.limit = min((self.epoch + 1) * self.per_epoch, options.steps)  # releases the epoch's calls
 
     def end(self, finished: bool) -> None:
-        """The job ended: ``on_train_end`` if it finished (as ``model.fit`` on return); files closed, classes put back."""
+        """The job ended: ``on_train_end`` if it finished (as ``model.fit`` on return); the sinks told how it ended
+        (files closed, trackers' runs ended), classes put back."""
         try:
             if finished and self._begun:
                 self._drain()
-                self._write_faults()
+                self._write_events()
                 self._dispatch("on_train_end", self.last_logs)
         finally:
-            if self._summaries is not None:
-                self._summaries.close()
+            scalars, self._scalars = self._scalars, None
+            if scalars is not None:
+                scalars.steps([], now=True)
+                state = "finished" if finished else "cancelled" if self.job.stop_requested else "failed"
+                for sink in scalars.sinks:  # each ends: one that raises does not keep the others' runs open
+                    try:
+                        sink.end_job(state)
+                    except Exception as exc:  # noqa: BLE001 - the job's own outcome stands; say what was lost
+                        inform(f"{type(sink).__name__} could not end its run: {type(exc).__name__}: {exc}",
+                               f"job {self.job.name}")
             for callback, base in self._restore_classes:
                 callback.__class__ = base
             self._restore_classes = []
@@ -237,6 +263,7 @@ class EpochLoop:
         """Call ``hook`` on every callback, in order; one that raises stops the job with a ``CallbackError``."""
         if self._sync is not None:
             self._sync.stale()
+        mlflow_compat.share_runs(self._caller_runs)
         for callback in self.callbacks:
             try:
                 getattr(callback, hook)(*args)
