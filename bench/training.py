@@ -475,6 +475,42 @@ def batch_losses_callback():
     return BatchLosses()
 
 
+def compare_fits(args: argparse.Namespace, modes: dict, baseline: str, json_name: str) -> int:
+    """async-ps runs of each of ``modes`` (a name -> the fit keywords, a function called before each run), alternating
+    their order, on one cluster; the medians and their ratios to ``baseline``, written to ``json_name``."""
+    import workbench as wb
+
+    rates: dict[str, list[float]] = {mode: [] for mode in modes}
+    batch = args.per_worker_batch * args.workers
+    with wb.Cluster(ps=1, workers=args.workers, progress=False) as cluster:
+        workbench_run(cluster, strategy="async-ps", steps=args.steps // 3, batch=batch, steps_per_call=args.steps_per_call)
+        for i in range(args.repeats):
+            order = list(modes) if i % 2 == 0 else list(modes)[::-1]
+            for mode in order:
+                # an ended job's functions are removed from the tasks when it is freed, each an RPC with the GIL
+                # held: free the last one now, not in the middle of the next measured run
+                gc.collect()
+                run = workbench_run(cluster, strategy="async-ps", steps=args.steps, batch=batch,
+                                    steps_per_call=args.steps_per_call, fit=modes[mode])
+                rates[mode].append(run.steps_per_s)
+            print(f"run {i + 1}/{args.repeats}: " + ", ".join(f"{m} {rates[m][-1]:6.1f}" for m in modes) + " steps/s",
+                  flush=True)
+    medians = {mode: statistics.median(values) for mode, values in rates.items()}
+    base = medians[baseline]
+    for mode, value in medians.items():
+        print(f"async-ps {mode:22s} {value:7.1f} steps/s  ratio to {baseline} {value / base:.3f}")
+    path = args.json.with_name(json_name) if args.json.name == "training.json" else args.json
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"estimator": f"steady-state rate between {WINDOW[0]:.0%} and {WINDOW[1]:.0%} of each "
+                                             "run's steps", "workers": args.workers, "steps": args.steps, "epochs": EPOCHS,
+                                "medians": medians, "ratios": {m: v / base for m, v in medians.items()}, "raw": rates},
+                               indent=2))
+    return 0
+
+
+EPOCHS = 6  # of the --callbacks and --tracking runs
+
+
 def callbacks_main(args: argparse.Namespace) -> int:
     """async-ps with Keras's TensorBoard callback and a custom one, against the same job without callbacks."""
     import shutil
@@ -482,49 +518,57 @@ def callbacks_main(args: argparse.Namespace) -> int:
 
     import keras
 
-    import workbench as wb
-
-    epochs = 6
     logs = Path(tempfile.mkdtemp(prefix="workbench-bench-tb-"))
 
     def with_callbacks() -> dict:
         shutil.rmtree(logs, ignore_errors=True)
-        return {"epochs": epochs, "steps_per_epoch": args.steps // epochs,
+        return {"epochs": EPOCHS, "steps_per_epoch": args.steps // EPOCHS,
                 "callbacks": [keras.callbacks.TensorBoard(str(logs)), batch_losses_callback()]}
 
     def epochs_only() -> dict:
-        return {"epochs": epochs, "steps_per_epoch": args.steps // epochs}
+        return {"epochs": EPOCHS, "steps_per_epoch": args.steps // EPOCHS}
 
-    modes = {"no callbacks": None, "epochs, no callbacks": epochs_only, "TensorBoard + custom": with_callbacks}
-    rates: dict[str, list[float]] = {mode: [] for mode in modes}
-    batch = args.per_worker_batch * args.workers
     try:
-        with wb.Cluster(ps=1, workers=args.workers, progress=False) as cluster:
-            workbench_run(cluster, strategy="async-ps", steps=args.steps // 3, batch=batch, steps_per_call=args.steps_per_call)
-            for i in range(args.repeats):
-                order = list(modes) if i % 2 == 0 else list(modes)[::-1]
-                for mode in order:
-                    # an ended job's functions are removed from the tasks when it is freed, each an RPC with the GIL
-                    # held: free the last one now, not in the middle of the next measured run
-                    gc.collect()
-                    run = workbench_run(cluster, strategy="async-ps", steps=args.steps, batch=batch,
-                                        steps_per_call=args.steps_per_call, fit=modes[mode])
-                    rates[mode].append(run.steps_per_s)
-                print(f"run {i + 1}/{args.repeats}: " + ", ".join(f"{m} {rates[m][-1]:6.1f}" for m in modes) + " steps/s",
-                      flush=True)
+        return compare_fits(args, {"no callbacks": None, "epochs, no callbacks": epochs_only,
+                                   "TensorBoard + custom": with_callbacks}, "no callbacks", "callbacks.json")
     finally:
         shutil.rmtree(logs, ignore_errors=True)
-    medians = {mode: statistics.median(values) for mode, values in rates.items()}
-    base = medians["no callbacks"]
-    for mode, value in medians.items():
-        print(f"async-ps {mode:22s} {value:7.1f} steps/s  ratio to no callbacks {value / base:.3f}")
-    path = args.json.with_name("callbacks.json") if args.json.name == "training.json" else args.json
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"estimator": f"steady-state rate between {WINDOW[0]:.0%} and {WINDOW[1]:.0%} of each "
-                                             "run's steps", "workers": args.workers, "steps": args.steps, "epochs": epochs,
-                                "medians": medians, "ratios": {m: v / base for m, v in medians.items()}, "raw": rates},
-                               indent=2))
-    return 0
+
+
+def tracking_main(args: argparse.Namespace) -> int:
+    """async-ps with ``wb.tracking.MLflow()`` (a SQLite store, MLflow's local default) or ``WandB`` (offline), against
+    the same epochs without a tracker."""
+    import shutil
+    import tempfile
+
+    import workbench as wb
+
+    folder = Path(tempfile.mkdtemp(prefix="workbench-bench-tracking-"))
+    if args.tracking == "mlflow":
+        import mlflow
+
+        mlflow.set_tracking_uri(f"sqlite:///{folder / 'mlflow.db'}")
+        mlflow.set_experiment("bench")
+
+        def tracker():
+            return wb.tracking.MLflow()
+    else:
+        import wandb
+
+        def tracker():
+            return wb.tracking.WandB(project="bench", mode="offline", dir=folder, settings=wandb.Settings(silent=True))
+
+    def tracked() -> dict:
+        return {"epochs": EPOCHS, "steps_per_epoch": args.steps // EPOCHS, "callbacks": [tracker()]}
+
+    def epochs_only() -> dict:
+        return {"epochs": EPOCHS, "steps_per_epoch": args.steps // EPOCHS}
+
+    try:
+        return compare_fits(args, {"no tracking": epochs_only, f"{args.tracking}": tracked}, "no tracking",
+                            f"tracking-{args.tracking}.json")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> int:
@@ -539,6 +583,8 @@ def main() -> int:
                         "pss-1, tf1-k0, sync-ps-k0, tf1-k1, sync-ps-k1, allreduce")
     parser.add_argument("--containment", action="store_true", help="contained ports against every interface")
     parser.add_argument("--callbacks", action="store_true", help="async-ps with Keras callbacks against without")
+    parser.add_argument("--tracking", choices=["mlflow", "wandb"], help="async-ps with wb.tracking's callback "
+                        "against the same epochs without")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "training.json")
     args = parser.parse_args()
     if args.sync_steps is None:
@@ -547,6 +593,8 @@ def main() -> int:
         return containment_main(args)
     if args.callbacks:
         return callbacks_main(args)
+    if args.tracking:
+        return tracking_main(args)
     return training_main(args)
 
 

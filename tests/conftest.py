@@ -128,6 +128,34 @@ def _running_cluster(workers: int, name: str, ps: int = 1):
 
 
 @pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on loopback with its own store, for the whole session; its URI."""
+    from trackers import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow"))
+    try:
+        server.wait_ready()
+        yield server.uri
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def mlflow_experiment(mlflow_server, request):
+    """MLflow's fluent API pointed at the server, in an experiment of this test's own; the experiment."""
+    import mlflow
+
+    mlflow.set_tracking_uri(mlflow_server)
+    experiment = mlflow.set_experiment(f"{request.node.name}-{os.getpid()}")
+    try:
+        yield experiment
+    finally:
+        while mlflow.active_run():
+            mlflow.end_run()
+        mlflow.set_tracking_uri(None)
+
+
+@pytest.fixture(scope="session")
 def cluster():
     """One running 1 ps + 2 worker cluster shared by the integration tests that only read it."""
     yield from _running_cluster(2, "wb-test-shared")

@@ -35,7 +35,7 @@ attach = Cluster.attach
 
 from . import (  # noqa: E402
     native_logs,
-    tracking,  # noqa: F401 - wb.tracking.MLflow, wb.tracking.WandB (loaded on first use)
+    tracking,  # wb.tracking.MLflow, wb.tracking.WandB (loaded on first use)
 )
 from .cluster.machine.gpus import let_kernel_memory_grow  # noqa: E402
 

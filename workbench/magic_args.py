@@ -44,7 +44,8 @@ COMMANDS: list[tuple[str, str, str, list[tuple]]] = [
         NAME, ("--timeout", dict(type=float, default=600.0, metavar="S"))]),
     ("train", "%wb train", "wb.train(cluster, MODEL_FN, DATA_FN, strategy=wb.SyncPS(...), ...) -> a Job (also in "
                            "`_wb_job`); loss, optimizer, metrics left out: the compiled model's; DATA, NAME: a data "
-                           "function or dataset, a list of Keras callbacks, defined in the notebook", [
+                           "function or dataset, a list of Keras callbacks, defined in the notebook; --tracking: one run per job "
+                           "(wb.tracking.MLflow() or WandB())", [
         ("model", dict(metavar="MODEL_FN")),
         ("data", dict(metavar="DATA_FN")),
         ("--loss", dict(metavar="LOSS")),
@@ -62,6 +63,7 @@ COMMANDS: list[tuple[str, str, str, list[tuple]]] = [
         ("--validation-data", dict(metavar="DATA")),
         ("--validation-steps", dict(type=int, metavar="V")),
         ("--callbacks", dict(metavar="NAME")),
+        ("--tracking", dict(metavar="mlflow|wandb")),
         ("--checkpoint", dict(metavar="DIR")),
         ("--checkpoint-every", dict(type=int, default=0, metavar="N")),
         ("--resume", dict(action="store_true")),

@@ -21,7 +21,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from . import training
 from .cluster import Cluster, TaskId, running_clusters
-from .errors import WorkbenchError, described
+from .errors import ConfigurationError, WorkbenchError, described
 from .magic_args import CELL_SUBCOMMANDS, SUBCOMMANDS, help_text, launcher_options, parser
 
 
@@ -149,6 +149,15 @@ class WorkbenchMagics(Magics):
         if failed:
             raise UsageError(f"the cell raised on {', '.join(failed)} (remote traceback above).")
 
+    @staticmethod
+    def _tracker(name: str):
+        from . import tracking
+
+        try:
+            return tracking.callback_for(name)
+        except ConfigurationError as exc:
+            raise UsageError(f"%wb train --tracking {name}: {exc}") from None
+
     def _do_train(self, args, cell):
         cluster = self._cluster(args.name)
         model = self._user_object(args.model, "the model function")
@@ -156,6 +165,10 @@ class WorkbenchMagics(Magics):
         fit = {"validation_data": self._user_object(args.validation_data, "the validation data") if args.validation_data else None,
                "callbacks": self._user_object(args.callbacks, "the callbacks", f"{args.callbacks} = [keras.callbacks.EarlyStopping()]")
                if args.callbacks else None}
+        if args.tracking:
+            given = fit["callbacks"]
+            given = [] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]
+            fit["callbacks"] = [*given, self._tracker(args.tracking)]
         optimizer = args.optimizer
         if args.learning_rate is not None:  # a Keras optimizer config, built (and checked) by wb.train
             optimizer = {"class_name": args.optimizer or "adam", "config": {"learning_rate": args.learning_rate}}

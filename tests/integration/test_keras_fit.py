@@ -1,6 +1,7 @@
 """wb.train as a Keras user drives model.fit: epochs, validation, real Keras callbacks, TensorBoard, per strategy."""
 
 import csv
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -64,13 +65,25 @@ def tensorboard_runs(log_dir) -> dict[str, dict[str, list[tuple[int, float]]]]:
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_epochs_validation_and_keras_callbacks_as_in_model_fit(cluster, strategy, tmp_path):
+def test_epochs_validation_and_keras_callbacks_as_in_model_fit(cluster, strategy, tmp_path, mlflow_experiment):
+    import mlflow
+    import wandb
+    from wandb.integration.keras import WandbMetricsLogger
+
     recorder = Recorder()
+    users_wandb = wandb.init(mode="offline", dir=tmp_path, project="keras-fit", settings=wandb.Settings(silent=True))
+    trackers = [mlflow.keras.MlflowCallback(), WandbMetricsLogger(),  # the trackers' own, as under model.fit
+                wb.tracking.MLflow(), wb.tracking.WandB(mode="offline", dir=tmp_path, settings=wandb.Settings(silent=True))]
     callbacks = [recorder, keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
                  keras.callbacks.ModelCheckpoint(str(tmp_path / "model.keras")),
-                 keras.callbacks.TensorBoard(str(tmp_path / "tb"))]
-    job = fit(cluster, strategy, epochs=3, validation_data=wb.datasets.digits_test, callbacks=callbacks).wait(300)
+                 keras.callbacks.TensorBoard(str(tmp_path / "tb")), *trackers]
+    try:
+        with mlflow.start_run() as users_run:
+            job = fit(cluster, strategy, epochs=3, validation_data=wb.datasets.digits_test, callbacks=callbacks).wait(300)
+    finally:
+        users_wandb.finish()
     assert job.state == "finished" and not job.stopped_early and job.steps_done == 3 * PER_EPOCH
+    _assert_tracked(job, users_run.info.run_id, mlflow_experiment, trackers, Path(users_wandb.dir).parent)
 
     # the hooks, in model.fit's order; one batch hook per remote call, with that call's newest step
     kinds = [c[0] for c in recorder.calls]
@@ -127,6 +140,29 @@ def test_epochs_validation_and_keras_callbacks_as_in_model_fit(cluster, strategy
             assert {v for _, v in tags["workbench/bytes_per_step"]} == {job.info["bytes_per_step"]["total"]}
     steps = [s for s, _ in runs["worker-0"]["workbench/step_time_seconds"]]
     assert steps == sorted(steps) and 0 < steps[-1] <= 3 * PER_EPOCH  # the x axis is the job's global step
+
+
+def _assert_tracked(job, users_run: str, experiment, trackers: list, users_wandb: Path) -> None:
+    """The trackers' own callbacks logged the epochs into the user's runs, as under model.fit; wb.tracking's logged
+    the job's own run beside them; and nothing else: no run started in the job's thread."""
+    from mlflow import MlflowClient
+    from trackers import wandb_run
+
+    history, client = job.keras_history.history, MlflowClient()
+    runs = {r.info.run_id: r for r in client.search_runs([experiment.experiment_id])}
+    ours = trackers[2].run_id
+    assert set(runs) == {users_run, ours}, [r.info.run_name for r in runs.values()]
+    assert runs[ours].data.tags["mlflow.parentRunId"] == users_run and runs[ours].info.status == "FINISHED"
+    for run in (users_run, ours):
+        for name, values in history.items():
+            assert [m.value for m in client.get_metric_history(run, name)] == pytest.approx(values, rel=1e-9), (run, name)
+    assert "optimizer_learning_rate" in runs[users_run].data.params  # MlflowCallback's on_train_begin
+    assert runs[ours].data.params["strategy.name"] == job.options.strategy.name
+    assert client.get_metric_history(ours, "examples_per_second/worker-1")
+    assert wandb_run(users_wandb)["history"][-1]["epoch/val_loss"] == pytest.approx(history["val_loss"][-1], rel=1e-9)
+    own = wandb_run(Path(trackers[3].run.dir).parent)
+    assert [row["epoch/loss"] for row in own["history"] if "epoch/loss" in row] == pytest.approx(history["loss"], rel=1e-9)
+    assert own["config"]["strategy.name"] == job.options.strategy.name
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -10,18 +10,38 @@ from ....cluster.health import RUNNING as RUNNING_TASK
 from ....errors import TrainingError
 from ...data import DataContext, validation_dataset
 from ...fit.evaluation import combine_parts
-from ...job.recovery import classify
+from ...job.recovery import classify, is_infrastructure_error
 from ...job.workers import own_executor
 
 
 def validate_on_workers(job, trainer, data: Callable, steps: int | None) -> dict[str, float]:
     """A validation pass of a data function on a ps or placed job's workers at once, each its share of the
     batches (``data.validation_dataset``), on the variables where they live (``trainer``: the job's
-    ``PsTrainer``); combined by examples."""
+    ``PsTrainer``); combined by examples.
+
+    It runs on the workers that are up and that the job has taken back (a re-hosted one is running before the job's
+    connection knows it again). A worker lost during the pass is left out and the pass run again on the others.
+    """
+    supervisor = job.supervisor
+    up = [i for i, r in enumerate(job.workers) if job.cluster.task(r.name).state == RUNNING_TASK
+          and not (supervisor is not None and supervisor.rehosting(r.name))] or [0]
+    while True:
+        parts = _shares(job, trainer, data, steps, up)
+        lost = [i for i in up if isinstance(parts[i], Exception) and is_infrastructure_error(parts[i])]
+        if not lost or len(lost) == len(up):
+            break
+        up = [i for i in up if i not in lost]  # fewer each time: at most one pass per worker
+    for index in up:
+        if isinstance(parts[index], Exception):
+            raise classify(job, parts[index], f"{job.workers[index].name} (validating)")
+    return combine_parts([parts[i] for i in up], job.metric_names)
+
+
+def _shares(job, trainer, data: Callable, steps: int | None, up: list[int]) -> dict[int, tuple | Exception]:
+    """Each of workers ``up`` validates its share at once: ``(values, examples)``, or the error it raised."""
     import tensorflow as tf
 
-    up = [i for i, r in enumerate(job.workers) if job.cluster.task(r.name).state == RUNNING_TASK] or [0]
-    parts: dict[int, tuple] = {}
+    parts: dict[int, tuple | Exception] = {}
 
     @own_executor
     def share(position: int, index: int) -> None:
@@ -33,7 +53,7 @@ def validate_on_workers(job, trainer, data: Callable, steps: int | None) -> dict
             with tf.device(device):
                 values, count = function()
             parts[index] = (values.numpy().tolist(), int(count.numpy()))
-        except Exception as exc:  # noqa: BLE001 - classified below, in the job's thread
+        except Exception as exc:  # noqa: BLE001 - classified by the caller, in the job's thread
             parts[index] = exc
 
     threads = [threading.Thread(target=share, args=(p, i), daemon=True, name=f"workbench-validate-{i}")
@@ -44,12 +64,8 @@ def validate_on_workers(job, trainer, data: Callable, steps: int | None) -> dict
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     for index in up:
-        part = parts.get(index)
-        name = job.workers[index].name
-        if part is None:
-            raise TrainingError(f"validation on {name} did not finish within step_timeout="
+        if index not in parts:
+            raise TrainingError(f"validation on {job.workers[index].name} did not finish within step_timeout="
                                 f"{job.options.recovery.step_timeout:.0f} s: "
                                 "lower validation_steps, or raise wb.Recovery(step_timeout=...).")
-        if isinstance(part, Exception):
-            raise classify(job, part, f"{name} (validating)")
-    return combine_parts([parts[i] for i in up], job.metric_names)
+    return parts
