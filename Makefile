@@ -61,7 +61,7 @@ docs: install
 # README's and the docs' screenshots, taken from a real run in headless Chromium (tests/browser/test_docs_screenshots.py)
 screenshots: install chromium
 	WORKBENCH_DOCS_SCREENSHOTS=1 $(WITH_SHIM) \
-		$(PY) -m pytest tests/browser/test_docs_screenshots.py
+		$(PY) -m pytest tests/browser/test_docs_screenshots.py tests/browser/test_tracking_ui.py
 
 # sdist and wheel into dist/, checked as PyPI would check them
 dist: install

@@ -548,7 +548,7 @@ def tracking_main(args: argparse.Namespace) -> int:
         import mlflow
 
         mlflow.set_tracking_uri(f"sqlite:///{folder / 'mlflow.db'}")
-        mlflow.set_experiment("bench")
+        mlflow.set_experiment(experiment_id=mlflow.create_experiment("bench", artifact_location=str(folder / "artifacts")))
 
         def tracker():
             return wb.tracking.MLflow()

@@ -280,18 +280,26 @@ def test_a_placed_model_trains_with_epochs_validation_and_callbacks(cluster, tmp
     assert float(rows[1]["val_loss"]) == pytest.approx(job.evaluate(wb.datasets.digits_test)["loss"], rel=1e-5)
 
 
-def test_wb_train_magic_takes_epochs_validation_data_and_callbacks(cluster, tmp_path):
+def test_wb_train_magic_takes_epochs_validation_data_callbacks_and_a_tracker(cluster, tmp_path, mlflow_experiment):
     shell = InteractiveShell.instance()
     shell.extension_manager.load_extension("workbench")
     shell.user_ns.update(make_model=make_model, digits=wb.datasets.digits, digits_test=wb.datasets.digits_test,
                          cbs=[keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))])
     job = shell.run_line_magic("wb", f"train make_model digits --loss sparse_categorical_crossentropy --epochs 2 "
                                      f"--steps-per-epoch 10 --validation-data digits_test --callbacks cbs --wait "
-                                     f"--name {cluster.name}")
+                                     f"--tracking mlflow --name {cluster.name}")
     assert job.state == "finished" and job.keras_history.epoch == [0, 1]
     assert "val_loss" in job.keras_history.history
     assert (tmp_path / "log.csv").read_text().count("\n") == 3
     from IPython.core.error import UsageError
+    from mlflow import MlflowClient
+
+    (run,) = MlflowClient().search_runs([mlflow_experiment.experiment_id])  # --tracking mlflow: the job's run
+    assert run.info.run_name == job.name and run.info.status == "FINISHED"
+    assert [m.value for m in MlflowClient().get_metric_history(run.info.run_id, "val_loss")] == pytest.approx(
+        job.keras_history.history["val_loss"], rel=1e-9)
+    with pytest.raises(UsageError, match="--tracking neptune: unknown tracker 'neptune'"):
+        shell.run_line_magic("wb", f"train make_model digits --loss mse --tracking neptune --name {cluster.name}")
 
     with pytest.raises(UsageError, match="the callbacks 'nosuch' is not defined.*nosuch = \\[keras.callbacks"):
         shell.run_line_magic("wb", f"train make_model digits --loss mse --callbacks nosuch --name {cluster.name}")

@@ -15,12 +15,15 @@ import dataclasses
 import json
 import platform
 import tempfile
+import time
 import weakref
 from pathlib import Path
 
 import keras
 
 from ..telemetry.tensorboard import run_name
+
+SEND_SECONDS = 1.0  # metrics go to the tracker together at most this often: each send costs the kernel CPU the tasks want
 
 
 def _flat(prefix: str, value, out: dict) -> None:
@@ -89,6 +92,8 @@ class JobTracker(keras.callbacks.Callback):
         self._job = None
         self._started = False
         self.events: list[dict] = []
+        self._rows: dict[tuple[str, int], dict[str, float]] = {}  # (axis, step) -> values not sent yet
+        self._sent_at = 0.0
 
     @property
     def job(self):
@@ -99,7 +104,7 @@ class JobTracker(keras.callbacks.Callback):
     def set_job(self, job) -> None:
         """The job this callback tracks (in the thread that called ``wb.train``: a tracker's context is read here)."""
         self._job = weakref.ref(job)  # the job holds its callbacks: no cycle
-        self._started, self.events = False, []
+        self._started, self.events, self._rows = False, [], {}
         self._caller(job)
 
     def on_train_begin(self, logs=None) -> None:
@@ -115,11 +120,21 @@ class JobTracker(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None) -> None:
         values = {name: float(value) for name, value in (logs or {}).items() if _is_number(value)}
         if values:
-            self._metrics(values, epoch, "epoch")
+            self._add("epoch", epoch, values)
 
     def log_scalars(self, task: str, step: int, values: dict[str, float]) -> None:
         if self._started:
-            self._metrics({f"{tag}/{run_name(task)}": float(v) for tag, v in values.items()}, step, "step")
+            self._add("step", step, {f"{tag}/{run_name(task)}": float(v) for tag, v in values.items()})
+
+    def _add(self, axis: str, step: int, values: dict[str, float]) -> None:
+        self._rows.setdefault((axis, int(step)), {}).update(values)
+        if time.monotonic() - self._sent_at >= SEND_SECONDS:
+            self._send()
+
+    def _send(self) -> None:
+        rows, self._rows, self._sent_at = self._rows, {}, time.monotonic()
+        if rows:
+            self._metrics([(axis, step, values) for (axis, step), values in rows.items()])
 
     def log_text(self, task: str, step: int, kind: str, text: str) -> None:
         event = {"step": step, "task": task, "kind": kind, "text": text}
@@ -133,6 +148,7 @@ class JobTracker(keras.callbacks.Callback):
             return
         job = self.job
         try:
+            self._send()
             with tempfile.TemporaryDirectory(prefix="workbench-track-") as folder:
                 self._files(self._artifacts(job, Path(folder), state))
         finally:
@@ -165,8 +181,9 @@ class JobTracker(keras.callbacks.Callback):
     def _start(self, name: str, params: dict, tags: dict) -> None:
         raise NotImplementedError
 
-    def _metrics(self, values: dict[str, float], step: int, axis: str) -> None:
-        """``axis``: ``"epoch"`` (Keras's logs, at the epoch) or ``"step"`` (a task's figures, at the global step)."""
+    def _metrics(self, rows: list[tuple[str, int, dict[str, float]]]) -> None:
+        """Rows gathered over up to ``SEND_SECONDS``, in one send: ``(axis, step, values)``, where ``axis`` is
+        ``"epoch"`` (Keras's logs, at the epoch) or ``"step"`` (the tasks' figures, at the global step)."""
         raise NotImplementedError
 
     def _event(self, index: int, event: dict) -> None:

@@ -71,15 +71,18 @@ class MLflow(JobTracker):
         for first in range(0, len(items), BATCH):
             self._client.log_batch(self.run_id, params=items[first:first + BATCH])
 
-    def _metrics(self, values: dict[str, float], step: int, axis: str) -> None:
+    def _metrics(self, rows: list[tuple[str, int, dict[str, float]]]) -> None:
+        """One batch, queued: MLflow's own thread stores it, and the job's thread goes back to handing out work."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self._client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+        metrics = [Metric(key, value, now, step) for _axis, step, values in rows for key, value in values.items()]
+        for first in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics per log_batch
+            self._client.log_batch(self.run_id, metrics=metrics[first:first + 1000], synchronous=False)
 
     def _event(self, index: int, event: dict) -> None:
         self._client.set_tag(self.run_id, f"workbench.event.{index:03d}",
-                             f"step {event['step']}: {event['task']} {event['kind']}: {event['text']}")
+                             f"step {event['step']}: {event['task']} {event['kind']}: {event['text']}", synchronous=False)
 
     def _files(self, files: dict[Path, str]) -> None:
         for path, folder in files.items():
@@ -89,4 +92,7 @@ class MLflow(JobTracker):
                 self._client.log_artifact(self.run_id, str(path), folder or None)
 
     def _end(self, state: str) -> None:
+        import mlflow
+
+        mlflow.flush_async_logging()  # what was queued is stored before the run says it ended
         self._client.set_terminated(self.run_id, _STATUS.get(state, "FAILED"))

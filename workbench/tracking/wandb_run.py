@@ -60,11 +60,12 @@ class WandB(JobTracker):
         if not continued:
             remember_run(self.job, "wandb", self.run.id)
 
-    def _metrics(self, values: dict[str, float], step: int, axis: str) -> None:
-        if axis == "epoch":
-            self.run.log({"epoch": step, **{f"epoch/{k}": v for k, v in values.items()}})
-        else:
-            self.run.log({"global_step": step, **values})
+    def _metrics(self, rows: list[tuple[str, int, dict[str, float]]]) -> None:
+        for axis, step, values in rows:
+            if axis == "epoch":
+                self.run.log({"epoch": step, **{f"epoch/{k}": v for k, v in values.items()}})
+            else:
+                self.run.log({"global_step": step, **values})
 
     def _event(self, index: int, event: dict) -> None:
         self.run.summary[f"event/{index:03d}"] = f"step {event['step']}: {event['task']} {event['kind']}: {event['text']}"
