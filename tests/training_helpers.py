@@ -47,7 +47,9 @@ def assert_trained(job, steps: int, workers: set[str]) -> None:
     history = job.history
     assert [r["step"] for r in history] == list(range(steps))
     assert {w for r in history for w in r["worker"].split(",")} == workers
-    first, last = (sum(r["loss"] for r in part) / len(part) for part in (history[:10], history[-10:]))
+    # where it began: the first steps, run from the initial weights (in async-ps another worker's first call,
+    # steps 10-19, may already start from weights that learned: averaging those once read 0.64 for about 2.3)
+    first, last = (sum(r["loss"] for r in part) / len(part) for part in (history[:3], history[-10:]))
     assert last < first / 2, (first, last)
     assert job.evaluate(wb.datasets.digits_test)["examples"] == 450
 

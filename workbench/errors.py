@@ -15,6 +15,7 @@ DOCUMENTED = frozenset({
     "VersionMismatchError", "ServerStartError", "ClusterStateError", "ControllerLost", "UnknownTaskError",
     "TrainingError", "ParameterServerLost", "CallbackError", "WorkbenchWarning", "LowMemoryWarning",
     "ExposedPortsWarning", "EngineForkWarning", "LauncherOptionsWarning", "UncheckedVersionWarning", "TaskFaultWarning",
+    "TrackingWarning",
 })
 
 
@@ -105,6 +106,11 @@ class UncheckedVersionWarning(WorkbenchWarning):
 
 class TaskFaultWarning(WorkbenchWarning):
     """A task was lost, went silent or straggles, and what the workbench did about it (re-hosted it, restored a checkpoint...)."""
+
+
+class TrackingWarning(WorkbenchWarning):
+    """An experiment tracker (``wb.tracking``) could not take what a job logged: the job goes on, and its run stops
+    being updated; the message names the tracker, the job and the error."""
 
 
 class ControllerLost(ClusterStateError):

@@ -22,7 +22,7 @@ import workbench as wb
 
 pytestmark = pytest.mark.cluster
 
-PER_EPOCH, EPOCHS = 150, 4
+PER_EPOCH, EPOCHS = 100, 4
 WAIT = 120  # seconds: every wait here is bounded
 
 
@@ -100,3 +100,26 @@ def test_a_job_with_a_fault_and_a_scale_is_one_run_with_its_events_series_and_ar
     assert any(f.startswith("checkpoints/") for f in offline["files"])
     table = [row for row in offline["history"] if "events/path" in row]
     assert table, "no events table logged"
+
+
+class _TrackerGoneAfterOneSend(wb.tracking.MLflow):
+    """MLflow's tracker, whose store stops answering after one send (a tracking server that went away)."""
+
+    sends = 0
+
+    def _metrics(self, rows):
+        self.sends += 1
+        if self.sends > 1:
+            raise ConnectionError("the tracking server went away")
+        super()._metrics(rows)
+
+
+def test_a_tracker_that_fails_mid_job_is_said_once_and_the_job_goes_on(cluster, mlflow_experiment):
+    tracker = _TrackerGoneAfterOneSend()
+    with pytest.warns(wb.TrackingWarning, match=r"_TrackerGoneAfterOneSend could not log metrics: ConnectionError: "
+                                                 r"the tracking server went away\. The job goes on"):
+        job = wb.train(cluster, make_model, wb.datasets.digits, LOSS, epochs=20, steps_per_epoch=100, batch_size=64,
+                       callbacks=[tracker]).wait(WAIT)
+    assert job.state == "finished" and job.steps_done == 2000
+    assert tracker.sends == 2  # none after the failure
+    assert MlflowClient().get_run(tracker.run_id).info.status == "FAILED"  # it still answered the run's end

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import keras
 
+from ..errors import TrackingWarning
+from ..native_logs import notice
 from ..telemetry.tensorboard import run_name
 
 SEND_SECONDS = 1.0  # metrics go to the tracker together at most this often: each send costs the kernel CPU the tasks want
@@ -94,6 +96,7 @@ class JobTracker(keras.callbacks.Callback):
         self.events: list[dict] = []
         self._rows: dict[tuple[str, int], dict[str, float]] = {}  # (axis, step) -> values not sent yet
         self._sent_at = 0.0
+        self._failed = False  # the tracker failed mid-job: the run is left alone, the job goes on
 
     @property
     def job(self):
@@ -104,7 +107,7 @@ class JobTracker(keras.callbacks.Callback):
     def set_job(self, job) -> None:
         """The job this callback tracks (in the thread that called ``wb.train``: a tracker's context is read here)."""
         self._job = weakref.ref(job)  # the job holds its callbacks: no cycle
-        self._started, self.events, self._rows = False, [], {}
+        self._started, self.events, self._rows, self._failed = False, [], {}, False
         self._caller(job)
 
     def on_train_begin(self, logs=None) -> None:
@@ -119,12 +122,26 @@ class JobTracker(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None) -> None:
         values = {name: float(value) for name, value in (logs or {}).items() if _is_number(value)}
-        if values:
+        if values and self._live():
             self._add("epoch", epoch, values)
 
     def log_scalars(self, task: str, step: int, values: dict[str, float]) -> None:
-        if self._started:
+        if self._live():
             self._add("step", step, {f"{tag}/{run_name(task)}": float(v) for tag, v in values.items()})
+
+    def _live(self) -> bool:
+        return self._started and not self._failed
+
+    def _guarded(self, what: str, action) -> None:
+        """Do ``action`` (a call to the tracker); if the tracker fails, say so once and leave the run alone: a
+        tracker that went away must not stop the training it watches."""
+        try:
+            action()
+        except Exception as exc:  # noqa: BLE001 - any tracker's error: the job goes on without it
+            self._failed = True
+            job = self.job
+            notice(f"{type(self).__name__} could not {what}: {type(exc).__name__}: {exc}. The job goes on; this "
+                   "run is not updated any more.", TrackingWarning, f"job {job.name}" if job is not None else "")
 
     def _add(self, axis: str, step: int, values: dict[str, float]) -> None:
         self._rows.setdefault((axis, int(step)), {}).update(values)
@@ -133,27 +150,27 @@ class JobTracker(keras.callbacks.Callback):
 
     def _send(self) -> None:
         rows, self._rows, self._sent_at = self._rows, {}, time.monotonic()
-        if rows:
-            self._metrics([(axis, step, values) for (axis, step), values in rows.items()])
+        if rows and self._live():
+            self._guarded("log metrics", lambda: self._metrics([(axis, step, values) for (axis, step), values in rows.items()]))
 
     def log_text(self, task: str, step: int, kind: str, text: str) -> None:
         event = {"step": step, "task": task, "kind": kind, "text": text}
         self.events.append(event)
-        if self._started:
-            self._event(len(self.events) - 1, event)
+        if self._live():
+            self._guarded("log an event", lambda: self._event(len(self.events) - 1, event))
 
     def end_job(self, state: str) -> None:
         """The job ended (``finished``, ``failed``, ``cancelled``): its artifacts, then the run's end."""
         if not self._started:
             return
         job = self.job
-        try:
-            self._send()
+        self._send()
+        if self._live():
             with tempfile.TemporaryDirectory(prefix="workbench-track-") as folder:
-                self._files(self._artifacts(job, Path(folder), state))
-        finally:
-            self._end(state)
-            self._started = False
+                self._guarded("store the run's files", lambda: self._files(self._artifacts(job, Path(folder), state)))
+        failed = self._failed
+        self._guarded("end the run", lambda: self._end("failed" if failed else state))
+        self._started = False
 
     def _artifacts(self, job, folder: Path, state: str) -> dict[Path, str]:
         files = {}
