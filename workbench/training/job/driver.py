@@ -56,10 +56,12 @@ def drive(job) -> None:
         job.supervisor.close()
         job.supervisor = None  # no cycle left: an ended job nobody holds is freed at once, TF state and all
         try:
+            # the dashboards and the panel learn of the end now: the clean-up below trains nothing (an end told after
+            # it drew the seconds it took, under load over a second, as a fall to zero after the last step)
+            job.report_progress(state)
             if _every_task_answers(job):  # freeing a function is an RPC to every task: one that hangs would block it
                 job.release_training()
                 connection.free_garbage()  # what the job let go of leaves the tasks now, from this thread
-            job.report_progress(state)
             job.trainer.free_engines()
         finally:
             job.state = state
