@@ -23,6 +23,7 @@ from . import training
 from .cluster import Cluster, TaskId, running_clusters
 from .errors import ConfigurationError, WorkbenchError, described
 from .magic_args import CELL_SUBCOMMANDS, SUBCOMMANDS, help_text, launcher_options, parser
+from .training.fit.loop import check_callbacks
 
 
 @magics_class
@@ -166,9 +167,7 @@ class WorkbenchMagics(Magics):
                "callbacks": self._user_object(args.callbacks, "the callbacks", f"{args.callbacks} = [keras.callbacks.EarlyStopping()]")
                if args.callbacks else None}
         if args.tracking:
-            given = fit["callbacks"]
-            given = [] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]
-            fit["callbacks"] = [*given, self._tracker(args.tracking)]
+            fit["callbacks"] = [*check_callbacks(fit["callbacks"]), self._tracker(args.tracking)]
         optimizer = args.optimizer
         if args.learning_rate is not None:  # a Keras optimizer config, built (and checked) by wb.train
             optimizer = {"class_name": args.optimizer or "adam", "config": {"learning_rate": args.learning_rate}}

@@ -71,6 +71,11 @@ def job_params(job, model) -> dict:
     return params
 
 
+def event_line(event: dict) -> str:
+    """A fault or scale as a tracker shows it: ``step 120: worker:1 faults: lost: re-hosted ...``."""
+    return f"step {event['step']}: {event['task']} {event['kind']}: {event['text']}"
+
+
 def model_summary(model) -> str:
     lines: list[str] = []
     try:

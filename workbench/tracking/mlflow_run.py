@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..compat import mlflow as mlflow_compat
 from ..optional import require
-from .base import JobTracker
+from .base import JobTracker, event_line
 from .resume import remember_run, run_to_continue
 
 _STATUS = {"finished": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
@@ -81,8 +81,7 @@ class MLflow(JobTracker):
             self._client.log_batch(self.run_id, metrics=metrics[first:first + 1000], synchronous=False)
 
     def _event(self, index: int, event: dict) -> None:
-        self._client.set_tag(self.run_id, f"workbench.event.{index:03d}",
-                             f"step {event['step']}: {event['task']} {event['kind']}: {event['text']}", synchronous=False)
+        self._client.set_tag(self.run_id, f"workbench.event.{index:03d}", event_line(event), synchronous=False)
 
     def _files(self, files: dict[Path, str]) -> None:
         for path, folder in files.items():

@@ -17,15 +17,19 @@ def _runs_file(job) -> Path | None:
     return Path(checkpoint.directory) / RUNS_FILE if checkpoint is not None else None
 
 
+def _runs(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def run_to_continue(job, tracker: str) -> str | None:
     """The run id of ``tracker`` to continue, if ``job`` resumes from a checkpoint a tracked job wrote."""
     path = _runs_file(job)
-    if path is None or job.start_step == 0 or not path.is_file():
+    if path is None or job.start_step == 0:
         return None
-    try:
-        return json.loads(path.read_text()).get(tracker)
-    except (OSError, ValueError):
-        return None
+    return _runs(path).get(tracker)
 
 
 def remember_run(job, tracker: str, run_id: str) -> None:
@@ -34,10 +38,4 @@ def remember_run(job, tracker: str, run_id: str) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    runs = {}
-    if path.is_file():
-        try:
-            runs = json.loads(path.read_text())
-        except (OSError, ValueError):
-            runs = {}
-    path.write_text(json.dumps({**runs, tracker: run_id}))
+    path.write_text(json.dumps({**_runs(path), tracker: run_id}))

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from ..optional import require
-from .base import JobTracker
+from .base import JobTracker, event_line
 from .resume import remember_run, run_to_continue
 
 _EXIT = {"finished": 0, "cancelled": 1, "failed": 1}
@@ -68,7 +68,7 @@ class WandB(JobTracker):
                 self.run.log({"global_step": step, **values})
 
     def _event(self, index: int, event: dict) -> None:
-        self.run.summary[f"event/{index:03d}"] = f"step {event['step']}: {event['task']} {event['kind']}: {event['text']}"
+        self.run.summary[f"event/{index:03d}"] = event_line(event)
 
     def _files(self, files: dict[Path, str]) -> None:
         for path, folder in files.items():
