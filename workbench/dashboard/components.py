@@ -35,6 +35,7 @@ class ThroughputComponent:
 
         self.log = log
         self.cursor = 0
+        self.follow = follow
         self.bins = ThroughputBins(width=bin_seconds)
         self.rates = RecentRates()
         self.latest: JobState | None = None  # the newest job: an ended one's figures are its averages
@@ -130,6 +131,8 @@ class ThroughputComponent:
             for series in self.bins.series:
                 if series not in self.lines:
                     self._add_lines(series)
+        if ended is not None and not self.follow:  # a job's plot ends with the bin of its end: nothing outside it
+            now = min(now, ended.ended + self.bins.width + self.bins.settle)
         rows = self.bins.final(now)
         self._patch_late(self.bins.take_changed())
         if rows:
