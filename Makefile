@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # a command's environment with the bind shim preloaded (its TensorFlow ports, and its children's, on loopback)
 WITH_SHIM = LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}"
 
-.PHONY: install chromium lab test check docs dist screenshots bench bench-training bench-gpu bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak bench-elastic demo clean
+.PHONY: install chromium lab test check docs dist screenshots bench bench-training bench-tta bench-gpu bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak bench-elastic demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 # the editable build compiles the bind shim into workbench/cluster/ (hatch_build.py)
@@ -77,6 +77,10 @@ bench: install
 
 bench-training: install
 	$(PY) bench/training.py
+
+# every strategy's time to a held-out accuracy against TensorFlow's own and one process (about 20 minutes)
+bench-tta: install
+	$(WITH_SHIM) $(PY) bench/time_to_accuracy.py
 
 # on a machine with NVIDIA GPUs and tensorflow[and-cuda] (EXTRAS=gpu,notebook); elsewhere it says why it skips
 bench-gpu: install

@@ -46,7 +46,7 @@ def run_pss(spec: dict, *, steps: int, steps_per_call: int, per_worker_batch: in
     when the client began to build them (after its ``import tensorflow``)."""
     config = {"spec": spec, "steps": steps, "steps_per_call": steps_per_call, "per_worker_batch": per_worker_batch,
               "hidden": hidden, "seed": seed}
-    result = _run_one("pss", "PSS baseline", config, timeout)
+    result = run_one("pss", "PSS baseline", config, timeout)
     return result["stamps"], result["start"]
 
 
@@ -55,13 +55,13 @@ def run_local(*, steps: int, steps_per_call: int, per_worker_batch: int, hidden:
     """The same training step in one process, no cluster: ``{"stamps": [...], "cpu": CpuSampler samples}``."""
     config = {"steps": steps, "steps_per_call": steps_per_call, "per_worker_batch": per_worker_batch, "hidden": hidden,
               "seed": seed}
-    return _run_one("local", "local baseline", config, timeout)
+    return run_one("local", "local baseline", config, timeout)
 
 
-def _run_one(kind: str, what: str, config: dict, timeout: float) -> dict:
-    """Run ``python training_baselines.py kind config``; its last ``RESULT`` line, parsed."""
+def run_one(kind: str, what: str, config: dict, timeout: float, script: str = SCRIPT) -> dict:
+    """Run ``python script kind config``; its last ``RESULT`` line, parsed."""
     try:
-        proc = subprocess.run([sys.executable, SCRIPT, kind, json.dumps(config)], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, script, kind, json.dumps(config)], capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise BaselineError(f"{what} ran past {timeout} s:\n{_tail(exc.stderr)}") from None
@@ -86,38 +86,10 @@ def run_sync_replicas(spec: dict, *, steps: int, backup_workers: int, per_worker
     container = "syncreplicas" + uuid.uuid4().hex[:12]  # fresh queues and variables; no underscores allowed
     with tempfile.TemporaryDirectory(prefix="wb-bench-syncreplicas-") as tmp:
         tmp_path = Path(tmp)
-        ready = tmp_path / "chief-ready"
-        procs: list[subprocess.Popen] = []
-        try:
-            for index in range(workers):
-                config = {"spec": spec, "index": index, "steps": steps, "backup_workers": backup_workers,
-                          "per_worker_batch": per_worker_batch, "hidden": hidden, "seed": seed, "container": container,
-                          "points": str(tmp_path / f"worker{index}.points"), "ready": str(ready)}
-                with open(tmp_path / f"worker{index}.stderr", "w") as stderr:
-                    procs.append(subprocess.Popen([sys.executable, SCRIPT, "sync-replicas", json.dumps(config)],
-                                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr, text=True))
-            deadline = time.monotonic() + timeout
-            _wait_until(lambda: ready.exists(), procs, tmp_path, deadline, "the chief's session to be created")
-            for index, proc in enumerate(procs[1:], 1):
-                try:
-                    proc.stdin.write("go\n")
-                    proc.stdin.close()
-                except BrokenPipeError:
-                    raise BaselineError(f"SyncReplicas client {index} exited before its session was created:\n"
-                                        f"{_tail_file(tmp_path / f'worker{index}.stderr')}") from None
-            _wait_until(lambda: procs[0].poll() is not None, procs, tmp_path, deadline, "the chief to reach the last step")
-            if procs[0].returncode != 0:
-                raise BaselineError(f"SyncReplicas chief failed (exit {procs[0].returncode}):\n"
-                                    f"{_tail_file(tmp_path / 'worker0.stderr')}")
-            end = time.monotonic() + grace
-            for proc in procs[1:]:
-                try:
-                    proc.wait(max(0.0, end - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            for proc in procs:
-                _terminate(proc)
+        configs = [{"spec": spec, "index": index, "steps": steps, "backup_workers": backup_workers,
+                    "per_worker_batch": per_worker_batch, "hidden": hidden, "seed": seed, "container": container,
+                    "points": str(tmp_path / f"worker{index}.points")} for index in range(workers)]
+        run_chief_first("sync-replicas", configs, tmp_path, timeout, grace)
         points = []
         for index in range(workers):
             path = tmp_path / f"worker{index}.points"
@@ -126,6 +98,43 @@ def run_sync_replicas(spec: dict, *, steps: int, backup_workers: int, per_worker
                     stamp, step = line.split()
                     points.append((float(stamp), int(step)))
         return points, float((tmp_path / "worker0.points.start").read_text())
+
+
+def run_chief_first(kind: str, configs: list[dict], tmp_path: Path, timeout: float, grace: float,
+                    script: str = SCRIPT) -> None:
+    """Run one TF1 client per config (``python script kind config``, stderr to ``tmp_path/worker<i>.stderr``) until
+    the chief (the first) ends: the others are told to go (a line on their stdin) once the chief's session exists
+    (it touches ``config["ready"]``, added here), get ``grace`` seconds after the chief to end by themselves, and are
+    then terminated."""
+    ready = tmp_path / "chief-ready"
+    procs: list[subprocess.Popen] = []
+    try:
+        for index, config in enumerate(configs):
+            with open(tmp_path / f"worker{index}.stderr", "w") as stderr:
+                procs.append(subprocess.Popen([sys.executable, script, kind, json.dumps({**config, "ready": str(ready)})],
+                                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr, text=True))
+        deadline = time.monotonic() + timeout
+        _wait_until(lambda: ready.exists(), procs, tmp_path, deadline, "the chief's session to be created")
+        for index, proc in enumerate(procs[1:], 1):
+            try:
+                proc.stdin.write("go\n")
+                proc.stdin.close()
+            except BrokenPipeError:
+                raise BaselineError(f"SyncReplicas client {index} exited before its session was created:\n"
+                                    f"{_tail_file(tmp_path / f'worker{index}.stderr')}") from None
+        _wait_until(lambda: procs[0].poll() is not None, procs, tmp_path, deadline, "the chief to reach the last step")
+        if procs[0].returncode != 0:
+            raise BaselineError(f"SyncReplicas chief failed (exit {procs[0].returncode}):\n"
+                                f"{_tail_file(tmp_path / 'worker0.stderr')}")
+        end = time.monotonic() + grace
+        for proc in procs[1:]:
+            try:
+                proc.wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        for proc in procs:
+            _terminate(proc)
 
 
 def _wait_until(done, procs: list[subprocess.Popen], tmp_path: Path, deadline: float, what: str) -> None:
@@ -270,10 +279,26 @@ def sync_replicas_main(config: dict) -> None:
         Path(config["points"] + ".start").write_text(f"{time.time():.6f}")
     v1 = tf.compat.v1
     v1.disable_eager_execution()  # Keras 3 layers do not build in TF1 graphs: the MLP is written out below
+    train_op, step_after, hooks, _ = sync_replicas_graph(
+        tf, config, digits_arrays("train"), lambda inputs: _graph_mlp(v1, tf, inputs, config["hidden"]), LEARNING_RATE)
+    hooks.append(v1.train.StopAtStepHook(last_step=config["steps"]))
+    with open(config["points"], "w", buffering=1) as points:  # line by line: non-chiefs end terminated
+        sess = tf1_session(v1, config, hooks)
+        while not sess.should_stop():
+            _, step = sess.run([train_op, step_after])
+            points.write(f"{time.time():.6f} {step}\n")
+    sess.close()
+
+
+def sync_replicas_graph(tf, config: dict, data: tuple, model, learning_rate: float):
+    """Client ``config["index"]``'s TF1 graph: its shard of ``data`` on its worker, ``model(inputs) -> logits`` with
+    its variables on the ps (``replica_device_setter``), Adam under ``SyncReplicasOptimizer`` (N - k of N).
+    Returns ``(train_op, global step after this step, [the optimizer's session hook], the model's variables)``."""
+    v1 = tf.compat.v1
     spec, index = config["spec"], config["index"]
-    workers, is_chief = len(spec["worker"]), config["index"] == 0
+    workers = len(spec["worker"])
     worker_device = f"/job:worker/task:{index}"
-    x, y = digits_arrays("train")
+    x, y = data
     v1.set_random_seed(config["seed"])
     setter = v1.train.replica_device_setter(cluster=tf.train.ClusterSpec(spec), worker_device=worker_device)
     with v1.container(config["container"]), v1.device(setter):
@@ -283,28 +308,31 @@ def sync_replicas_main(config: dict) -> None:
             dataset = dataset.shuffle(len(y), seed=config["seed"]).repeat()
             dataset = dataset.batch(config["per_worker_batch"], drop_remainder=True).prefetch(2)
             xb, yb = v1.data.make_one_shot_iterator(dataset).get_next()
-        logits = _graph_mlp(v1, tf, xb, config["hidden"])
+        logits = model(xb)
+        variables = v1.trainable_variables()
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=logits))
-        optimizer = v1.train.SyncReplicasOptimizer(v1.train.AdamOptimizer(LEARNING_RATE),
+        optimizer = v1.train.SyncReplicasOptimizer(v1.train.AdamOptimizer(learning_rate),
                                                    replicas_to_aggregate=workers - config["backup_workers"],
                                                    total_num_replicas=workers)
         train_op = optimizer.minimize(loss, global_step=global_step)
         with tf.control_dependencies([train_op]):
             step_after = tf.identity(global_step.read_value())  # read once this worker's step is through
-    hooks = [optimizer.make_session_run_hook(is_chief), v1.train.StopAtStepHook(last_step=config["steps"])]
-    session_config = threads.apply(v1.ConfigProto(device_filters=["/job:ps", worker_device]))
-    if not is_chief:
-        sys.stdin.readline()  # the bench says when the chief's session exists (see run_sync_replicas)
-    with open(config["points"], "w", buffering=1) as points:  # line by line: non-chiefs end terminated
-        sess = v1.train.MonitoredTrainingSession(
-            master="grpc://" + spec["worker"][index], is_chief=is_chief, hooks=hooks, config=session_config,
-            log_step_count_steps=0, stop_grace_period_secs=2)
-        if is_chief:
-            Path(config["ready"]).touch()
-        while not sess.should_stop():
-            _, step = sess.run([train_op, step_after])
-            points.write(f"{time.time():.6f} {step}\n")
-    sess.close()
+    return train_op, step_after, [optimizer.make_session_run_hook(index == 0)], variables
+
+
+def tf1_session(v1, config: dict, hooks: list):
+    """The ``MonitoredTrainingSession`` of SyncReplicas client ``config["index"]`` on its worker's master; a non-chief
+    waits until the bench says the chief's session exists (``run_chief_first``), the chief says so."""
+    spec, index = config["spec"], config["index"]
+    session_config = threads.apply(v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{index}"]))
+    if index != 0:
+        sys.stdin.readline()
+    sess = v1.train.MonitoredTrainingSession(
+        master="grpc://" + spec["worker"][index], is_chief=index == 0, hooks=hooks, config=session_config,
+        log_step_count_steps=0, stop_grace_period_secs=2)
+    if index == 0:
+        Path(config["ready"]).touch()
+    return sess
 
 
 def _graph_mlp(v1, tf, inputs, hidden: int):

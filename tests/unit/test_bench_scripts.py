@@ -27,3 +27,21 @@ def test_every_benchmark_script_imports():
                           timeout=300)
     assert done.returncode == 0, f"{done.stdout[-1000:]}\n{done.stderr[-3000:]}"
     assert done.stdout.count("imported ") == len(scripts) > 10
+
+
+def test_time_to_accuracy_judges_as_keras_computes_and_keeps_judging_off_the_clock():
+    """The bench's NumPy judge gives Keras's logits for both workloads; its clock leaves the evaluations out."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import numpy as np
+        from tta_workloads import WORKLOADS, arrays, keras_model, predict, time_to_target
+    finally:
+        sys.path.remove(str(BENCH))
+    for workload in WORKLOADS:
+        model = keras_model(workload, 0.5)
+        x, _ = arrays(workload, "test")
+        assert np.allclose(predict(workload, model.get_weights(), x[:50]), model(x[:50]).numpy(), atol=1e-4), workload
+    record = {"call": 10.0, "first": 11.0, "evals": [[12.0, 0.5, 0.3], [13.0, 0.8, 0.2], [14.0, 0.96, 0.4]]}
+    assert time_to_target(record, 0.95) == {"from_call": 3.5, "from_first": 2.5, "epochs": 3, "accuracy": 0.96}
+    missed = time_to_target(record, 0.99)
+    assert missed["from_call"] is None and missed["epochs"] == 3 and missed["accuracy"] == 0.96

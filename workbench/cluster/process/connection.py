@@ -363,6 +363,7 @@ def _update_server_def(ctx, server_def, deadline: float) -> None:
 
     deadline = min(deadline, time.monotonic() + RECONNECT_SECONDS)
     while True:
+        _await_channels(ctx, server_def, deadline)
         try:
             with tf_compat.context_change():  # not while a freed function is being removed from the tasks
                 ctx.update_server_def(server_def)
@@ -371,6 +372,32 @@ def _update_server_def(ctx, server_def, deadline: float) -> None:
             if time.monotonic() + LINK_RETRY_SECONDS * 2 > deadline:
                 raise
             time.sleep(LINK_RETRY_SECONDS * 2)
+
+
+def _await_channels(ctx, server_def, deadline: float) -> None:
+    """Wait until this process's own channel reaches every task the update keeps (``check_alive``, TensorFlow's
+    status call over that channel), until ``deadline``; the update then reports what it finds.
+
+    A task's new server may accept connections while the channel to its address is still in back-off and fails
+    fast. An update that fails that way is not harmless: under load, after one, the ps tasks no longer knew
+    tensors this process had made there (the next step failed: "Unable to find the relevant tensor
+    remote_handle"). The channel's back-off ends within a second.
+    """
+    import tensorflow as tf
+
+    current = {(job.name, index) for job in ctx.get_server_def().cluster.job for index in job.tasks}
+    kept = [f"/job:{job.name}/replica:0/task:{index}" for job in server_def.cluster.job for index in job.tasks
+            if (job.name, index) in current and job.name != server_def.job_name]
+    for name in kept:
+        while True:
+            try:
+                if ctx.check_alive(name):
+                    break
+            except (tf.errors.UnavailableError, tf.errors.InvalidArgumentError):
+                pass
+            if time.monotonic() + LINK_RETRY_SECONDS > deadline:
+                return
+            time.sleep(LINK_RETRY_SECONDS)
 
 
 def _await_links(cluster, rehosted: str, deadline: float) -> None:

@@ -1,0 +1,241 @@
+"""Time to accuracy: how long each strategy takes to reach a held-out accuracy, against TensorFlow's own and one process.
+
+Steps per second flatter asynchronous training (a stale worker's step counts as much as a fresh one's); what a
+user feels is the wall-clock time until the model is good enough. Every side trains the same model
+(``tta_workloads``: the digits MLP, or a small CNN on the digits upsampled to 32x32) from the same initial
+distribution with Adam (``--learning-rate``), ``--steps-per-call`` K steps per remote call (per execution), a
+global batch of 2 x ``--per-worker-batch`` (a worker's batch in the asynchronous sides), and judges its weights at
+the end of every epoch of ``--epoch-steps`` optimizer steps with the same NumPy evaluation of the held-out digits
+(``TargetClock``), whose seconds are kept off the clock. It stops at the first epoch end at ``--target``.
+
+Sides, on one ``wb.Cluster(ps=1, workers=2)`` (the baselines' processes use its tasks, or ports of their own):
+
+- ``async-ps``, ``sync-ps k=0``, ``sync-ps k=1`` (``backup_workers``), ``allreduce``: ``wb.train`` in this process
+  (the kernel), the clock a Keras callback;
+- their TensorFlow baselines (``tta_baselines``): ``pss`` (ParameterServerStrategy + ClusterCoordinator as TF's
+  guide writes it), ``sync-replicas k=0`` and ``k=1`` (TF1 ``SyncReplicasOptimizer``), ``mwms``
+  (MultiWorkerMirroredStrategy with a custom loop, two worker processes);
+- ``local``: one process, Keras ``fit``.
+
+Two clocks per run: **from the call** (the training call made, set-up included: building the model, connecting,
+tracing, the first calls; what an interactive user waits for; a baseline process's ``import tensorflow`` and
+data loading are not counted, the workbench's cluster is already running), and **from the first call** (from the
+end of the first call of K steps: the training alone). Each workbench side first trains once unmeasured (the
+kernel's first job of a kind connects and prepares what later jobs reuse; a baseline's run is a fresh process
+each time, its own set-up counted from its call). Within each repeat the sides alternate, the order reversed
+every other repeat; figures are medians over ``--repeats`` (at least 5 for a reported figure), with min-max.
+Ratios: baseline / workbench (> 1: the workbench is sooner), side / one process (> 1: slower than one process).
+
+    python bench/time_to_accuracy.py [--workloads mlp,cnn] [--repeats 5] [--target 0.95] [--sides ...]
+
+``--crossover`` instead trains the CNN at several widths (``--widths``, filters x width: compute per step grows
+about as width squared) with async-ps, all-reduce and one process, and reports each strategy's time to the target
+over one process's per width: where distributing starts to pay on this machine.
+
+    python bench/time_to_accuracy.py --crossover [--widths 0.5,1,2,3] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import tta_baselines
+from tta_workloads import DATA, WORKLOADS, TargetClock, model_fn, time_to_target
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+TIMEOUT = 600.0  # seconds any one run may take
+WORKBENCH_SIDES = ("async-ps", "sync-ps k=0", "sync-ps k=1", "allreduce")
+BASELINE_OF = {"async-ps": "pss", "sync-ps k=0": "sync-replicas k=0", "sync-ps k=1": "sync-replicas k=1",
+               "allreduce": "mwms"}
+SIDES = (*WORKBENCH_SIDES, *BASELINE_OF.values(), "local")
+CROSSOVER_SIDES = ("async-ps", "allreduce", "local")
+
+
+def config_of(args: argparse.Namespace, workload: str, width: float) -> dict:
+    """What every side is told (the baselines' processes get it as JSON)."""
+    return {"workload": workload, "width": width, "target": args.target, "epoch_steps": args.epoch_steps,
+            "max_epochs": args.max_epochs, "steps_per_call": args.steps_per_call, "per_worker_batch": args.per_worker_batch,
+            "global_batch": 2 * args.per_worker_batch, "learning_rate": args.learning_rate, "seed": args.seed}
+
+
+def workbench_side(cluster, side: str, config: dict) -> dict:
+    """One ``wb.train`` to the target in this process; its clock's record."""
+    import keras
+
+    import workbench as wb
+
+    k = config["steps_per_call"]
+    strategy = {"async-ps": lambda: wb.AsyncPS(steps_per_call=k), "allreduce": lambda: wb.AllReduce(steps_per_call=k),
+                "sync-ps k=0": lambda: wb.SyncPS(steps_per_call=k),
+                "sync-ps k=1": lambda: wb.SyncPS(steps_per_call=k, backup_workers=1)}[side]()
+    clock = TargetClock(config["workload"], config["target"])
+    callback = clock.keras_callback()
+    clock.call = time.time()
+    job = wb.train(cluster, model_fn(config["workload"], config["width"]), DATA[config["workload"]],
+                   keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                   keras.optimizers.Adam(config["learning_rate"]), strategy=strategy, epochs=config["max_epochs"],
+                   steps_per_epoch=config["epoch_steps"], batch_size=config["global_batch"], seed=config["seed"],
+                   callbacks=[callback])
+    try:
+        job.wait(TIMEOUT)
+    except TimeoutError:
+        job.stop()
+        raise
+    if job.state != "finished":
+        raise RuntimeError(f"{side}: job {job.name} {job.state}: {job.error}")
+    return clock.result(steps=job.steps_done)
+
+
+def run_side(cluster, side: str, config: dict) -> dict:
+    if side in WORKBENCH_SIDES:
+        return workbench_side(cluster, side, config)
+    if side == "local":
+        return tta_baselines.run_local(config, TIMEOUT)
+    if side == "pss":
+        return tta_baselines.run_pss(cluster.spec_dict, config, TIMEOUT)
+    if side == "mwms":
+        return tta_baselines.run_mwms(len(cluster.spec_dict["worker"]), config, TIMEOUT)
+    return tta_baselines.run_sync_replicas(cluster.spec_dict, config, int(side[-1]), TIMEOUT)
+
+
+def measure(cluster, args: argparse.Namespace, cases: list[tuple[str, float]], sides: list[str]) -> dict:
+    """``raw[case][side]``: one record per repeat (time to target from the call and from the first call, epochs)."""
+    raw: dict[str, dict[str, list]] = {}
+    for workload, width in cases:
+        case = case_name(workload, width)
+        config = config_of(args, workload, width)
+        raw[case] = {side: [] for side in sides}
+        for side in (s for s in sides if s in WORKBENCH_SIDES):  # the kernel's first job of a kind traces and
+            run_side(cluster, side, config)  # connects what the next ones reuse: each side's steady state is measured
+        for repeat in range(args.repeats):
+            for side in (sides if repeat % 2 == 0 else list(reversed(sides))):
+                try:
+                    record = {**time_to_target(run_side(cluster, side, config), args.target), "error": None}
+                except Exception as exc:  # noqa: BLE001 - a failed side is reported and left out
+                    record = {"from_call": None, "from_first": None, "epochs": 0, "accuracy": 0.0,
+                              "error": f"{type(exc).__name__}: {exc}"[:2000]}
+                raw[case][side].append(record)
+                print(f"  {case} repeat {repeat + 1}: {side:18s} {_brief(record)}", flush=True)
+    return raw
+
+
+def case_name(workload: str, width: float) -> str:
+    return workload if width == 1.0 else f"{workload} x{width:g}"
+
+
+def _brief(record: dict) -> str:
+    if record["error"]:
+        return "failed: " + record["error"].splitlines()[0][:160]
+    if record["from_call"] is None:
+        return f"target not reached in {record['epochs']} epochs (best {record['accuracy']:.3f})"
+    return f"{record['from_call']:.2f} s from the call, {record['from_first']:.2f} s from the first call, " \
+           f"{record['epochs']} epochs"
+
+
+def stats(records: list[dict], key: str) -> dict:
+    """Median and spread of ``key`` over the repeats; a repeat that failed or missed the target counts as infinite."""
+    values = [math.inf if r[key] is None else r[key] for r in records]
+    finite = [v for v in values if math.isfinite(v)]
+    return {"median": statistics.median(values) if values else math.inf, "min": min(finite, default=math.inf),
+            "max": max(finite, default=math.inf), "missed": len(values) - len(finite), "n": len(values)}
+
+
+def summarize(raw: dict) -> dict:
+    summary = {}
+    for case, sides in raw.items():
+        rows = {side: {key: stats(records, key) for key in ("from_call", "from_first")} |
+                {"epochs": statistics.median([r["epochs"] for r in records])} for side, records in sides.items()}
+        local = rows.get("local")
+        for side, row in rows.items():
+            for key in ("from_call", "from_first"):
+                if side in BASELINE_OF and BASELINE_OF[side] in rows:
+                    row[key]["baseline_over_workbench"] = _ratio(rows[BASELINE_OF[side]][key]["median"], row[key]["median"])
+                if local is not None and side != "local":
+                    row[key]["over_local"] = _ratio(row[key]["median"], local[key]["median"])
+        summary[case] = rows
+    return summary
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
+
+
+def print_report(summary: dict, target: float) -> None:
+    for case, rows in summary.items():
+        print(f"\n{case}: seconds to held-out accuracy {target} (median [min-max] over repeats)")
+        print(f"  {'side':18s} {'from the call':>24s} {'from the first call':>24s} {'epochs':>6s}  ratios")
+        for side, row in rows.items():
+            cells = [_cell(row[key]) for key in ("from_call", "from_first")]
+            ratios = []
+            for key, label in (("from_call", "call"), ("from_first", "first")):
+                if "baseline_over_workbench" in row[key]:
+                    ratios.append(f"{BASELINE_OF[side]}/this ({label}) {row[key]['baseline_over_workbench']:.2f}")
+                if "over_local" in row[key]:
+                    ratios.append(f"/local ({label}) {row[key]['over_local']:.2f}")
+            print(f"  {side:18s} {cells[0]:>24s} {cells[1]:>24s} {row['epochs']:>6g}  {'; '.join(ratios)}")
+
+
+def _cell(entry: dict) -> str:
+    if not math.isfinite(entry["median"]):
+        return f"missed {entry['missed']}/{entry['n']}"
+    missed = f" ({entry['missed']} missed)" if entry["missed"] else ""
+    return f"{entry['median']:.2f} [{entry['min']:.2f}-{entry['max']:.2f}]{missed}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--sides", default=",".join(SIDES), help="a comma-separated subset of " + ", ".join(SIDES))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--target", type=float, default=0.97)
+    parser.add_argument("--epoch-steps", type=int, default=25)
+    parser.add_argument("--max-epochs", type=int, default=60)
+    parser.add_argument("--steps-per-call", type=int, default=10)
+    parser.add_argument("--per-worker-batch", type=int, default=32)
+    parser.add_argument("--learning-rate", type=float, default=0.001)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--crossover", action="store_true")
+    parser.add_argument("--widths", default="0.5,1,2,3")
+    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "time_to_accuracy.json")
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.sides.split(",") if s not in SIDES]
+    if unknown:
+        parser.error(f"no side named {', '.join(unknown)}: the sides are {', '.join(SIDES)}")
+    bad = [w for w in args.workloads.split(",") if w not in WORKLOADS]
+    if bad:
+        parser.error(f"no workload named {', '.join(bad)}: the workloads are {', '.join(WORKLOADS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    import workbench as wb
+
+    args = parse_args(argv)
+    if args.crossover:
+        cases = [("cnn", float(w)) for w in args.widths.split(",")]
+        sides = [s for s in CROSSOVER_SIDES if s in args.sides.split(",")]
+    else:
+        cases = [(w, 1.0) for w in args.workloads.split(",")]
+        sides = args.sides.split(",")
+    started = time.time()
+    with wb.Cluster(ps=1, workers=2, name="wb-bench-tta", progress=False) as cluster:
+        raw = measure(cluster, args, cases, sides)
+    summary = summarize(raw)
+    print_report(summary, args.target)
+    print(f"\n({time.time() - started:.0f} s in all; python bench/time_to_accuracy.py {' '.join(sys.argv[1:])})")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary, "raw": raw},
+                                    indent=1, default=str))
+    failed = any(r["error"] for sides_ in raw.values() for records in sides_.values() for r in records)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
