@@ -21,7 +21,7 @@ import time
 from ....cluster.health import CONTROLLER_LOST, LOST, RUNNING
 from ....errors import ControllerLost
 from ...job.recovery import CallTimes, TaskLost, classify, ps_lost
-from ...job.workers import ACTIVE, DROPPED, RECOVERING, THREAD_JOIN_SECONDS, TICK_SECONDS, WorkersChanged
+from ...job.workers import ACTIVE, DROPPED, RECOVERING, THREAD_JOIN_SECONDS, WorkersChanged
 from ...job.workers import LOST as SLOT_LOST
 
 
@@ -230,6 +230,3 @@ def _first_line(exc: BaseException, limit: int = 160) -> str:
     text = str(getattr(exc, "message", exc)).strip().splitlines()
     return (text[0] if text else "")[:limit]
 
-
-def tick() -> None:
-    time.sleep(TICK_SECONDS)

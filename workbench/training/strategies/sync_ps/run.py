@@ -19,10 +19,10 @@ import threading
 import time
 
 from ....telemetry.events import APPLY, COMPUTE
-from ...job.workers import ACTIVE, DROPPED, RECOVERING, own_executor, wait_until
+from ...job.workers import ACTIVE, DROPPED, RECOVERING, TICK_SECONDS, own_executor, wait_until
 from ...modelling.steps import host_scalar
 from ..async_ps import chunks_of
-from ..ps.runs import WorkerRun, tick
+from ..ps.runs import WorkerRun
 from .steps import SyncBarrier
 
 _AGGREGATOR = "the ps tasks' aggregation"
@@ -44,6 +44,7 @@ class SyncRun(WorkerRun):
         self.aggregator: threading.Thread | None = None
         self.straggling: list[tuple[int, str]] = []  # (worker, detail) found by the workers' threads
         self.parked = False  # the aggregator waits for the loop to release the next epoch (or to end the last)
+        self.wake = threading.Event()  # the aggregator parked: the run's thread ends the epoch now, not at its next tick
 
     def run(self) -> None:
         job, trainer = self.job, self.trainer
@@ -64,7 +65,8 @@ class SyncRun(WorkerRun):
                 self.job.loop.tick(self.parked)
                 self._tick()
                 self._sync_required()
-                tick()
+                self.wake.wait(TICK_SECONDS)
+                self.wake.clear()
             self._handle_errors()
             finished = True
         finally:
@@ -155,6 +157,7 @@ class SyncRun(WorkerRun):
         if loop.claimable(first):
             return True
         self.parked = True
+        self.wake.set()
         try:
             released = wait_until(functools.partial(loop.claimable, first), self._over, None)
         finally:
