@@ -165,7 +165,7 @@ def wide_model():
 
 
 def wide_job(cluster, transfer: str, batch: int, steps: int, metrics: tuple = (), seed: int = 0,
-             steps_per_call: int = DEFAULT_STEPS_PER_CALL):
+             steps_per_call: int = DEFAULT_STEPS_PER_CALL, overlap: bool = True):
     """A finished digits job of the wide model (what a user would run): Adam 1e-3, the workbench's default
     ``steps_per_call`` unless given."""
     import keras
@@ -174,7 +174,7 @@ def wide_job(cluster, transfer: str, batch: int, steps: int, metrics: tuple = ()
 
     return finished(wb.train(cluster, wide_model, wb.datasets.digits,
                              keras.losses.SparseCategoricalCrossentropy(from_logits=True), keras.optimizers.Adam(1e-3),
-                             strategy=wb.AsyncPS(transfer=transfer, steps_per_call=steps_per_call), steps=steps,
+                             strategy=wb.AsyncPS(transfer=transfer, steps_per_call=steps_per_call, overlap=overlap), steps=steps,
                              batch_size=batch, seed=seed, metrics=metrics, telemetry=False))
 
 
@@ -242,10 +242,10 @@ def precision_run(cluster, transfer: str, steps: int, overlap: bool = True,
                   steps_per_call: int = DEFAULT_STEPS_PER_CALL) -> dict:
     import workbench as wb
 
-    os.environ["WORKBENCH_OVERLAP_TRANSFERS"] = "1" if overlap else "0"  # read when the job starts
     before, busy_before = cluster.link_stats(), machine_busy()
     workers = sum(1 for task in cluster.tasks if task.job == "worker")
-    job = wide_job(cluster, transfer, 32 * workers, steps, metrics=("accuracy",), steps_per_call=steps_per_call)  # 32 per worker
+    job = wide_job(cluster, transfer, 32 * workers, steps, metrics=("accuracy",), steps_per_call=steps_per_call,
+                   overlap=overlap)  # 32 per worker
     after, busy_after = cluster.link_stats(), machine_busy()
     history = job.history
     rate = steady_rate(completion_points(history))
@@ -330,14 +330,13 @@ def cost_model(steps: int, backend: str, repeats: int) -> dict:
     import workbench as wb
 
     rows = []
-    os.environ["WORKBENCH_OVERLAP_TRANSFERS"] = "1"
     with wb.Cluster(ps=1, workers=2, network=dict(backend=backend), progress=False) as cluster:
         print(f"  links: {cluster.network}", flush=True)
         measured_rate(cluster, "fp32", 64, 40)  # warm-up
         for transfer in ("fp32", "bf16"):
             for batch in (64, 512):
                 cluster.shape(None)
-                profile = wb.estimate(wide_model, cluster, batch, wb.AsyncPS(transfer=transfer)).profile
+                profile = wb.estimate(wide_model, cluster, batch, wb.AsyncPS(transfer=transfer, overlap=True)).profile
                 links = ["1gbit", "10gbit"]
                 runs: dict[str, list[float]] = {link: [] for link in links}
                 for repeat in range(repeats):
@@ -345,7 +344,8 @@ def cost_model(steps: int, backend: str, repeats: int) -> dict:
                         cluster.shape(link)
                         runs[link].append(measured_rate(cluster, transfer, batch, steps))
                 for link in links:
-                    predicted = wb.estimate(wide_model, cluster, batch, wb.AsyncPS(transfer=transfer), link=link, profile=profile)
+                    predicted = wb.estimate(wide_model, cluster, batch, wb.AsyncPS(transfer=transfer, overlap=True), link=link,
+                                            profile=profile)
                     measured = statistics.median(runs[link])
                     rows.append({"transfer": transfer, "batch": batch, "link": link, "predicted": predicted.steps_per_s,
                                  "measured": measured, "repeats": runs[link], "error": measured / predicted.steps_per_s - 1,

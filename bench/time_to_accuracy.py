@@ -52,8 +52,7 @@ from tta_workloads import DATA, WORKLOADS, TargetClock, model_fn, time_to_target
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 TIMEOUT = 600.0  # seconds any one run may take
 WORKBENCH_SIDES = ("async-ps", "sync-ps k=0", "sync-ps k=1", "allreduce")
-# measured on request (--sides): async-ps reading each step's parameters after its last push
-# (WORKBENCH_OVERLAP_TRANSFERS=0: no read overlapped with the previous step, one own update fresher)
+# measured on request (--sides): wb.AsyncPS(overlap=False), each step's parameters read after the worker's last update
 VARIANTS = ("async-ps no-overlap",)
 BASELINE_OF = {"async-ps": "pss", "sync-ps k=0": "sync-replicas k=0", "sync-ps k=1": "sync-replicas k=1",
                "allreduce": "mwms"}
@@ -76,8 +75,8 @@ def workbench_side(cluster, side: str, config: dict) -> dict:
     import workbench as wb
 
     k = config["steps_per_call"]
-    os.environ["WORKBENCH_OVERLAP_TRANSFERS"] = "0" if side.endswith("no-overlap") else "1"  # read as the job starts
-    strategy = {"async-ps": lambda: wb.AsyncPS(steps_per_call=k), "async-ps no-overlap": lambda: wb.AsyncPS(steps_per_call=k),
+    strategy = {"async-ps": lambda: wb.AsyncPS(steps_per_call=k),
+                "async-ps no-overlap": lambda: wb.AsyncPS(steps_per_call=k, overlap=False),
                 "allreduce": lambda: wb.AllReduce(steps_per_call=k),
                 "sync-ps k=0": lambda: wb.SyncPS(steps_per_call=k),
                 "sync-ps k=1": lambda: wb.SyncPS(steps_per_call=k, backup_workers=1)}[side]()

@@ -152,11 +152,25 @@ class AsyncPS(_ParameterServer):
     """Asynchronous parameter server: each worker applies its own updates on the ps tasks as it computes them.
 
     Steps go out in chunks of ``steps_per_call``; a worker claims the next chunk when its call returns, so
-    fast workers run more of them, and a lost worker's chunk runs elsewhere. Options: see ``wb.SyncPS``.
+    fast workers run more of them, and a lost worker's chunk runs elsewhere.
+
+    ``overlap``: a worker reads its next step's parameters while a step computes and pushes, so both directions
+    of its link work at once (more steps/s where transfers dominate, behind a slow link); the step then misses
+    the worker's own last update (one update staler). ``False`` reads each step's parameters after the worker's
+    last update landed: fewer steps to an accuracy when the link is not the limit (``bench/time_to_accuracy.py``).
+    ``transfer``, ``partition_bytes``, ``elastic_batch``, ``steps_per_call``: see ``wb.SyncPS``.
     """
 
     name: ClassVar[str] = "async-ps"
     epoch_scalars: ClassVar[tuple[str, ...]] = ("staleness",)  # others' updates landed while a step of its own ran
+
+    overlap: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.overlap, bool):
+            raise ConfigurationError(f"overlap={self.overlap!r}: pass True (read the next step's parameters while a "
+                                     "step computes) or False (read them after the worker's last update).")
 
 
 @_explained

@@ -31,7 +31,6 @@ from ..errors import ConfigurationError
 from .config import Strategy, strategy_from
 from .modelling.steps import UNROLL
 from .moved import refusing_moved_arguments
-from .options import overlap_transfers
 
 PROFILE_STEPS = 200  # 120 left the workers' cycle to ~1 s of steps: 10 % apart between two profiles
 # p of the norm that joins the workers' bound and the ps link's: fitted on one run of ``bench/network.py
@@ -169,7 +168,7 @@ def measure_profile(model: Any, cluster, batch_size: int, strategy: Strategy, st
     if not strategy.synchronous:  # async-ps: a worker's mean cycle: the gaps between its calls count too (the rate sees them)
         per_step = max(per_step, len(info["workers"]) / rate)
     moved = info["bytes_per_step"] or {"parameters": 0, "gradients": 0}
-    overlap = not strategy.synchronous and overlap_transfers()
+    overlap = bool(getattr(strategy, "overlap", False))  # wb.AsyncPS's; sync-ps reads after every update
     return Profile(strategy, batch_size, len(info["workers"]), len(info["ps_bytes"]) or 1, per_step,
                    1 / rate, moved["parameters"], moved["gradients"], overlap)
 

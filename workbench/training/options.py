@@ -6,18 +6,11 @@ What a strategy, the fault handling and the checkpoints are told lives on their 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigurationError
 from .config import AsyncPS, Checkpoint, Recovery, Strategy, whole
-
-
-def overlap_transfers() -> bool:
-    """async-ps reads the next step's parameters while a step computes and pushes, unless
-    ``WORKBENCH_OVERLAP_TRANSFERS=0`` (read when a job builds its steps)."""
-    return os.environ.get("WORKBENCH_OVERLAP_TRANSFERS", "1") != "0"
 
 
 @dataclass(frozen=True)

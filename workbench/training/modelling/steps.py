@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..options import overlap_transfers
 from .placement import shards_of, tf_variable
 
 
@@ -250,12 +249,12 @@ class StepFunctions:
         grads = tf.compat.v1.gradients(total, [tf_variable(v) for v in variables], colocate_gradients_with_ops=True)
         return loss, metrics, grads
 
-    def build_async(self, output_device: str | None = None):
+    def build_async(self, output_device: str | None = None, overlap: bool = True):
         """``train_steps``; with ``output_device``, for a placed (model-parallel) model.
 
         With ``packing``, a step reads the parameters packed, pushes its gradients packed once its
         mark is taken, and waits for nothing from the ps: its next read does (``steps_in_one_call``).
-        With overlap (the default; ``WORKBENCH_OVERLAP_TRANSFERS=0`` turns it off), a step computes on
+        With ``overlap`` (``wb.AsyncPS(overlap=...)``, on by default), a step computes on
         parameters prefetched into a variable on its worker while the next step's are read from the
         ps, so the read of one step and the push of the other share the link's two directions.
         """
@@ -263,7 +262,7 @@ class StepFunctions:
 
         n_metrics = len(self.metric_fns)
         packed = self.packing is not None and output_device is None
-        overlap = packed and overlap_transfers()
+        overlap = packed and overlap
 
         def state_on(device: str) -> tuple[list, list]:
             """The worker's own variables on ``device``: error feedback (int8), prefetched parameters (overlap)."""

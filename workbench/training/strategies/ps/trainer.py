@@ -235,7 +235,7 @@ class PsTrainer(HeldByJob):
 
     def async_step_options(self) -> dict:
         """What ``StepFunctions.build_async`` takes besides its defaults (a placed model: its output device)."""
-        return {}
+        return {"overlap": self.options.strategy.overlap}
 
     def run(self) -> None:
         (SyncRun if self.options.strategy.synchronous else AsyncRun)(self.job, self).run()
