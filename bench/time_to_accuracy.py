@@ -29,8 +29,8 @@ Ratios: baseline / workbench (> 1: the workbench is sooner), side / one process 
     python bench/time_to_accuracy.py [--workloads mlp,cnn] [--repeats 5] [--target 0.95] [--sides ...]
 
 ``--crossover`` instead trains the CNN at several widths (``--widths``, filters x width: compute per step grows
-about as width squared) with async-ps, all-reduce and one process, and reports each strategy's time to the target
-over one process's per width: where distributing starts to pay on this machine.
+about as width squared) with async-ps (both ways of reading), all-reduce and one process, and reports each
+strategy's time to the target over one process's per width: where distributing starts to pay on this machine.
 
     python bench/time_to_accuracy.py --crossover [--widths 0.5,1,2,3] [--repeats 5]
 """
@@ -58,7 +58,7 @@ BASELINE_OF = {"async-ps": "pss", "sync-ps k=0": "sync-replicas k=0", "sync-ps k
                "allreduce": "mwms"}
 SIDES = (*WORKBENCH_SIDES, *BASELINE_OF.values(), "local")
 KNOWN_SIDES = (*SIDES, *VARIANTS)
-CROSSOVER_SIDES = ("async-ps", "allreduce", "local")
+CROSSOVER_SIDES = ("async-ps", "async-ps no-overlap", "allreduce", "local")
 
 
 def config_of(args: argparse.Namespace, workload: str, width: float) -> dict:
@@ -197,7 +197,8 @@ def _cell(entry: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--sides", default=",".join(SIDES), help="a comma-separated list of " + ", ".join(KNOWN_SIDES))
+    parser.add_argument("--sides", help="a comma-separated list of " + ", ".join(KNOWN_SIDES) + " (default: all but the "
+                        "variants; with --crossover " + ", ".join(CROSSOVER_SIDES) + ")")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--epoch-steps", type=int, default=20)
@@ -210,6 +211,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--widths", default="0.5,1,2,3")
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "time_to_accuracy.json")
     args = parser.parse_args(argv)
+    args.sides = args.sides or ",".join(CROSSOVER_SIDES if args.crossover else SIDES)
     unknown = [s for s in args.sides.split(",") if s not in KNOWN_SIDES]
     if unknown:
         parser.error(f"no side named {', '.join(unknown)}: the sides are {', '.join(KNOWN_SIDES)}")
@@ -225,10 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.crossover:
         cases = [("cnn", float(w)) for w in args.widths.split(",")]
-        sides = [s for s in CROSSOVER_SIDES if s in args.sides.split(",")]
     else:
         cases = [(w, 1.0) for w in args.workloads.split(",")]
-        sides = args.sides.split(",")
+    sides = args.sides.split(",")
     started = time.time()
     with wb.Cluster(ps=1, workers=2, name="wb-bench-tta", progress=False) as cluster:
         raw = measure(cluster, args, cases, sides)
