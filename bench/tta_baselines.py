@@ -172,11 +172,7 @@ def pss_main(config: dict) -> None:
             loss = loss_fn(yb, model(xb, training=True))
         optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
 
-    @tf.function
-    def train_steps(iterator):
-        for _ in tf.range(k):
-            strategy.run(replica_step, args=next(iterator))
-
+    train_steps = steps_function(tf, strategy, replica_step, k)
     calls = -(-config["epoch_steps"] // k)
     for _ in range(config["max_epochs"]):
         scheduled = [coordinator.schedule(train_steps, args=(iterator,)) for _ in range(calls)]
@@ -187,6 +183,17 @@ def pss_main(config: dict) -> None:
         if clock.epoch_end(model.get_weights):
             break
     _report(clock, config)
+
+
+def steps_function(tf, strategy, replica_step, k: int):
+    """``k`` steps of ``replica_step`` in one ``tf.function`` (a ``tf.range`` loop), as TensorFlow's guides pack them."""
+
+    @tf.function
+    def train_steps(iterator):
+        for _ in tf.range(k):
+            strategy.run(replica_step, args=next(iterator))
+
+    return train_steps
 
 
 def mwms_main(config: dict) -> None:
@@ -222,11 +229,7 @@ def mwms_main(config: dict) -> None:
             loss = tf.nn.compute_average_loss(loss_fn(yb, model(xb, training=True)), global_batch_size=global_batch)
         optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))  # summed over the replicas
 
-    @tf.function
-    def train_steps(iterator):
-        for _ in tf.range(k):
-            strategy.run(replica_step, args=next(iterator))
-
+    train_steps = steps_function(tf, strategy, replica_step, k)
     calls = -(-config["epoch_steps"] // k)
     for _ in range(config["max_epochs"]):
         for _ in range(calls):

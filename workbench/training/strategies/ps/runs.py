@@ -229,4 +229,3 @@ class WorkerRun:
 def _first_line(exc: BaseException, limit: int = 160) -> str:
     text = str(getattr(exc, "message", exc)).strip().splitlines()
     return (text[0] if text else "")[:limit]
-
