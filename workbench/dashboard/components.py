@@ -131,8 +131,11 @@ class ThroughputComponent:
             for series in self.bins.series:
                 if series not in self.lines:
                     self._add_lines(series)
-        if ended is not None and not self.follow:  # a job's plot ends with the bin of its end: nothing outside it
-            now = min(now, ended.ended + self.bins.width + self.bins.settle)
+        if ended is not None and not self.follow and self.bins.bins:
+            # a job's plot ends with its last counted bin, at once: its steps were all recorded before its end
+            # was (a dashboard stops updating once it read the end, so bins left to settle would never be drawn),
+            # and what came after them (its clean-up) trained nothing: no fall to zero
+            now = (max(self.bins.bins) + 1) * self.bins.width + self.bins.settle
         rows = self.bins.final(now)
         self._patch_late(self.bins.take_changed())
         if rows:

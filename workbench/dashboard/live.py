@@ -71,12 +71,16 @@ class Dashboard:
     @property
     def over(self) -> bool:
         """A job's dashboard whose job ended and whose last events are drawn: nothing will change any more."""
-        return self.view is not None and (self.view.over or self._drawn_after_end)
+        return self.view is not None and self._drawn_after_end
 
     def update(self) -> None:
-        """One update of every component (the live thread calls this every ``interval``)."""
+        """One update of every component (the live thread calls this every ``interval``).
+
+        It is the last when the job's end was known as it began: each component then reads up to the end. (The
+        end seen by a component during an update is not enough: one updated before it may have read less.)
+        """
         now = time.time()
-        ended = self.job is not None and self.job.state in ENDED  # (its end's event may have left the log)
+        ended = self.job is not None and (self.job.state in ENDED or self.view.over)
         with self._lock:
             for component in self.components.values():
                 component.update(now)
