@@ -274,8 +274,7 @@ def _connect_with_timeout(tf, spec: dict, name: str, timeout: float) -> None:
 
     def run() -> None:
         threads.apply_to_context()
-        with tf_compat.context_change():  # not while a freed function is being removed from the tasks
-            tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+        _set_cluster(tf, spec, time.monotonic() + RECONNECT_SECONDS)
         # One tiny remote op: it proves the connection, and TensorFlow opens this process's own
         # port only then, so what it listens on can be checked now rather than at some later op.
         job = "worker" if "worker" in spec else sorted(spec)[0]
@@ -284,6 +283,26 @@ def _connect_with_timeout(tf, spec: dict, name: str, timeout: float) -> None:
             tf.identity(zero).numpy()
 
     _bounded(run, timeout, f"connecting this kernel to cluster {name!r}")
+
+
+def _set_cluster(tf, spec: dict, deadline: float) -> None:
+    """``connect_to_cluster``, tried again while a task that accepts connections is refused by this process's channel.
+
+    gRPC keeps one channel per address in a process: a task that listens on a port an earlier task of this
+    process used (a stopped cluster's) may find that channel still in reconnect back-off, which fails fast
+    ("Connection refused" although the new server listens). The back-off ends within a second. A task that
+    does not accept connections at all is not waited for.
+    """
+    while True:
+        try:
+            with tf_compat.context_change():  # not while a freed function is being removed from the tasks
+                tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+            return
+        except tf.errors.UnavailableError:
+            down = [a for job in spec.values() for a in job if connect_problem(a, timeout=1.0)]
+            if down or time.monotonic() + LINK_RETRY_SECONDS * 2 > deadline:
+                raise
+            time.sleep(LINK_RETRY_SECONDS * 2)
 
 
 def _bounded(work, timeout: float, what: str) -> None:
