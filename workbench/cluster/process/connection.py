@@ -293,14 +293,24 @@ def _set_cluster(tf, spec: dict, deadline: float) -> None:
     ("Connection refused" although the new server listens). The back-off ends within a second. A task that
     does not accept connections at all is not waited for.
     """
+    _retrying(lambda: tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec)), deadline,
+              down=lambda: any(connect_problem(a, timeout=1.0) for job in spec.values() for a in job))
+
+
+def _retrying(change, deadline: float, before=None, down=None) -> None:
+    """``change()`` (a change of this process's connection), tried again while TensorFlow finds a task unavailable,
+    until ``deadline``; ``before()`` runs before each try; ``down()`` True (a task accepts no connection) stops them."""
+    import tensorflow as tf
+
     while True:
+        if before is not None:
+            before()
         try:
             with tf_compat.context_change():  # not while a freed function is being removed from the tasks
-                tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+                change()
             return
         except tf.errors.UnavailableError:
-            down = [a for job in spec.values() for a in job if connect_problem(a, timeout=1.0)]
-            if down or time.monotonic() + LINK_RETRY_SECONDS * 2 > deadline:
+            if (down is not None and down()) or time.monotonic() + LINK_RETRY_SECONDS * 2 > deadline:
                 raise
             time.sleep(LINK_RETRY_SECONDS * 2)
 
@@ -378,19 +388,9 @@ def _update_server_def(ctx, server_def, deadline: float) -> None:
     waiting (a scale that found a task just killed waited out the whole start timeout, and the task's
     re-hosting, which waited for the scale, with it).
     """
-    import tensorflow as tf
-
     deadline = min(deadline, time.monotonic() + RECONNECT_SECONDS)
-    while True:
-        _await_channels(ctx, server_def, deadline)
-        try:
-            with tf_compat.context_change():  # not while a freed function is being removed from the tasks
-                ctx.update_server_def(server_def)
-            return
-        except tf.errors.UnavailableError:
-            if time.monotonic() + LINK_RETRY_SECONDS * 2 > deadline:
-                raise
-            time.sleep(LINK_RETRY_SECONDS * 2)
+    _retrying(lambda: ctx.update_server_def(server_def), deadline,
+              before=lambda: _await_channels(ctx, server_def, deadline))
 
 
 def _await_channels(ctx, server_def, deadline: float) -> None:
