@@ -2,7 +2,8 @@
 
 ``EmulatedHosts(3)`` makes a bridge with the head node's address (this process: the kernel, the
 controller) and, per host, a network namespace joined to the bridge by a veth pair, with an address
-of its own on that private /24 (10.232.N.0, N chosen here), a UTS namespace with its own host name
+of its own on that private /24 (10.232.N.0, the first N from a random one that no address or
+route of this machine uses), a UTS namespace with its own host name
 (``host1``...), and an sshd that lets this user in with a throwaway key (``tests/sshd.py``). Engines
 then start in a host by SSH (``engines="ssh"``). Nothing leaves the bridge: it has no other port
 and no route out.
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 
 import netns
 import sshd
+
+from workbench.cluster.network.netns import free_subnet
 
 TIMEOUT = 30
 
@@ -63,7 +66,8 @@ class Host:
 class EmulatedHosts:
     def __init__(self, count: int = 3, env: dict[str, str] | None = None) -> None:
         """``env``: variables every session on every host gets (``CUDA_VISIBLE_DEVICES``: a node's GPUs)."""
-        n = random.randint(1, 250)
+        # a random start: the two halves of `make test` run side by side; a network someone left is passed over
+        n = free_subnet("10.232.{}.0/24", first=random.randint(1, 250)).network_address.packed[2]
         tag = f"{os.getpid() % 10000}{n}"
         self.bridge = f"wbbr{tag}"
         self.head = f"10.232.{n}.1"  # this process's address on the bridge: pass it as controller_ip

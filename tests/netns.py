@@ -1,9 +1,9 @@
 """Another host on a link of the test's own, for tests run as root: a network namespace joined to this one by a veth pair.
 
 ``Peer()`` makes the namespace and the pair, with addresses chosen here on that link only (IPv4
-10.231.N.0/30 and IPv6 fd31:23:N::/64, no duplicate detection so they work at once). ``run(argv)``
-runs a command inside the namespace; ``host4``/``host6`` are this machine's addresses as the peer
-sees them. ``close()`` removes the namespace (and the pair with it).
+10.231.N.0/30, N one that no address or route of this machine uses, and IPv6 fd31:23:N::/64, no
+duplicate detection so they work at once). ``run(argv)`` runs a command inside the namespace;
+``host4``/``host6`` are this machine's addresses as the peer sees them. ``close()`` removes the namespace (and the pair with it).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import subprocess
 import time
 
 import debian
+
+from workbench.cluster.network.netns import free_subnet
 
 TIMEOUT = 30
 
@@ -35,7 +37,7 @@ def ip(*args: str) -> None:
 
 class Peer:
     def __init__(self) -> None:
-        n = random.randint(1, 250)
+        n = free_subnet("10.231.{}.0/30", first=random.randint(1, 250)).network_address.packed[2]
         tag = f"{os.getpid() % 10000}{n}"
         self.namespace, self.host_link, self.peer_link = f"wbpeer{tag}", f"wbh{tag}", f"wbp{tag}"
         self.host4, self.peer4 = f"10.231.{n}.1", f"10.231.{n}.2"

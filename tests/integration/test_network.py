@@ -1,6 +1,7 @@
 """Emulated links between tasks: the user-space relay, wb.Cluster(network=...), cluster.shape(...) and %wb shape."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -301,6 +302,15 @@ def _settled(namespaces, seconds: float = 10.0) -> dict:
             break
         last = now
     return last
+
+
+def test_a_subnet_in_use_on_this_machine_is_passed_over():
+    """A network some other program (or a killed run) left in place is never taken for a cluster's links: its
+    addresses would reach that network, not the cluster (a peer that refuses every connection)."""
+    if not shutil.which("ip"):
+        pytest.skip("needs the `ip` command (iproute2)")
+    assert netns.free_subnet("127.0.{}.0/24").exploded == "127.0.1.0/24"  # 127.0.0.1 is this machine's
+    assert netns.free_subnet("127.0.{}.0/24", first=255).exploded == "127.0.255.0/24"
 
 
 def test_netns_links_hold_a_task_to_its_rate_and_let_the_kernel_through(namespaces):

@@ -152,7 +152,9 @@ class TaskLink:
         return f"t{self.index}"
 
 
-def _free_subnet() -> ipaddress.IPv4Network:
+def free_subnet(template: str = SUBNETS, first: int = 0) -> ipaddress.IPv4Network:
+    """The first subnet ``template.format(k)`` (k = ``first``, ``first + 1``... modulo 256) that no address or
+    route of this machine falls in; a network left behind by another program (or a killed run) is passed over."""
     used = []
     for line in _run(["ip", "-4", "-o", "addr", "show"]).splitlines() + _run(["ip", "-4", "route", "show"]).splitlines():
         for word in line.replace("/", " /").split():
@@ -161,10 +163,10 @@ def _free_subnet() -> ipaddress.IPv4Network:
             except ValueError:
                 continue
     for k in range(256):
-        subnet = ipaddress.IPv4Network(SUBNETS.format(k))
+        subnet = ipaddress.IPv4Network(template.format((first + k) % 256))
         if not any(address in subnet for address in used):
             return subnet
-    raise ClusterStateError("no free subnet 10.213.k.0/24 for the cluster's links: stop other clusters with network=")
+    raise ClusterStateError(f"no free subnet {template.format('k')} on this machine: stop other clusters with network=")
 
 
 class NamespaceLinks:
@@ -176,7 +178,7 @@ class NamespaceLinks:
             raise ConfigurationError(f"network backend 'netns' cannot run here: {why}. Use network='auto' (it picks the "
                                      "user-space backend when this one cannot run) or dict(backend='user').")
         self.delay_problem = netem_problem()
-        self._subnet = _free_subnet()
+        self._subnet = free_subnet()
         self._addresses = self._subnet.hosts()
         gateway = str(next(self._addresses))  # this kernel's end; the tasks take the addresses after it
         self._opened = time.monotonic()
