@@ -375,6 +375,7 @@ def refresh(cluster, rehosted: str, timeout: float = 60.0) -> bool:
         if _STATE.get("broken"):
             raise ClusterStateError(_STATE["broken"])
         _apply_spec(spec, deadline, f"telling this kernel that {rehosted} of cluster {cluster.name!r} was re-hosted")
+        _STATE.get("deferred", set()).discard(rehosted)
     _await_links(cluster, rehosted, deadline)
     return True
 

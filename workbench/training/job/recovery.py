@@ -186,14 +186,17 @@ class Supervisor:
         return running is not None and running.is_alive()
 
     def rehost(self, task: str, rebuild: Callable[[], None]) -> None:
-        """Re-host ``task`` on a new engine, then ``rebuild()`` what the job kept there; in the background."""
+        """Re-host ``task`` on a new engine, then ``rebuild()`` what the job kept there; in the background.
+
+        ``rebuild`` also brings this kernel's connection to the new server (``connection.refresh``), when the
+        job's calls allow it; a job that ended meanwhile leaves that to the next ``connect()``."""
         running = self._rehosting.get(task)
         if running is not None and running.is_alive():
             return
 
         def run() -> None:
             try:
-                self.cluster.replace_task(task)  # kills the old engine first if it still runs (hung)
+                self.cluster.replace_task(task, refresh_connection=False)  # kills the old engine first if it hangs
                 if self.closed:
                     return  # the job ended meanwhile: the task is back for the next job, with nothing to rebuild
                 rebuild()

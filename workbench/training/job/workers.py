@@ -9,8 +9,10 @@ it answers again).
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ...compat import tensorflow as tf_compat
 
@@ -27,6 +29,66 @@ class WorkersChanged(Exception):
     def __init__(self, drained: float):
         super().__init__("the cluster's workers changed")
         self.drained = drained
+
+
+class CallGate:
+    """Holds a run's calls at a chunk boundary while this kernel's connection changes under them.
+
+    A connection update (``update_server_def``, after a re-hosting) made beside a call blocked on the ps
+    lost what the kernel had made there ("Unable to find the relevant tensor remote_handle" at a later
+    step). The calls of a sync-ps chunk wait on each other (the ps's ``aggregate`` for the workers'
+    gradients, the workers for its tokens), so they cannot stop one by one: ``quiet()`` lets every call
+    of the chunks begun so far go on, holds those of later chunks, and runs its body once none is in
+    flight. A thread makes each of its calls inside ``call(chunk, over)``.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._in_flight = 0
+        self._highest = -1  # the latest chunk a call was made for
+        self._held_from: int | None = None  # calls of this chunk and later wait
+        self._changing = False
+        self._one_at_a_time = threading.Lock()  # two re-hostings' updates: one after the other
+
+    @contextlib.contextmanager
+    def call(self, chunk: int, over: Callable[[], bool]) -> Iterator[bool]:
+        """Around one call of ``chunk``: waits while the gate holds it; yields False (make no call) once ``over()``."""
+        with self._cond:
+            while self._changing or (self._held_from is not None and chunk >= self._held_from):
+                if over():
+                    yield False
+                    return
+                self._cond.wait(TICK_SECONDS)
+            self._in_flight += 1
+            self._highest = max(self._highest, chunk)
+        try:
+            yield True
+        finally:
+            with self._cond:
+                self._in_flight -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def quiet(self, timeout: float) -> Iterator[None]:
+        """Run the body with no call in flight: the chunks begun so far end first (at most ``timeout`` s; after
+        that the body runs anyway, beside what is still in flight: a hung call must not hold it for ever)."""
+        deadline = time.monotonic() + timeout
+        with self._one_at_a_time, self._quiet_until(deadline):
+            yield
+
+    @contextlib.contextmanager
+    def _quiet_until(self, deadline: float) -> Iterator[None]:
+        with self._cond:
+            self._held_from = self._highest + 1
+            while self._in_flight and time.monotonic() < deadline:
+                self._cond.wait(min(TICK_SECONDS, max(0.0, deadline - time.monotonic())))
+            self._changing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._changing, self._held_from = False, None
+                self._cond.notify_all()
 
 
 def compute_device(record) -> str:

@@ -59,7 +59,7 @@ class WorkerRun:
         self._abandon(index)
 
     def _rebuild(self, index: int) -> None:
-        """Worker ``index`` was re-hosted: make again what the run keeps on it."""
+        """Worker ``index`` was re-hosted: make again what the run keeps on it (and reach it: ``rebuild_worker``)."""
         self.trainer.rebuild_worker(index)
 
     def _has_work(self) -> bool:

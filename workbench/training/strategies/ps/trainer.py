@@ -17,7 +17,7 @@ from ....errors import ConfigurationError
 from ...data import DataContext, evaluation_dataset, example_spec, training_dataset
 from ...fit.evaluation import is_dataset, named_results
 from ...job.trainer import HeldByJob
-from ...job.workers import compute_device, input_device, trim_engines
+from ...job.workers import CallGate, compute_device, input_device, trim_engines
 from ...modelling.building import build_model, build_optimizer, local_model, seed_initializers, update_where_the_variable_lives
 from ...modelling.losses import resolve_metrics
 from ...modelling.placement import PsPlacer, optimizer_targets, shards_of, tf_variable
@@ -52,6 +52,7 @@ class PsTrainer(HeldByJob):
         self.epoch: int | None = None  # the kernel's connection it was built under
         self._model = self.optimizer = self._step = self._checkpoint = self._manager = None  # built by set_up
         self._local_weights: list | None = None  # the trained weights, kept when the kernel's connection is replaced
+        self.gate = CallGate()  # calls that wait on each other (sync-ps's), across the job's runs, make way for updates
 
     @property
     def model_source(self):
@@ -141,8 +142,12 @@ class PsTrainer(HeldByJob):
             return iter(make())
 
     def rebuild_worker(self, index: int) -> None:
-        """Worker ``index`` was re-hosted: what the job kept on it (its input pipeline) is made again there."""
-        self.iterators[index] = self._make_iterator(index)
+        """Worker ``index`` was re-hosted: this kernel's connection reaches its new server (``connection.refresh``)
+        and what the job kept on it (its input pipeline) is made again there, between the calls made through ``gate``."""
+        cluster = self.job.cluster
+        with self.gate.quiet(self.options.recovery.step_timeout):
+            connection.refresh(cluster, self.job.workers[index].name, cluster.start_timeout)
+            self.iterators[index] = self._make_iterator(index)
         if self.fns is not None:
             self.fns.forget_worker(self.worker_devices[index])
 

@@ -134,15 +134,18 @@ class SyncRun(WorkerRun):
             following = self.chunks[number + 1][0] if number + 1 < len(self.chunks) else first + n
             if self.halt.is_set() or job.stop_requested:
                 return
-            self.step_started = time.monotonic()
-            try:
-                bounds = [host_scalar(v, tf.int64) for v in (first, first + n, following)]
-                with tf.device(self.trainer.ps_devices[0]):
-                    rows = self.barrier.aggregate(*bounds)
-                rows = rows.numpy()
-            except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
-                self.errors.put((None, _AGGREGATOR, exc))
-                return
+            with self.trainer.gate.call(number, self._over) as going:
+                if not going:
+                    return
+                self.step_started = time.monotonic()
+                try:
+                    bounds = [host_scalar(v, tf.int64) for v in (first, first + n, following)]
+                    with tf.device(self.trainer.ps_devices[0]):
+                        rows = self.barrier.aggregate(*bounds)
+                    rows = rows.numpy()
+                except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
+                    self.errors.put((None, _AGGREGATOR, exc))
+                    return
             try:
                 self._record(first, [self.barrier.unpack(row) for row in rows])  # and a checkpoint, if one is due
             except Exception as exc:  # noqa: BLE001 - a save that found a ps gone (TaskLost), or a failure
@@ -201,18 +204,21 @@ class SyncRun(WorkerRun):
             first, n = self.chunks[number]
             if not wait_until(functools.partial(job.loop.claimable, first), self._over, None):
                 return  # the training ended (a callback stopped it) before this epoch
-            key = job.recorder.call_started(name, device, first, n)
-            try:
-                end = host_scalar(first + n, tf.int64)
-                with tf.device(device):
-                    rows = self.barrier.work[index](self.trainer.iterators[index], end)
-                steps, stamps = self.barrier.split_rows(rows.numpy())
-            except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
+            with self.trainer.gate.call(number, self._over) as going:
+                if not going:
+                    return
+                key = job.recorder.call_started(name, device, first, n)
+                try:
+                    end = host_scalar(first + n, tf.int64)
+                    with tf.device(device):
+                        rows = self.barrier.work[index](self.trainer.iterators[index], end)
+                    steps, stamps = self.barrier.split_rows(rows.numpy())
+                except Exception as exc:  # noqa: BLE001 - the run's thread decides what it means
+                    job.recorder.call_ended(key)
+                    if not self.halt.is_set():
+                        self.errors.put((index, threading.current_thread(), exc))
+                    return
                 job.recorder.call_ended(key)
-                if not self.halt.is_set():
-                    self.errors.put((index, threading.current_thread(), exc))
-                return
-            job.recorder.call_ended(key)
             for step, (start, end) in zip(steps, stamps):
                 job.recorder.span(name, device, COMPUTE, int(step), start, end, self.options.per_worker_batch)
             self._note_times(index, [end - start for start, end in stamps])
