@@ -32,7 +32,7 @@ Ratios: baseline / workbench (> 1: the workbench is sooner), side / one process 
 about as width squared) with async-ps (both ways of reading), all-reduce and one process, and reports each
 strategy's time to the target over one process's per width: where distributing starts to pay on this machine.
 
-    python bench/time_to_accuracy.py --crossover [--widths 0.5,1,2,3] [--repeats 5]
+    python bench/time_to_accuracy.py --crossover [--widths 1,2,4] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=0.001)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--crossover", action="store_true")
-    parser.add_argument("--widths", default="0.5,1,2,3")
+    parser.add_argument("--widths", default="1,2,4")
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "time_to_accuracy.json")
     args = parser.parse_args(argv)
     args.sides = args.sides or ",".join(CROSSOVER_SIDES if args.crossover else SIDES)
