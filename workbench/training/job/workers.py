@@ -39,20 +39,22 @@ class CallGate:
     step). The calls of a sync-ps chunk wait on each other (the ps's ``aggregate`` for the workers'
     gradients, the workers for its tokens), so they cannot stop one by one: ``quiet()`` lets every call
     of the chunks begun so far go on, holds those of later chunks, and runs its body once none is in
-    flight. A thread makes each of its calls inside ``call(chunk, over)``.
+    flight. A thread makes each of its calls inside ``call(chunk, over)``, ``chunk`` the chunk's first step:
+    steps, unlike a run's chunk numbers, keep counting from one run of the job to the next (a scale starts a
+    new run while a re-hosting begun in the old one is still under way).
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._in_flight = 0
-        self._highest = -1  # the latest chunk a call was made for
+        self._highest = -1  # the latest chunk (its first step) a call was made for
         self._held_from: int | None = None  # calls of this chunk and later wait
         self._changing = False
         self._one_at_a_time = threading.Lock()  # two re-hostings' updates: one after the other
 
     @contextlib.contextmanager
     def call(self, chunk: int, over: Callable[[], bool]) -> Iterator[bool]:
-        """Around one call of ``chunk``: waits while the gate holds it; yields False (make no call) once ``over()``."""
+        """Around one call of ``chunk`` (its first step): waits while the gate holds it; yields False (make no call) once ``over()``."""
         with self._cond:
             while self._changing or (self._held_from is not None and chunk >= self._held_from):
                 if over():

@@ -134,7 +134,7 @@ class SyncRun(WorkerRun):
             following = self.chunks[number + 1][0] if number + 1 < len(self.chunks) else first + n
             if self.halt.is_set() or job.stop_requested:
                 return
-            with self.trainer.gate.call(number, self._over) as going:
+            with self.trainer.gate.call(first, self._over) as going:
                 if not going:
                     return
                 self.step_started = time.monotonic()
@@ -204,7 +204,7 @@ class SyncRun(WorkerRun):
             first, n = self.chunks[number]
             if not wait_until(functools.partial(job.loop.claimable, first), self._over, None):
                 return  # the training ended (a callback stopped it) before this epoch
-            with self.trainer.gate.call(number, self._over) as going:
+            with self.trainer.gate.call(first, self._over) as going:
                 if not going:
                     return
                 key = job.recorder.call_started(name, device, first, n)
