@@ -55,20 +55,26 @@ class CallGate:
     @contextlib.contextmanager
     def call(self, chunk: int, over: Callable[[], bool]) -> Iterator[bool]:
         """Around one call of ``chunk`` (its first step): waits while the gate holds it; yields False (make no call) once ``over()``."""
-        with self._cond:
-            while self._changing or (self._held_from is not None and chunk >= self._held_from):
-                if over():
-                    yield False
-                    return
-                self._cond.wait(TICK_SECONDS)
-            self._in_flight += 1
-            self._highest = max(self._highest, chunk)
+        if not self._enter(chunk, over):
+            yield False
+            return
         try:
             yield True
         finally:
             with self._cond:
                 self._in_flight -= 1
                 self._cond.notify_all()
+
+    def _enter(self, chunk: int, over: Callable[[], bool]) -> bool:
+        """Wait until a call of ``chunk`` may be made and count it in flight; False (not counted) once ``over()``."""
+        with self._cond:
+            while self._changing or (self._held_from is not None and chunk >= self._held_from):
+                if over():
+                    return False
+                self._cond.wait(TICK_SECONDS)
+            self._in_flight += 1
+            self._highest = max(self._highest, chunk)
+            return True
 
     @contextlib.contextmanager
     def quiet(self, timeout: float) -> Iterator[None]:
