@@ -52,13 +52,14 @@ from tta_workloads import DATA, WORKLOADS, TargetClock, model_fn, time_to_target
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 TIMEOUT = 600.0  # seconds any one run may take
 WORKBENCH_SIDES = ("async-ps", "sync-ps k=0", "sync-ps k=1", "allreduce")
-# measured on request (--sides): wb.AsyncPS(overlap=False), each step's parameters read after the worker's last update
-VARIANTS = ("async-ps no-overlap",)
+# measured on request (--sides): wb.AsyncPS(overlap=True), each step's parameters read while the step before runs
+VARIANTS = ("async-ps overlap",)
 BASELINE_OF = {"async-ps": "pss", "sync-ps k=0": "sync-replicas k=0", "sync-ps k=1": "sync-replicas k=1",
                "allreduce": "mwms"}
 SIDES = (*WORKBENCH_SIDES, *BASELINE_OF.values(), "local")
 KNOWN_SIDES = (*SIDES, *VARIANTS)
-CROSSOVER_SIDES = ("async-ps", "async-ps no-overlap", "allreduce", "local")
+ESTIMATED = ("async-ps", "async-ps overlap", "sync-ps k=0", "sync-ps k=1")  # what wb.estimate models
+CROSSOVER_SIDES = ("async-ps", "async-ps overlap", "allreduce", "local")
 
 
 def config_of(args: argparse.Namespace, workload: str, width: float) -> dict:
@@ -68,18 +69,24 @@ def config_of(args: argparse.Namespace, workload: str, width: float) -> dict:
             "global_batch": 2 * args.per_worker_batch, "learning_rate": args.learning_rate, "seed": args.seed}
 
 
+def strategy_of(side: str, k: int):
+    """The ``wb.train`` strategy of a workbench side, ``k`` steps a call."""
+    import workbench as wb
+
+    return {"async-ps": lambda: wb.AsyncPS(steps_per_call=k),
+            "async-ps overlap": lambda: wb.AsyncPS(steps_per_call=k, overlap=True),
+            "allreduce": lambda: wb.AllReduce(steps_per_call=k),
+            "sync-ps k=0": lambda: wb.SyncPS(steps_per_call=k),
+            "sync-ps k=1": lambda: wb.SyncPS(steps_per_call=k, backup_workers=1)}[side]()
+
+
 def workbench_side(cluster, side: str, config: dict) -> dict:
     """One ``wb.train`` to the target in this process; its clock's record."""
     import keras
 
     import workbench as wb
 
-    k = config["steps_per_call"]
-    strategy = {"async-ps": lambda: wb.AsyncPS(steps_per_call=k),
-                "async-ps no-overlap": lambda: wb.AsyncPS(steps_per_call=k, overlap=False),
-                "allreduce": lambda: wb.AllReduce(steps_per_call=k),
-                "sync-ps k=0": lambda: wb.SyncPS(steps_per_call=k),
-                "sync-ps k=1": lambda: wb.SyncPS(steps_per_call=k, backup_workers=1)}[side]()
+    strategy = strategy_of(side, config["steps_per_call"])
     clock = TargetClock(config["workload"], config["target"])
     callback = clock.keras_callback()
     clock.call = time.time()
@@ -110,13 +117,31 @@ def run_side(cluster, side: str, config: dict) -> dict:
     return tta_baselines.run_sync_replicas(cluster.spec_dict, config, int(side[-1]), TIMEOUT)
 
 
+def estimates(cluster, sides: list[str], config: dict) -> dict:
+    """``wb.estimate`` of each ps side (profiled on this cluster's unshaped links with the side's epochs, as a user
+    would call it; a link of 100 Gbit/s adds next to nothing to what the profile measured on loopback)."""
+    import workbench as wb
+
+    found = {}
+    for side in sides:
+        strategy = strategy_of(side, config["steps_per_call"]) if side in ESTIMATED else None
+        if strategy is not None:
+            found[side] = wb.estimate(model_fn(config["workload"], config["width"]), cluster, config["global_batch"],
+                                      strategy, link="100gbit", steps_per_epoch=config["epoch_steps"])
+    return found
+
+
 def measure(cluster, args: argparse.Namespace, cases: list[tuple[str, float]], sides: list[str]) -> dict:
-    """``raw[case][side]``: one record per repeat (time to target from the call and from the first call, epochs)."""
+    """``raw[case][side]``: one record per repeat (time to target from the call and from the first call, epochs);
+    with ``--estimate``, ``raw[case]["estimates"]``: each ps side's predicted set-up and seconds a step."""
     raw: dict[str, dict[str, list]] = {}
     for workload, width in cases:
         case = case_name(workload, width)
         config = config_of(args, workload, width)
         raw[case] = {side: [] for side in sides}
+        if args.estimate:
+            raw[case]["estimates"] = {side: {"setup_seconds": e.profile.setup_seconds, "step_seconds": e.step_seconds}
+                                      for side, e in estimates(cluster, sides, config).items()}
         for side in (s for s in sides if s in WORKBENCH_SIDES or s in VARIANTS):  # the kernel's first job of a kind traces and
             run_side(cluster, side, config)  # connects what the next ones reuse: each side's steady state is measured
         for repeat in range(args.repeats):
@@ -152,11 +177,17 @@ def stats(records: list[dict], key: str) -> dict:
             "max": max(finite, default=math.inf), "missed": len(values) - len(finite), "n": len(values)}
 
 
-def summarize(raw: dict) -> dict:
+def summarize(raw: dict, epoch_steps: int) -> dict:
     summary = {}
     for case, sides in raw.items():
+        predicted = sides.get("estimates", {})
         rows = {side: {key: stats(records, key) for key in ("from_call", "from_first")} |
-                {"epochs": statistics.median([r["epochs"] for r in records])} for side, records in sides.items()}
+                {"epochs": statistics.median([r["epochs"] for r in records])}
+                for side, records in sides.items() if side != "estimates"}
+        for side, estimate in predicted.items():  # the estimate given the steps the side took (median epochs)
+            seconds = estimate["setup_seconds"] + rows[side]["epochs"] * epoch_steps * estimate["step_seconds"]
+            rows[side]["estimate"] = {**estimate, "from_call": seconds,
+                                      "over_measured": _ratio(seconds, rows[side]["from_call"]["median"])}
         local = rows.get("local")
         for side, row in rows.items():
             for key in ("from_call", "from_first"):
@@ -184,6 +215,9 @@ def print_report(summary: dict, target: float) -> None:
                     ratios.append(f"{BASELINE_OF[side]}/this ({label}) {row[key]['baseline_over_workbench']:.2f}")
                 if "over_local" in row[key]:
                     ratios.append(f"/local ({label}) {row[key]['over_local']:.2f}")
+            if "estimate" in row:
+                ratios.append(f"wb.estimate {row['estimate']['from_call']:.2f} s from the call "
+                              f"({row['estimate']['over_measured']:.2f} of measured)")
             print(f"  {side:18s} {cells[0]:>24s} {cells[1]:>24s} {row['epochs']:>6g}  {'; '.join(ratios)}")
 
 
@@ -208,6 +242,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=0.001)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--crossover", action="store_true")
+    parser.add_argument("--estimate", action="store_true", help="also predict each ps side's time from the call with "
+                        "wb.estimate, given the epochs the side took")
     parser.add_argument("--widths", default="1,2,4")
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "time_to_accuracy.json")
     args = parser.parse_args(argv)
@@ -233,13 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     with wb.Cluster(ps=1, workers=2, name="wb-bench-tta", progress=False) as cluster:
         raw = measure(cluster, args, cases, sides)
-    summary = summarize(raw)
+    summary = summarize(raw, args.epoch_steps)
     print_report(summary, args.target)
     print(f"\n({time.time() - started:.0f} s in all; python bench/time_to_accuracy.py {' '.join(sys.argv[1:])})")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary, "raw": raw},
                                     indent=1, default=str))
-    failed = any(r["error"] for sides_ in raw.values() for records in sides_.values() for r in records)
+    failed = any(r["error"] for sides_ in raw.values() for side, records in sides_.items() if side != "estimates"
+                 for r in records)
     return 1 if failed else 0
 
 

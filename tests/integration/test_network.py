@@ -1,6 +1,7 @@
 """Emulated links between tasks: the user-space relay, wb.Cluster(network=...), cluster.shape(...) and %wb shape."""
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -376,18 +377,25 @@ def test_estimate_profiles_once_and_predicts_links(linked):
     with pytest.raises(ConfigurationError, match=r"shaped links .*cluster.shape\(None\)"):
         wb.estimate(make_model, linked, 64)
     linked.shape(None)
-    fast = wb.estimate(make_model, linked, 64, link="10gbit", profile_steps=100)
+    overlapped = wb.AsyncPS(overlap=True)
+    fast = wb.estimate(make_model, linked, 64, strategy=overlapped, link="10gbit", profile_steps=100)
     parameters = (64 * 32 + 32 + 32 * 10 + 10) * 4
     assert (fast.parameter_bytes, fast.gradient_bytes) == (parameters, parameters)
     assert fast.bottleneck == "the workers' steps" and fast.steps_per_s > 0
-    slow = wb.estimate(make_model, linked, 64, link="1mbit", profile=fast.profile)
+    assert 0 < fast.profile.setup_seconds < 30  # a job's set-up after the warm-up job: connected, traced once
+    assert fast.seconds_for(500) == pytest.approx(fast.profile.setup_seconds + 500 / fast.steps_per_s)
+    slow = wb.estimate(make_model, linked, 64, strategy=overlapped, link="1mbit", profile=fast.profile)
     assert slow.bottleneck.startswith("the ps's link")
     assert 0.9 * 1e6 / 8 / parameters <= slow.steps_per_s < 1e6 / 8 / parameters  # the link, the workers add a little
-    more = wb.estimate(make_model, linked, 64, link="10gbit", profile=fast.profile, workers=8)
+    more = wb.estimate(make_model, linked, 64, strategy=overlapped, link="10gbit", profile=fast.profile, workers=8)
     assert more.workers == 8 and more.batch_size == 256 and "limited by" in str(more)
-    with pytest.raises(ConfigurationError, match=r"measured for wb.AsyncPS\(\); this estimate asks for wb.AsyncPS\(transfer='bf16'\)"):
-        wb.estimate(make_model, linked, 64, strategy=wb.AsyncPS(transfer="bf16"), profile=fast.profile)
+    for other in (wb.AsyncPS(transfer="bf16", overlap=True), wb.AsyncPS()):  # another precision; reads after updates
+        with pytest.raises(ConfigurationError, match=rf"measured for wb.AsyncPS\(overlap=True\); this estimate asks for "
+                                                     rf"{re.escape(other.spelled())}: measure again"):
+            wb.estimate(make_model, linked, 64, strategy=other, profile=fast.profile)
     with pytest.raises(TypeError, match=r"transfer= is now strategy=wb.AsyncPS\(transfer=...\)"):
         wb.estimate(make_model, linked, 64, transfer="bf16", profile=fast.profile)
+    with pytest.raises(ConfigurationError, match=r"steps_per_epoch=0: pass a whole number of steps >= 1"):
+        wb.estimate(make_model, linked, 64, steps_per_epoch=0)
     with pytest.raises(ConfigurationError, match=r"models the ps strategies .*, not wb.AllReduce\(\)"):
         wb.estimate(make_model, linked, 64, strategy="allreduce")

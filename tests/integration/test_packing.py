@@ -65,8 +65,8 @@ def stateful_model():
     return keras.Model(inputs, keras.layers.Dense(10)(x))
 
 
-@pytest.mark.parametrize("strategy", ["async-ps", wb.AsyncPS(overlap=False), "sync-ps"],
-                         ids=["async-ps", "async-ps-reads-after-updates", "sync-ps"])
+@pytest.mark.parametrize("strategy", ["async-ps", wb.AsyncPS(overlap=True), "sync-ps"],
+                         ids=["async-ps", "async-ps-overlapped-reads", "sync-ps"])
 def test_a_model_with_batch_statistics_dropout_and_an_embedding_trains_packed(cluster_two_ps, strategy):
     job = wb.train(cluster_two_ps, stateful_model, wb.datasets.digits, LOSS, keras.optimizers.Adam(0.003), steps=400,
                    batch_size=64, seed=7, strategy=strategy, metrics=["accuracy"]).wait(300)

@@ -72,3 +72,13 @@ def test_sync_ps_pays_every_workers_transfers_through_the_ps():
     seconds, bottleneck = predict(profile(strategy=wb.SyncPS()), 1e9, workers=4)
     assert seconds == pytest.approx(0.005 + 4 * 2 * 4 * MB / 125e6)
     assert bottleneck == "the ps's link"
+
+
+def test_seconds_for_a_number_of_steps_adds_the_profiles_set_up():
+    measured = Profile(wb.AsyncPS(), 64, 2, 1, 0.010, 0.005, 4 * MB, 4 * MB, False, setup_seconds=2.5)
+    estimate = wb.estimate(None, None, 64, link="10gbit", profile=measured)
+    assert estimate.seconds_for(400) == pytest.approx(2.5 + 400 * estimate.step_seconds)
+    assert estimate.seconds_for(400) - estimate.seconds_for(200) == pytest.approx(200 / estimate.steps_per_s)
+    for wrong in (0, True, 2.5):
+        with pytest.raises(wb.ConfigurationError, match="pass a whole number of global steps"):
+            estimate.seconds_for(wrong)

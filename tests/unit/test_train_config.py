@@ -43,7 +43,7 @@ def test_strategy_options_live_on_the_strategy_they_mean_something_for():
     with pytest.raises(wb.ConfigurationError, match="leaves no gradient to aggregate with 2 worker"):
         wb.SyncPS(backup_workers=2).check_workers(2, 64)
     assert wb.SyncPS(backup_workers=1, transfer="int8").spelled() == "wb.SyncPS(transfer='int8', backup_workers=1)"
-    assert wb.AsyncPS(overlap=False).spelled() == "wb.AsyncPS(overlap=False)"
+    assert wb.AsyncPS(overlap=True).spelled() == "wb.AsyncPS(overlap=True)"
     with pytest.raises(wb.ConfigurationError, match="overlap='no': pass True"):
         wb.AsyncPS(overlap="no")
     with pytest.raises(TypeError, match="has no option overlap=: it is an option of wb.AsyncPS"):

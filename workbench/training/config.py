@@ -154,17 +154,18 @@ class AsyncPS(_ParameterServer):
     Steps go out in chunks of ``steps_per_call``; a worker claims the next chunk when its call returns, so
     fast workers run more of them, and a lost worker's chunk runs elsewhere.
 
-    ``overlap``: a worker reads its next step's parameters while a step computes and pushes, so both directions
-    of its link work at once (more steps/s where transfers dominate, behind a slow link); the step then misses
-    the worker's own last update (one update staler). ``False`` reads each step's parameters after the worker's
-    last update landed: fewer steps to an accuracy when the link is not the limit (``bench/time_to_accuracy.py``).
+    ``overlap``: ``False`` (the default) reads each step's parameters after the worker's own last update landed.
+    ``True`` reads the next step's parameters while a step computes and pushes, so both directions of the
+    worker's link work at once: more steps/s where the ps's link is the limit (a slow link, a large model), but
+    each step misses the worker's own last update (one update staler), and the job needs more steps to reach an
+    accuracy (``bench/time_to_accuracy.py``). Turn it on when ``wb.estimate`` or the dashboards say the link limits.
     ``transfer``, ``partition_bytes``, ``elastic_batch``, ``steps_per_call``: see ``wb.SyncPS``.
     """
 
     name: ClassVar[str] = "async-ps"
     epoch_scalars: ClassVar[tuple[str, ...]] = ("staleness",)  # others' updates landed while a step of its own ran
 
-    overlap: bool = True
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

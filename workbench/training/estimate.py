@@ -6,7 +6,7 @@ time a worker takes for one step when transfers cost nothing but CPU, and the by
 The link then adds its transfer times, in the shape of the strategy:
 
 * async-ps: a worker step is ``compute + push + read`` (``max(compute + push, read)`` when reads
-  overlap pushes, the default), where a worker's call lays out ``UNROLL`` steps a pass and a step's
+  overlap pushes, ``wb.AsyncPS(overlap=True)``), where a worker's call lays out ``UNROLL`` steps a pass and a step's
   push overlaps the next step's compute within a pass: a pass of U steps takes
   ``compute + (U - 1) max(compute, push) + push``; the workers' steps/s are capped by each direction of the ps's own
   link, which carries every worker's parameters out and gradients in. The two bounds do not simply
@@ -16,6 +16,10 @@ The link then adds its transfer times, in the shape of the strategy:
 * sync-ps: a step reads every worker's parameters through the ps's link, computes, then takes every
   worker's gradient back through it.
 
+``Estimate.seconds_for(steps)`` adds the profile's set-up (from the training call to the first step's end, in a
+kernel that trained before) to the steps at the predicted rate: the time a user waits for that many steps. How
+many steps a strategy needs to reach an accuracy is not predicted (``bench/time_to_accuracy.py`` measures it).
+
 Each task is one host with one network card of the link's rate (``cluster.shape`` emulates exactly
 that). ``workers=`` extends the estimate to more workers than the cluster has: their compute is
 assumed to scale (each on its own host), so only the ps's link is shared.
@@ -24,6 +28,7 @@ assumed to scale (each on its own host), so only the ps's link is shared.
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +57,8 @@ class Profile:
     parameter_bytes: int  # what one step reads from the ps tasks
     gradient_bytes: int  # what one step pushes to them
     overlap: bool
+    setup_seconds: float = 0.0  # from the training call to the end of the job's first step (warm: not the kernel's first)
+    steps_per_epoch: int | None = None  # the epochs the profile ran (their ends wait for every call: a rate sees them)
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,18 @@ class Estimate:
     examples_per_s: float
     bottleneck: str
     profile: Profile
+
+    def seconds_for(self, steps: int) -> float:
+        """Wall-clock seconds from the training call to the end of ``steps`` global steps: the profile's set-up
+        (connecting, tracing, the first call) and the steps at the predicted rate.
+
+        The steps a job needs to reach an accuracy are the caller's to give (from a run in one process, say: the
+        same global batch takes about as many steps synchronously; ``bench/time_to_accuracy.py`` shows how many
+        more each strategy took): the estimate predicts how fast steps go, not how much each one teaches.
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ConfigurationError(f"steps={steps!r}: pass a whole number of global steps >= 1.")
+        return self.profile.setup_seconds + steps * self.step_seconds
 
     def __str__(self) -> str:
         from ..cluster.network.shaping import format_rate
@@ -107,7 +126,8 @@ def predict(profile: Profile, link_bits: float, workers: int | None = None) -> t
 
 @refusing_moved_arguments("wb.estimate")
 def estimate(model: Any, cluster, batch_size: int = 64, strategy: Any = "async-ps", link: Any = "1gbit", *,
-             workers: int | None = None, profile: Profile | None = None, profile_steps: int = PROFILE_STEPS) -> Estimate:
+             workers: int | None = None, profile: Profile | None = None, profile_steps: int = PROFILE_STEPS,
+             steps_per_epoch: int | None = None) -> Estimate:
     """Predict bytes and time per step of ``wb.train(cluster, model, ..., strategy=strategy)`` on ``link``.
 
     ``model``: as for ``wb.train`` (a function returning a Keras model). ``link``: a rate as
@@ -115,7 +135,11 @@ def estimate(model: Any, cluster, batch_size: int = 64, strategy: Any = "async-p
     (default: the cluster's). The first call runs a short profile job (``profile_steps`` steps,
     synthetic data, unshaped links: call ``cluster.shape(None)`` first); pass ``profile=`` (an earlier
     estimate's ``.profile``) to predict other links or worker counts without measuring again.
-    Strategies: the ps ones, ``wb.AsyncPS(transfer=...)`` and ``wb.SyncPS(transfer=...)`` (or their names).
+    ``steps_per_epoch``: the job's epochs, for the profile to run them too (an epoch's end waits for every
+    call in flight, which a short epoch pays often). ``Estimate.seconds_for(steps)`` gives the time from the
+    training call to the end of that many steps, set-up included.
+    Strategies: the ps ones, ``wb.AsyncPS(...)`` and ``wb.SyncPS(...)`` (or their names); a ``profile=`` serves
+    the strategy it was measured with, options included.
     """
     from ..cluster.network.shaping import parse_rate
 
@@ -126,8 +150,12 @@ def estimate(model: Any, cluster, batch_size: int = 64, strategy: Any = "async-p
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ConfigurationError(f"workers={workers!r}: pass a whole number of workers >= 1.")
     if profile is None:
-        profile = measure_profile(model, cluster, batch_size, strategy, profile_steps)
-    elif (type(profile.strategy), profile.strategy.transfer) != (type(strategy), strategy.transfer):
+        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int)
+                                            or steps_per_epoch < 1):
+            raise ConfigurationError(f"steps_per_epoch={steps_per_epoch!r}: pass a whole number of steps >= 1, or "
+                                     "leave it out (one epoch).")
+        profile = measure_profile(model, cluster, batch_size, strategy, profile_steps, steps_per_epoch)
+    elif profile.strategy != strategy:  # transfer, overlap, steps a call: each changes what a step costs
         raise ConfigurationError(
             f"profile= was measured for {profile.strategy.spelled()}; this estimate asks for {strategy.spelled()}: "
             "measure again (leave profile= out).")
@@ -139,25 +167,21 @@ def estimate(model: Any, cluster, batch_size: int = 64, strategy: Any = "async-p
                     profile.gradient_bytes, step, 1 / step, examples / step, bottleneck, profile)
 
 
-def measure_profile(model: Any, cluster, batch_size: int, strategy: Strategy, steps: int) -> Profile:
-    """Run the short profile job on ``cluster`` (unshaped links) and read its step times and bytes."""
-    from . import api
+def measure_profile(model: Any, cluster, batch_size: int, strategy: Strategy, steps: int,
+                    steps_per_epoch: int | None = None) -> Profile:
+    """Run the short profile job on ``cluster`` (unshaped links) and read its set-up, step times and bytes.
 
+    A warm-up job of one call per worker runs first, so that the set-up measured is that of a job in a kernel that
+    has trained before (connected, its step functions' kind traced once), as every job after the first is.
+    """
     if cluster.shaped:
         raise ConfigurationError(
             f"cluster {cluster.name!r} has shaped links ({cluster.network}): the profile measures compute on "
             "unshaped ones. Call cluster.shape(None) first, or pass profile= from an earlier estimate.")
     shapes = _shapes(model)
-    job = api.train(cluster, model, lambda ctx: _synthetic(shapes, ctx), "mse", "adam", strategy=strategy, metrics=(),
-                    steps=steps, batch_size=batch_size, telemetry=False, seed=0)
-    try:
-        job.wait(600)
-    except TimeoutError:
-        job.stop()
-        raise ConfigurationError(f"the profile job of {steps} steps did not end within 600 s: it was stopped. "
-                                 "Pass a smaller profile_steps.") from None
-    if job.state != "finished":
-        raise ConfigurationError(f"the profile job ended {job.state}: {job.error}")
+    workers = sum(1 for task in cluster.tasks if task.job == "worker")
+    _profile_job(model, shapes, cluster, batch_size, strategy, strategy.steps_per_call * max(1, workers), None)
+    job, called = _profile_job(model, shapes, cluster, batch_size, strategy, steps, steps_per_epoch)
     history = sorted(job.history, key=lambda r: r["end"])
     steady = history[int(STEADY[0] * len(history)):int(STEADY[1] * len(history))]
     if len(steady) < 10:
@@ -169,8 +193,31 @@ def measure_profile(model: Any, cluster, batch_size: int, strategy: Strategy, st
         per_step = max(per_step, len(info["workers"]) / rate)
     moved = info["bytes_per_step"] or {"parameters": 0, "gradients": 0}
     overlap = bool(getattr(strategy, "overlap", False))  # wb.AsyncPS's; sync-ps reads after every update
+    first = history[0]  # its end is on its worker's host clock: the kernel's, less that host's offset
+    setup = first["end"] - cluster.clock_offsets().get(first["worker"], 0.0) - called
     return Profile(strategy, batch_size, len(info["workers"]), len(info["ps_bytes"]) or 1, per_step,
-                   1 / rate, moved["parameters"], moved["gradients"], overlap)
+                   1 / rate, moved["parameters"], moved["gradients"], overlap, max(0.0, setup), steps_per_epoch)
+
+
+def _profile_job(model: Any, shapes: tuple, cluster, batch_size: int, strategy: Strategy, steps: int,
+                 steps_per_epoch: int | None):
+    """One finished job of ``model`` on synthetic data; and when it was called (the kernel's clock)."""
+    from . import api
+
+    length = ({"epochs": -(-steps // steps_per_epoch), "steps_per_epoch": steps_per_epoch} if steps_per_epoch
+              else {"steps": steps})
+    called = time.time()
+    job = api.train(cluster, model, lambda ctx: _synthetic(shapes, ctx), "mse", "adam", strategy=strategy, metrics=(),
+                    batch_size=batch_size, telemetry=False, seed=0, **length)
+    try:
+        job.wait(600)
+    except TimeoutError:
+        job.stop()
+        raise ConfigurationError(f"the profile job of {steps} steps did not end within 600 s: it was stopped. "
+                                 "Pass a smaller profile_steps.") from None
+    if job.state != "finished":
+        raise ConfigurationError(f"the profile job ended {job.state}: {job.error}")
+    return job, called
 
 
 def _shapes(model: Any) -> tuple[tuple, tuple]:

@@ -249,12 +249,12 @@ class StepFunctions:
         grads = tf.compat.v1.gradients(total, [tf_variable(v) for v in variables], colocate_gradients_with_ops=True)
         return loss, metrics, grads
 
-    def build_async(self, output_device: str | None = None, overlap: bool = True):
+    def build_async(self, output_device: str | None = None, overlap: bool = False):
         """``train_steps``; with ``output_device``, for a placed (model-parallel) model.
 
         With ``packing``, a step reads the parameters packed, pushes its gradients packed once its
         mark is taken, and waits for nothing from the ps: its next read does (``steps_in_one_call``).
-        With ``overlap`` (``wb.AsyncPS(overlap=...)``, on by default), a step computes on
+        With ``overlap`` (``wb.AsyncPS(overlap=True)``), a step computes on
         parameters prefetched into a variable on its worker while the next step's are read from the
         ps, so the read of one step and the push of the other share the link's two directions.
         """
