@@ -186,7 +186,7 @@ def make_model():
 
 
 def workbench_run(cluster, *, strategy: str, steps: int, batch: int, steps_per_call: int, backup_workers: int = 0,
-                  packed: bool = True, fit: Callable[[], dict] | None = None) -> Run:
+                  packed: bool = True, overlap: bool = False, fit: Callable[[], dict] | None = None) -> Run:
     """``packed=False``: every tensor travels alone between tasks (``WORKBENCH_PACKED_TRANSFERS=0``); ``fit()``:
     more ``wb.train`` arguments (epochs, callbacks), made afresh for each run."""
     import keras
@@ -199,17 +199,19 @@ def workbench_run(cluster, *, strategy: str, steps: int, batch: int, steps_per_c
         asked = time.time()
         job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                        keras.optimizers.Adam(LEARNING_RATE), steps=None if "epochs" in extra else steps, batch_size=batch,
-                       seed=SEED, strategy=_strategy(strategy, backup_workers, steps_per_call), **extra)
+                       seed=SEED, strategy=_strategy(strategy, backup_workers, steps_per_call, overlap), **extra)
         history = finished(job).history
         return Timing(completion_points(history), sum(r["examples"] for r in history) / len(history), asked, time.time())
 
     return measured(run, steps, cluster, client_here=True)
 
 
-def _strategy(name: str, backup_workers: int, steps_per_call: int):
+def _strategy(name: str, backup_workers: int, steps_per_call: int, overlap: bool = False):
     from workbench.training import strategy_named
 
     options = {"backup_workers": backup_workers} if backup_workers else {}
+    if overlap:
+        options["overlap"] = True
     return strategy_named(name, steps_per_call=steps_per_call, **options)
 
 
@@ -262,7 +264,8 @@ class Comparison:
 
 # The distribution overhead's goal per workbench line: CPU of all tasks and the client per example in the steady
 # state, over the local process's (``overhead``)
-OVERHEAD_GOALS = {"async-ps": 1.5, "sync-ps-k0": 2.0, "sync-ps-k1": 2.0, "allreduce": None, "async-ps-unpacked": None}
+OVERHEAD_GOALS = {"async-ps": 1.5, "sync-ps-k0": 2.0, "sync-ps-k1": 2.0, "allreduce": None, "async-ps-unpacked": None,
+                  "async-ps-overlap": None}
 
 
 def lines(cluster, args: argparse.Namespace) -> list[Line]:
@@ -270,9 +273,9 @@ def lines(cluster, args: argparse.Namespace) -> list[Line]:
     spec, k, b = cluster.spec_dict, args.steps_per_call, args.per_worker_batch
     n = len(spec["worker"])
 
-    def workbench(strategy: str, steps: int, backup: int = 0, packed: bool = True) -> Callable[[], Run]:
+    def workbench(strategy: str, steps: int, backup: int = 0, packed: bool = True, overlap: bool = False) -> Callable[[], Run]:
         return lambda: workbench_run(cluster, strategy=strategy, steps=steps, batch=b * n, steps_per_call=k,
-                                     backup_workers=backup, packed=packed)
+                                     backup_workers=backup, packed=packed, overlap=overlap)
 
     return [
         Line("local", "one process, tf.function (the limit)",
@@ -281,6 +284,7 @@ def lines(cluster, args: argparse.Namespace) -> list[Line]:
              lambda: pss_run(cluster, steps=args.steps, steps_per_call=k, per_worker_batch=b)),
         Line("async-ps", f"workbench async-ps (steps_per_call {k})", workbench("async-ps", args.steps)),
         Line("async-ps-unpacked", "workbench async-ps, tensors unpacked", workbench("async-ps", args.steps, packed=False)),
+        Line("async-ps-overlap", "workbench async-ps, overlapped reads", workbench("async-ps", args.steps, overlap=True)),
         Line("pss-1", "PSS + ClusterCoordinator, 1 step/closure",
              lambda: pss_run(cluster, steps=args.steps, steps_per_call=1, per_worker_batch=b)),
         Line("tf1-k0", f"TF1 SyncReplicas, aggregate {n} of {n}",
@@ -299,6 +303,7 @@ def comparisons(args: argparse.Namespace) -> dict[str, Comparison]:
         f"async-ps / PSS {k} steps/closure": Comparison("async-ps", "pss-k", 1.3),
         "async-ps / PSS 1 step/closure": Comparison("async-ps", "pss-1", None),
         "async-ps packed / unpacked": Comparison("async-ps", "async-ps-unpacked", None),
+        "async-ps overlapped reads / reads after updates": Comparison("async-ps-overlap", "async-ps", None),
         "sync-ps k=0 / TF1 SyncReplicas k=0": Comparison("sync-ps-k0", "tf1-k0", 1.5, 1.2),
         "sync-ps k=1 / TF1 SyncReplicas k=1": Comparison("sync-ps-k1", "tf1-k1", 1.5, 1.2),
     }
@@ -580,7 +585,7 @@ def main() -> int:
     parser.add_argument("--per-worker-batch", type=int, default=32)
     parser.add_argument("--steps-per-call", type=int, default=10, help="the workbench's steps_per_call, and PSS's K")
     parser.add_argument("--lines", help="comma-separated line names to run (default: all): pss-k, async-ps, "
-                        "pss-1, tf1-k0, sync-ps-k0, tf1-k1, sync-ps-k1, allreduce")
+                        "async-ps-unpacked, async-ps-overlap, pss-1, tf1-k0, sync-ps-k0, tf1-k1, sync-ps-k1, allreduce")
     parser.add_argument("--containment", action="store_true", help="contained ports against every interface")
     parser.add_argument("--callbacks", action="store_true", help="async-ps with Keras callbacks against without")
     parser.add_argument("--tracking", choices=["mlflow", "wandb"], help="async-ps with wb.tracking's callback "
