@@ -1,5 +1,6 @@
 """Model, loss and data shared by the training tests (small, real: scikit-learn's digits)."""
 
+import math
 import os
 import subprocess
 import textwrap
@@ -21,6 +22,16 @@ def make_model():
 
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+# Where a fresh model's loss starts: the cross-entropy of uniform predictions over the 10 digits (a Glorot-initialised
+# model's are near uniform). Tests hold a job's last steps below a fraction of it, not below its first step's loss:
+# in async-ps, step 0 may run after the other worker's first call already updated the model (seen: 0.32).
+UNTRAINED_LOSS = math.log(10)
+
+
+def late_loss(history: list[dict], steps: int = 10) -> float:
+    """The mean loss of a job's last ``steps`` steps (one async-ps step's loss swings with what it read)."""
+    return sum(r["loss"] for r in history[-steps:]) / len(history[-steps:])
 
 # Steps after which ``train``'s model is held to 90 % on the held-out digits. Async-ps interleaves the
 # workers' updates differently each run, so the accuracy its last step leaves spreads: at 300 steps,

@@ -7,7 +7,7 @@ finished job still evaluates and gives its model. The whole suite (``make test``
 import keras
 import numpy as np
 import pytest
-from training_helpers import LOSS, train
+from training_helpers import LOSS, UNTRAINED_LOSS, late_loss, train
 
 import workbench as wb
 
@@ -21,9 +21,9 @@ def _check_job(job, workers: set[str]) -> None:
     history = job.history
     assert [r["step"] for r in history] == list(range(STEPS))  # every step once
     assert {w for r in history for w in r["worker"].split(",")} == workers
-    # learned: below the first step's loss (about ln 10 = 2.3 at initialisation). Not against the first ten steps'
-    # mean: async-ps gets there within a few steps and then varies (seen: first ten 0.62, last ten 0.67, under load)
-    assert np.mean([r["loss"] for r in history[-10:]]) < history[0]["loss"], [r["loss"] for r in history]
+    # learned: well below a fresh model's loss. Not against the first steps': async-ps gets low within a few steps and
+    # then varies (seen: first ten 0.62, last ten 0.67, under load), and its step 0 may follow the other worker's call
+    assert late_loss(history) < 0.8 * UNTRAINED_LOSS, [r["loss"] for r in history]
     result = job.evaluate(wb.datasets.digits_test)
     assert result["examples"] == 450 and np.isfinite(result["loss"])
     assert len(job.model.get_weights()) == 4

@@ -8,6 +8,7 @@ loops that run the steps are ``async_ps.AsyncRun`` and ``sync_ps.SyncRun``. A pl
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -53,6 +54,7 @@ class PsTrainer(HeldByJob):
         self._model = self.optimizer = self._step = self._checkpoint = self._manager = None  # built by set_up
         self._local_weights: list | None = None  # the trained weights, kept when the kernel's connection is replaced
         self.gate = CallGate()  # calls that wait on each other (sync-ps's), across the job's runs, make way for updates
+        self._pipelines = threading.Lock()  # a re-hosting's new input pipeline, against the job's end letting them go
 
     @property
     def model_source(self):
@@ -145,7 +147,9 @@ class PsTrainer(HeldByJob):
         """Worker ``index`` was re-hosted: this kernel's connection reaches its new server (``connection.refresh``)
         and what the job kept on it (its input pipeline) is made again there, between the calls made through ``gate``."""
         cluster = self.job.cluster
-        with self.gate.quiet(self.options.recovery.step_timeout):
+        with self.gate.quiet(self.options.recovery.step_timeout), self._pipelines:
+            if index >= len(self.iterators):  # the job ended meanwhile (release): the next job's connect() reaches it
+                return
             connection.refresh(cluster, self.job.workers[index].name, cluster.start_timeout)
             self.iterators[index] = self._make_iterator(index)
         if self.fns is not None:
@@ -213,7 +217,9 @@ class PsTrainer(HeldByJob):
         where they live (``job.evaluate``); let go of the step functions, input pipelines and checkpoint writer."""
         if self.job.error is None:
             self._keep_weights()
-        self.iterators, self._checkpoint, self._manager = [], None, None
+        with self._pipelines:  # a re-hosting making a worker's pipeline finishes first, or finds none to replace
+            self.iterators = []
+        self._checkpoint, self._manager = None, None
         if self.fns is not None:
             self.fns.release_steps()
 
