@@ -82,3 +82,12 @@ def test_seconds_for_a_number_of_steps_adds_the_profiles_set_up():
     for wrong in (0, True, 2.5):
         with pytest.raises(wb.ConfigurationError, match="pass a whole number of global steps"):
             estimate.seconds_for(wrong)
+
+
+def test_a_profile_serves_the_epochs_it_ran():
+    measured = Profile(wb.AsyncPS(), 64, 2, 1, 0.010, 0.005, 4 * MB, 4 * MB, False, setup_seconds=2.5, steps_per_epoch=20)
+    assert wb.estimate(None, None, 64, profile=measured, steps_per_epoch=20).profile is measured
+    with pytest.raises(wb.ConfigurationError, match="steps_per_epoch=50: profile= ran epochs of 20 steps"):
+        wb.estimate(None, None, 64, profile=measured, steps_per_epoch=50)
+    with pytest.raises(wb.ConfigurationError, match="steps_per_epoch=0: pass a whole number of steps >= 1"):
+        wb.estimate(None, None, 64, profile=measured, steps_per_epoch=0)

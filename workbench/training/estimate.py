@@ -149,16 +149,20 @@ def estimate(model: Any, cluster, batch_size: int = 64, strategy: Any = "async-p
     link_bits = parse_rate(link)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ConfigurationError(f"workers={workers!r}: pass a whole number of workers >= 1.")
+    if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int)
+                                        or steps_per_epoch < 1):
+        raise ConfigurationError(f"steps_per_epoch={steps_per_epoch!r}: pass a whole number of steps >= 1, or "
+                                 "leave it out (one epoch).")
     if profile is None:
-        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int)
-                                            or steps_per_epoch < 1):
-            raise ConfigurationError(f"steps_per_epoch={steps_per_epoch!r}: pass a whole number of steps >= 1, or "
-                                     "leave it out (one epoch).")
         profile = measure_profile(model, cluster, batch_size, strategy, profile_steps, steps_per_epoch)
     elif profile.strategy != strategy:  # transfer, overlap, steps a call: each changes what a step costs
         raise ConfigurationError(
             f"profile= was measured for {profile.strategy.spelled()}; this estimate asks for {strategy.spelled()}: "
             "measure again (leave profile= out).")
+    elif steps_per_epoch is not None and steps_per_epoch != profile.steps_per_epoch:
+        raise ConfigurationError(
+            f"steps_per_epoch={steps_per_epoch}: profile= ran epochs of {profile.steps_per_epoch or 'all its'} steps, "
+            "and the epochs shape the rate it measured: leave steps_per_epoch out, or measure again (leave profile= out).")
     n = workers or profile.workers
     step, bottleneck = predict(profile, link_bits, n)
     per_worker = profile.batch_size // profile.workers
