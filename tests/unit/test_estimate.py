@@ -79,6 +79,7 @@ def test_seconds_for_a_number_of_steps_adds_the_profiles_set_up():
     estimate = wb.estimate(None, None, 64, link="10gbit", profile=measured)
     assert estimate.seconds_for(400) == pytest.approx(2.5 + 400 * estimate.step_seconds)
     assert estimate.seconds_for(400) - estimate.seconds_for(200) == pytest.approx(200 / estimate.steps_per_s)
+    assert str(estimate).endswith("; a job's set-up 2.5 s (seconds_for(steps) adds it)")
     for wrong in (0, True, 2.5):
         with pytest.raises(wb.ConfigurationError, match="pass a whole number of global steps"):
             estimate.seconds_for(wrong)

@@ -96,7 +96,9 @@ class Estimate:
         return (f"{self.strategy.name}, transfer {self.strategy.transfer}, {self.workers} worker(s) + {self.ps} ps on "
                 f"{format_rate(self.link_bits)} links, global batch {self.batch_size}: "
                 f"{(self.parameter_bytes + self.gradient_bytes) / 1e6:.2f} MB per step, "
-                f"{self.steps_per_s:.1f} steps/s ({self.examples_per_s:,.0f} examples/s), limited by {self.bottleneck}")
+                f"{self.steps_per_s:.1f} steps/s ({self.examples_per_s:,.0f} examples/s), limited by {self.bottleneck}"
+                + (f"; a job's set-up {self.profile.setup_seconds:.1f} s (seconds_for(steps) adds it)"
+                   if self.profile.setup_seconds > 0 else ""))
 
     __repr__ = __str__
 
