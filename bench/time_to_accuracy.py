@@ -122,13 +122,10 @@ def estimates(cluster, sides: list[str], config: dict) -> dict:
     would call it; a link of 100 Gbit/s adds next to nothing to what the profile measured on loopback)."""
     import workbench as wb
 
-    found = {}
-    for side in sides:
-        strategy = strategy_of(side, config["steps_per_call"]) if side in ESTIMATED else None
-        if strategy is not None:
-            found[side] = wb.estimate(model_fn(config["workload"], config["width"]), cluster, config["global_batch"],
-                                      strategy, link="100gbit", steps_per_epoch=config["epoch_steps"])
-    return found
+    return {side: wb.estimate(model_fn(config["workload"], config["width"]), cluster, config["global_batch"],
+                              strategy_of(side, config["steps_per_call"]), link="100gbit",
+                              steps_per_epoch=config["epoch_steps"])
+            for side in sides if side in ESTIMATED}
 
 
 def measure(cluster, args: argparse.Namespace, cases: list[tuple[str, float]], sides: list[str]) -> dict:

@@ -177,16 +177,18 @@ def measure_profile(model: Any, cluster, batch_size: int, strategy: Strategy, st
                     steps_per_epoch: int | None = None) -> Profile:
     """Run the short profile job on ``cluster`` (unshaped links) and read its set-up, step times and bytes.
 
-    A warm-up job of one call per worker runs first, so that the set-up measured is that of a job in a kernel that
-    has trained before (connected, its step functions' kind traced once), as every job after the first is.
+    Where no job of this process finished on ``cluster`` yet, a warm-up job of one call per worker runs first, so
+    that the set-up measured is that of a job in a kernel that has trained before (connected), as every job after
+    the first is.
     """
     if cluster.shaped:
         raise ConfigurationError(
             f"cluster {cluster.name!r} has shaped links ({cluster.network}): the profile measures compute on "
             "unshaped ones. Call cluster.shape(None) first, or pass profile= from an earlier estimate.")
     shapes = _shapes(model)
-    workers = sum(1 for task in cluster.tasks if task.job == "worker")
-    _profile_job(model, shapes, cluster, batch_size, strategy, strategy.steps_per_call * max(1, workers), None)
+    if not any(job.state == "finished" for job in cluster.jobs):  # the kernel's first job connects: not a job's set-up
+        workers = sum(1 for task in cluster.tasks if task.job == "worker")
+        _profile_job(model, shapes, cluster, batch_size, strategy, strategy.steps_per_call * max(1, workers), None)
     job, called = _profile_job(model, shapes, cluster, batch_size, strategy, steps, steps_per_epoch)
     history = sorted(job.history, key=lambda r: r["end"])
     steady = history[int(STEADY[0] * len(history)):int(STEADY[1] * len(history))]
