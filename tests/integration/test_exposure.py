@@ -97,7 +97,7 @@ def _reachable(peer: netns.Peer, ports) -> list[str]:
 
 
 KERNEL_CODE = textwrap.dedent("""
-    import keras, warnings
+    import keras, time, warnings
     import workbench as wb
     warnings.simplefilter("error", wb.ExposedPortsWarning)  # a port left open fails here too
 
@@ -109,6 +109,11 @@ KERNEL_CODE = textwrap.dedent("""
     wb.train(cluster, make_model, wb.datasets.digits, loss, strategy="async-ps", steps=40).wait()  # kernel: TF client
     wb.train(cluster, make_model, wb.datasets.digits, loss, strategy="allreduce", steps=20).wait()  # the group's ports
     busy = wb.train(cluster, make_model, wb.datasets.digits, loss, strategy="async-ps", steps=100000)
+    for _ in range(1200):  # the capture needs steps running: a loaded machine's set-up can outlast it
+        if busy.steps_done >= 5 or busy.state != "running":
+            break
+        time.sleep(0.1)
+    assert busy.steps_done >= 5, (busy.state, busy.steps_done)
     cluster.profile(seconds=1)  # every task's profiler service
     busy.stop()
     wb.serve_dashboard(cluster)
