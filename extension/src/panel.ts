@@ -413,7 +413,8 @@ class ClusterCard {
         cell.title = task.note; // why: "its engine exited", "not answering", "re-hosted on engine 3"
       }
       // three columns fit the sidebar at 300 px: the engine and devices take a line of their own under them
-      const sub = el('td', { class: 'wb-sub', colspan: '3' }, `engine ${task.engine_id} · ${devices || '—'}`);
+      const line = `engine ${task.engine_id} · ${devices || '—'}`;
+      const sub = el('td', { class: 'wb-sub', colspan: '3', title: line }, line);
       const under = el('tr', { class: 'wb-task-sub', 'data-task-of': task.name });
       under.append(sub);
       return [row, under];
