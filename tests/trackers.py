@@ -31,7 +31,8 @@ class MlflowServer:
         command = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
                    "--workers", "1", "--backend-store-uri", f"sqlite:///{base / 'mlflow.db'}",
                    "--artifacts-destination", str(base / "artifacts")]
-        env = {**os.environ, "MLFLOW_HOME": str(base)}
+        # no server-side job runner: its consumers polled through the whole session (1.5 CPU-minutes of the suite)
+        env = {**os.environ, "MLFLOW_HOME": str(base), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         self.log = open(base / "server.log", "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command, cwd=base, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)

@@ -18,6 +18,11 @@
   could run while another thread sets or updates the context's server def; TensorFlow's binding had made the
   two take turns, and they still do: both hold ``context_change()``.
 - ``context_change()``: held while the context's server def is set or updated, and while a function is removed.
+- ``quiet_retracing_of(*names)``: TensorFlow's "triggered tf.function retracing" warning (a logging record of its
+  logger) dropped for the workbench's own functions made anew on purpose (one per job, one per re-hosting).
+  TensorFlow counts traces per code object, not per function, so a few of them in a row read to it as one
+  function retraced, a warning that would send the user hunting for a loop of theirs. A user's own function
+  still warns.
 """
 
 from __future__ import annotations
@@ -37,6 +42,27 @@ _STATE: dict = {"installed": False, "why_not": ""}
 _CONTEXT_CHANGE = threading.RLock()  # a server def set or updated, a function removed: one at a time
 _DEFAULT_EXECUTOR: list = []  # the default executor's handle, read once: each thread returns to it
 _DEFAULT_EXECUTOR_LOCK = threading.Lock()
+
+
+_OWN_FUNCTIONS: set[str] = set()  # qualified names whose retracing warning is dropped
+
+
+class _OwnRetracing(logging.Filter):
+    """Drops TensorFlow's retracing warning when it names one of ``_OWN_FUNCTIONS``; any other passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return "triggered tf.function retracing" not in message or not any(
+            f"<function {name} at " in message for name in _OWN_FUNCTIONS)
+
+
+def quiet_retracing_of(*names: str) -> None:
+    """Drop the retracing warning for the functions of these qualified names (the filter installed once)."""
+    with _LOCK:
+        _OWN_FUNCTIONS.update(names)
+        logger = logging.getLogger("tensorflow")
+        if not any(isinstance(f, _OwnRetracing) for f in logger.filters):
+            logger.addFilter(_OwnRetracing())
 
 
 def context_change() -> threading.RLock:

@@ -433,7 +433,6 @@ def _await_links(cluster, rehosted: str, deadline: float) -> None:
     target = f"{cluster.task(rehosted).task.device}/device:CPU:0"
     peers = [f"{r.task.device}/device:CPU:0" for r in cluster.tasks if r.name != rehosted]
 
-    @tf.function(autograph=False)
     def round_trip():
         total = tf.constant(0.0, tf.float64)
         for peer in peers:
@@ -444,6 +443,9 @@ def _await_links(cluster, rehosted: str, deadline: float) -> None:
             with tf.device(target):
                 total += back
         return total
+
+    tf_compat.quiet_retracing_of(round_trip.__qualname__)  # one function per re-hosting, on its tasks: not a user's loop
+    round_trip = tf.function(round_trip, autograph=False)
 
     last = None
     while time.monotonic() < deadline:

@@ -15,11 +15,11 @@ spans come from them.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...compat.tensorflow import quiet_retracing_of
 from .placement import shards_of, tf_variable
 
 
@@ -63,30 +63,12 @@ def stamp_after(tensors) -> Any:
         return tf.timestamp()
 
 
-# TensorFlow's step functions the workbench makes anew on purpose (one per job; each traced once).
-# TensorFlow counts traces per code object, not per function, so a few short jobs in a row read to it as
-# one function retraced ("5 out of the last 12 calls to <function steps_in_one_call.<locals>.train_steps
-# ...> triggered tf.function retracing"), a warning that would send the user hunting for a loop of theirs.
+# TensorFlow's step functions the workbench makes anew on purpose (one per job; each traced once): no retracing
+# warning for them (``compat.tensorflow.quiet_retracing_of``)
 OWN_STEP_FUNCTIONS = ("steps_in_one_call.<locals>.make.<locals>.train_steps",
                       "StepFunctions.evaluation_function.<locals>.evaluate")
 # Steps laid out one after the other in each pass of a call's loop (see ``steps_in_one_call``)
 UNROLL = 2
-
-
-class _OwnRetracing(logging.Filter):
-    """Drops TensorFlow's retracing warning when it names one of ``OWN_STEP_FUNCTIONS``; any other passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return "triggered tf.function retracing" not in message or not any(
-            f"<function {name} at " in message for name in OWN_STEP_FUNCTIONS)
-
-
-def quiet_own_retracing() -> None:
-    """Install the filter on TensorFlow's logger (once)."""
-    logger = logging.getLogger("tensorflow")
-    if not any(isinstance(f, _OwnRetracing) for f in logger.filters):
-        logger.addFilter(_OwnRetracing())
 
 
 def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | None = None):
@@ -114,7 +96,7 @@ def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | No
     """
     import tensorflow as tf
 
-    quiet_own_retracing()
+    quiet_retracing_of(*OWN_STEP_FUNCTIONS)
 
     def make(unroll: int):
         @tf.function
