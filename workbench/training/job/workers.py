@@ -9,12 +9,10 @@ it answers again).
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from ...compat import tensorflow as tf_compat
 
@@ -135,19 +133,6 @@ def own_executor(work: Callable) -> Callable:
     switches executors (TensorFlow's raw handles) is ``compat.tensorflow.run_on_own_executor``'s.
     """
     return tf_compat.run_on_own_executor(work)
-
-
-def side_by_side(works: list[Callable[[], Any]]) -> list:
-    """Each of ``works`` called in a thread of its own, on its own executor (``own_executor``: TensorFlow's default
-    one would run their remote calls one after the other); their results in order, or the first one's error.
-
-    For calls that each wait on a different task (a worker's input pipeline made there). One is called here.
-    """
-    if len(works) <= 1:
-        return [work() for work in works]
-    with concurrent.futures.ThreadPoolExecutor(len(works), thread_name_prefix="workbench-set-up") as pool:
-        futures = [pool.submit(own_executor(work)) for work in works]
-        return [future.result() for future in futures]
 
 
 def wait_until(ready: Callable[[], bool], give_up: Callable[[], bool], timeout: float | None) -> bool:

@@ -8,7 +8,6 @@ loops that run the steps are ``async_ps.AsyncRun`` and ``sync_ps.SyncRun``. A pl
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -19,7 +18,7 @@ from ....errors import ConfigurationError
 from ...data import DataContext, evaluation_dataset, example_spec, training_dataset
 from ...fit.evaluation import is_dataset, named_results
 from ...job.trainer import HeldByJob
-from ...job.workers import CallGate, compute_device, input_device, side_by_side, trim_engines
+from ...job.workers import CallGate, compute_device, input_device, trim_engines
 from ...modelling.building import build_model, build_optimizer, local_model, seed_initializers, update_where_the_variable_lives
 from ...modelling.losses import resolve_metrics
 from ...modelling.placement import PsPlacer, optimizer_targets, shards_of, tf_variable
@@ -131,27 +130,16 @@ class PsTrainer(HeldByJob):
                 self.job.start_step = int(self._step.numpy())
 
     def _make_iterators(self) -> list:
-        """Every worker's input pipeline, made (again) on its worker: traced here one after the other (the data
-        function is the user's code), then made on the workers side by side (each unpacks its copy of the data at
-        the same time; one after the other, two workers' CNN images took 0.55 s of the job's set-up)."""
-        made = [self._pipeline_function(i) for i in range(len(self.worker_devices))]
-        return side_by_side([functools.partial(self._start_pipeline, make, i) for i, make in enumerate(made)])
+        """Every worker's input pipeline, made (again) on its worker."""
+        return [self._make_iterator(i) for i in range(len(self.worker_devices))]
 
     def _make_iterator(self, index: int):
         """The input pipeline of worker ``index``, built and run on that worker."""
-        return self._start_pipeline(self._pipeline_function(index), index)
-
-    def _pipeline_function(self, index: int):
-        """The traced function that makes worker ``index``'s dataset (wherever it is called)."""
         import tensorflow as tf
 
         ctx = DataContext(index, len(self.worker_devices), self.options.per_worker_batch, self.seed)
         data = self.job.inputs.data
-        return tf.function(lambda: training_dataset(data, ctx), autograph=False).get_concrete_function()
-
-    def _start_pipeline(self, make, index: int):
-        import tensorflow as tf
-
+        make = tf.function(lambda: training_dataset(data, ctx), autograph=False).get_concrete_function()
         with tf.device(input_device(self.job.workers[index])):
             return iter(make())
 
