@@ -62,9 +62,8 @@ def assert_trained(job, steps: int, workers: set[str]) -> None:
     # by step number: in async-ps a worker whose first call was slow to set up (SSH engines under load) ran steps
     # 0-2 after another worker had trained (0.16 read for about 2.3), and another worker's first call, steps 10-19,
     # may start from weights that learned (averaging those once read 0.64)
-    first = sorted(history, key=lambda r: r["start"])[:3]
-    last = sorted(history, key=lambda r: r["end"])[-10:]
-    first, last = (sum(r["loss"] for r in part) / len(part) for part in (first, last))
+    began, ended = sorted(history, key=lambda r: r["start"])[:3], sorted(history, key=lambda r: r["end"])[-10:]
+    first, last = (sum(r["loss"] for r in part) / len(part) for part in (began, ended))
     assert last < first / 2, (first, last)
     assert job.evaluate(wb.datasets.digits_test)["examples"] == 450
 

@@ -45,6 +45,7 @@ _DEFAULT_EXECUTOR_LOCK = threading.Lock()
 
 
 _OWN_FUNCTIONS: set[str] = set()  # qualified names whose retracing warning is dropped
+_OWN_FUNCTIONS_LOCK = threading.Lock()
 
 
 class _OwnRetracing(logging.Filter):
@@ -58,7 +59,7 @@ class _OwnRetracing(logging.Filter):
 
 def quiet_retracing_of(*names: str) -> None:
     """Drop the retracing warning for the functions of these qualified names (the filter installed once)."""
-    with _LOCK:
+    with _OWN_FUNCTIONS_LOCK:
         _OWN_FUNCTIONS.update(names)
         logger = logging.getLogger("tensorflow")
         if not any(isinstance(f, _OwnRetracing) for f in logger.filters):
