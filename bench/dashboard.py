@@ -12,8 +12,11 @@
    the server thread's CPU. Also with the timeline in one segment (one data source), for comparison.
 4. Profile capture: steps/s during a 2 s capture against outside it, and parse time per 100k events
    (``bench/profile_capture.py``).
+5. Page load: the share of the browser's main thread a /dashboard page keeps busy while an async-ps job
+   trains, with its lines of figures rewritten at every update (each rewrite lays out and repaints the
+   whole page) against at most once a second (``TEXT_INTERVAL``), in alternating windows of one page.
 
-    python bench/dashboard.py [--pairs 7] [--steps 1500] [--skip cost latency scale profile]
+    python bench/dashboard.py [--pairs 7] [--steps 1500] [--skip cost latency scale profile page]
 """
 
 from __future__ import annotations
@@ -185,6 +188,46 @@ def browser_latency(cluster, steps: int, repeats: int = 3) -> dict:
             "steps_per_s_with_page_here": statistics.median(rates)}
 
 
+def page_load(cluster, pairs: int = 3, seconds: float = 8.0) -> dict:
+    """Main-thread busy share (Chromium's TaskDuration per second) of one /dashboard page while an async-ps
+    job trains: figures rewritten at every update, then at most once a second, ``pairs`` times."""
+    import importlib
+
+    import keras
+
+    import workbench as wb
+
+    plotting = importlib.import_module("workbench.dashboard.plotting")  # wb.dashboard is also a function
+    paced = plotting.TEXT_INTERVAL
+    server = wb.serve_dashboard(cluster)
+    job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                   strategy=wb.AsyncPS(steps_per_call=5), steps=10_000_000, seed=0)
+    busy: dict[str, list[float]] = {"every_update": [], "once_a_second": []}
+    try:
+        job.wait_set_up(300)
+        with chromium_page(f"{server.url}/dashboard") as page:
+            cdp = page.context.new_cdp_session(page)
+            cdp.send("Performance.enable")
+
+            def task_seconds() -> float:
+                return next(m["value"] for m in cdp.send("Performance.getMetrics")["metrics"] if m["name"] == "TaskDuration")
+
+            for _ in range(pairs):
+                for name, interval in (("every_update", 0.0), ("once_a_second", paced)):
+                    plotting.TEXT_INTERVAL = interval
+                    page.wait_for_timeout(2000)  # the page settles into the new pace
+                    before, started = task_seconds(), time.monotonic()
+                    page.wait_for_timeout(seconds * 1000)
+                    busy[name].append((task_seconds() - before) / (time.monotonic() - started))
+    finally:
+        plotting.TEXT_INTERVAL = paced
+        job.stop()
+    ratios = [b / a for a, b in zip(busy["every_update"], busy["once_a_second"])]
+    return {"busy_every_update": statistics.median(busy["every_update"]),
+            "busy_once_a_second": statistics.median(busy["once_a_second"]),
+            "ratio_median": statistics.median(ratios), "raw": busy}
+
+
 def scale(events: int = 100_000, seconds: float = 10.0, steps_per_s: float = 100.0, segment_rows: int | None = None) -> dict:
     """A synthetic log: ``events`` spans kept, then steps at ``steps_per_s`` (2 workers) in chunks of 10."""
     from workbench.cluster.status import TaskRecord
@@ -252,7 +295,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=7)
     parser.add_argument("--steps", type=int, default=1500)
-    parser.add_argument("--skip", nargs="*", default=[], choices=["cost", "latency", "scale", "profile"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["cost", "latency", "scale", "profile", "page"])
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "dashboard.json")
     args = parser.parse_args()
     import workbench as wb
@@ -261,7 +304,7 @@ def main() -> int:
     if "scale" not in args.skip:
         summary["scale"] = {"segments": scale(), "one_source": scale(segment_rows=100_000)}
         print("scale:", json.dumps(summary["scale"]), flush=True)
-    if not {"cost", "latency", "profile"} <= set(args.skip):
+    if not {"cost", "latency", "profile", "page"} <= set(args.skip):
         with wb.Cluster(ps=1, workers=2, progress=False) as cluster:
             if "cost" not in args.skip:
                 summary["telemetry"] = telemetry_cost(cluster, args.pairs, args.steps)
@@ -275,6 +318,9 @@ def main() -> int:
                 summary["profile"] = {"capture": profile_capture.measure_capture_slowdown(cluster, seconds=2),
                                       "parse": profile_capture.measure_parse()}
                 print("profile:", json.dumps(summary["profile"]), flush=True)
+            if "page" not in args.skip:
+                summary["page"] = page_load(cluster)
+                print("page:", json.dumps(summary["page"]), flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(summary, indent=2))
     return 0

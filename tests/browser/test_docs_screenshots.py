@@ -43,19 +43,36 @@ JS_ZOOM = """() => { const models = [...Bokeh.documents].flatMap((d) => [...d._a
         if (r.start > 1e12) { r.start = middle; r.end = middle + 25; } }"""
 JS_LINKS = """() => [...(window.Bokeh ? Bokeh.documents : [])].flatMap((d) => [...d._all_models.values()])
     .filter((m) => m.name === "profile_transfers" && m.data && m.data.x0).reduce((n, s) => n + s.data.x0.length, 0)"""
+# what a pane's frame holds, for a wait that ran out
+JS_HOLDS = """() => window.Bokeh ? `${Bokeh.documents.length} Bokeh document(s), ${Bokeh.documents.reduce((n, d) =>
+    n + d._all_models.size, 0)} models` : `no Bokeh yet (${document.readyState})`"""
+# the live dashboard keeps a loaded machine's browser busy drawing (a click waits for it, as a pane's load does)
+PANE_WAIT_MS = 180_000
 
 
 def _pane(page, plot: str):
     element = page.locator(f".wb-plot-pane iframe[data-cluster='{CLUSTER}'][data-plot='{plot}']")
-    element.wait_for(state="attached", timeout=60_000)
+    element.wait_for(state="attached", timeout=PANE_WAIT_MS)
     frame = element.element_handle().content_frame()
-    frame.wait_for_load_state("load", timeout=60_000)
+    frame.wait_for_load_state("load", timeout=PANE_WAIT_MS)
     return frame
+
+
+def _wait_for(frame, what: str, js: str, arg=None) -> None:
+    """Wait for ``js`` to hold in a pane's frame; if it does not, fail saying what the frame holds."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        frame.wait_for_function(js, arg=arg, timeout=PANE_WAIT_MS, polling=250)
+    except PlaywrightTimeout:
+        pytest.fail(f"{what}: not within {PANE_WAIT_MS // 1000} s; the pane holds {frame.evaluate(JS_HOLDS)}, "
+                    f"{frame.evaluate(JS_BARS, 'timeline_steps_')} step bars, {frame.evaluate(JS_BARS, 'profile_ops')} "
+                    f"profile ops, {frame.evaluate(JS_LINKS)} links")
 
 
 def _keep(page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / name))
+    page.screenshot(path=str(ARTIFACTS / name), timeout=PANE_WAIT_MS)
     if os.environ.get("WORKBENCH_DOCS_SCREENSHOTS") == "1":
         shutil.copyfile(ARTIFACTS / name, ROOT / "docs" / "_static" / name)
 
@@ -72,17 +89,16 @@ def test_the_docs_screenshots_show_live_plots_and_a_merged_profile(jupyter_lab, 
     card.wait_for(timeout=30_000)
     page.wait_for_function(f"""() => {{ const r = document.querySelector(".wb-card[data-cluster='{CLUSTER}'] .wb-rate");
         return r && parseFloat(r.textContent) > 0; }}""", timeout=120_000, polling=500)
-    card.locator(".wb-plot[data-plot='dashboard']").click(timeout=90_000)
+    card.locator(".wb-plot[data-plot='dashboard']").click(timeout=PANE_WAIT_MS)
     frame = _pane(page, "dashboard")
-    frame.wait_for_function(JS_BARS.replace("(prefix) =>", "(prefix) => 20 <"), arg="timeline_steps_", timeout=90_000,
-                            polling=250)
+    _wait_for(frame, "the dashboard pane's timeline drew 20 steps", JS_BARS.replace("(prefix) =>", "(prefix) => 20 <"),
+              "timeline_steps_")
     page.wait_for_timeout(1500)  # the throughput plot's next update
     _keep(page, "panel-dashboards.png")
 
-    # the page is busy drawing the live dashboard on a loaded machine: a click may wait for it as the panes' loads do
-    card.locator(".wb-plot[data-plot='profile']").click(timeout=90_000)
+    card.locator(".wb-plot[data-plot='profile']").click(timeout=PANE_WAIT_MS)
     frame = _pane(page, "profile")
-    frame.wait_for_function(JS_LINKS.replace("() =>", "() => 0 <"), timeout=90_000, polling=250)
+    _wait_for(frame, "the profile pane drew a linked transfer", JS_LINKS.replace("() =>", "() => 0 <"))
     assert frame.evaluate(JS_BARS, "profile_ops") > 0, "the profile pane shows no op"
     frame.evaluate(JS_ZOOM)
     page.wait_for_timeout(1000)
