@@ -26,6 +26,13 @@ interface IPlotArgs {
   path: string;
 }
 
+/** The part of BokehJS a pane uses: the documents of its page, and a model's tags. */
+interface IBokehWindow extends Window {
+  Bokeh?: { documents: { get_model_by_name(name: string): { tags: unknown[] } | null }[] };
+}
+
+const PAGE_ROOT = 'workbench_page'; // the root of a served plot's document (dashboard/server.py)
+
 class PlotPane extends MainAreaWidget<IFrame> {
   constructor(readonly plot: IPlotArgs) {
     // Bokeh's page needs its scripts and, for its websocket, this server's cookies (same origin)
@@ -39,6 +46,26 @@ class PlotPane extends MainAreaWidget<IFrame> {
     const frame = this.content.node.querySelector('iframe');
     frame?.setAttribute('data-cluster', plot.cluster);
     frame?.setAttribute('data-plot', plot.name);
+  }
+
+  /** A pane behind another tab asks its page's app to stop updating (BokehJS draws a hidden page as busily). */
+  protected onAfterHide(): void {
+    this.tagPage(['hidden']);
+  }
+
+  protected onAfterShow(): void {
+    this.tagPage([]);
+  }
+
+  private tagPage(tags: string[]): void {
+    const frame = this.content.node.querySelector('iframe');
+    const bokeh = (frame?.contentWindow as IBokehWindow | null | undefined)?.Bokeh;
+    for (const doc of bokeh?.documents ?? []) {
+      const root = doc.get_model_by_name(PAGE_ROOT);
+      if (root) {
+        root.tags = tags;
+      }
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 """The Workbench panel in a real JupyterLab and Chromium.
 
 It lists a cluster that a notebook kernel started; opens its timeline as a main-area pane that
-updates (through the Jupyter server's proxy); starts, scales and stops a cluster of its own;
+updates (through the Jupyter server's proxy), and not while another tab covers it; starts, scales and stops a cluster of its own;
 inserts the connection code into the notebook; restores the pane after a reload; and forgets
 the kernel's cluster once the kernel restarts.
 """
@@ -35,6 +35,10 @@ CELLS = [
 # every bar in the timeline's Bokeh documents, in the frame of the pane
 JS_TIMELINE_BARS = """() => [...(window.Bokeh ? Bokeh.documents : [])].flatMap((d) => [...d._all_models.values()])
     .filter((m) => m.name && m.name.startsWith("timeline_steps_")).reduce((n, s) => n + s.data.right.length, 0)"""
+
+# the tags of the page's root: JupyterLab's pane tags it 'hidden' behind another tab
+JS_PAGE_TAGS = """() => [...(window.Bokeh ? Bokeh.documents : [])].map((d) => d.get_model_by_name("workbench_page"))
+    .filter((m) => m).flatMap((m) => m.tags).join(",")"""
 
 
 def _listing(lab) -> dict:
@@ -135,6 +139,18 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     expect_code = f'cluster = wb.attach("{KERNEL_CLUSTER}")'
     page.wait_for_function(f"""() => [...document.querySelectorAll(".jp-Notebook .jp-Cell .jp-InputArea-editor")]
         .some((e) => e.textContent.includes({json.dumps(expect_code)}))""", timeout=10_000)
+
+    # behind the notebook's tab the pane is not updated (nothing to draw); in front again it catches up
+    frame = _pane_frame(page, "timeline")
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="panel.ipynb").click()
+    frame.wait_for_function(JS_PAGE_TAGS.replace("() =>", "() => 'hidden' ==="), timeout=30_000, polling=250)
+    page.wait_for_timeout(1000)  # an update under way when the tag arrived
+    hidden = frame.evaluate(JS_TIMELINE_BARS)
+    page.wait_for_timeout(3000)
+    assert frame.evaluate(JS_TIMELINE_BARS) == hidden, "the hidden pane was still updated"
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="Timeline").click()
+    first, second = _bars_grow(frame)
+    assert frame.evaluate(JS_PAGE_TAGS) == "" and second > first >= hidden, (hidden, first, second)
 
     # start, scale and stop a cluster from the panel's form
     page.locator(".wb-start > summary").click()

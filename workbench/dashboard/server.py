@@ -20,6 +20,8 @@ from .data import device_rows
 from .summary import JobSummary
 
 START_TIMEOUT = 30.0
+PAGE_ROOT = "workbench_page"  # the root of each served plot's document; JupyterLab's pane tags it while hidden
+HIDDEN = "hidden"
 SERVED_KEY = "dashboard-server"  # the cluster keeps its one served dashboard under this key
 
 
@@ -40,8 +42,10 @@ class DashboardServerError(WorkbenchError):
 class DashboardServer:
     """Bokeh apps ``/progress``, ``/throughput``, ``/timeline`` and ``/dashboard`` (all three) of one cluster.
 
-    Also ``/profile`` (the cluster's latest op-level profile), ``GET /plots.json`` (the list of
-    plots) and ``GET /summary.json`` (the newest job's progress, ETA, notes and throughput now).
+    Also ``/profile`` (the cluster's latest op-level profile), ``GET /plots.json`` (the list of plots) and
+    ``GET /summary.json`` (the newest job's progress, ETA, notes and throughput now). A page whose root (named
+    ``PAGE_ROOT``) is tagged ``HIDDEN`` is not updated until the tag goes: JupyterLab's pane tags it while another
+    tab covers it, since BokehJS draws a hidden page as busily as a shown one.
     """
 
     def __init__(self, cluster, port: int = 0, prefix: str = "", allow_websocket_origin: list[str] | None = None,
@@ -66,10 +70,13 @@ class DashboardServer:
             for component in components.values():
                 component.update()
                 component.fill()  # a page of its own: the plots take its height too
-            doc.add_root(column(*[c.root for c in components.values()], sizing_mode="stretch_both"))
+            page = column(*[c.root for c in components.values()], sizing_mode="stretch_both", name=PAGE_ROOT)
+            doc.add_root(page)
             doc.title = f"workbench · {self.cluster.name} · {', '.join(names)}"
 
             def update() -> None:
+                if HIDDEN in page.tags:  # a pane behind another tab: no drawing; it catches up when shown
+                    return
                 for component in components.values():
                     component.update()
 
