@@ -185,8 +185,9 @@ class ProgressComponent:
         before = self.summary.cursor
         info = self.summary.update(now)
         if info is not None:
-            about = (info["job"], info["state"], tuple(info["notes"]), tuple(info.get("running", ())),
-                     tuple(info.get("queued", ())))
+            # a note, a job running beside or a queued one that comes or goes shows at once; their figures can wait
+            about = (info["job"], info["state"], len(info["notes"]), len(info.get("running", ())),
+                     len(info.get("queued", ())))
             self._text.show(self._html(info), now, about)
         return self.summary.cursor - before
 
