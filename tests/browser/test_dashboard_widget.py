@@ -29,7 +29,8 @@ TIMELINE_BARS = """() => [...Bokeh.documents].flatMap((d) => [...d._all_models.v
 
 
 def _steps_shown(page) -> int:
-    text = page.locator(".workbench-steps").first.inner_text(timeout=5000)
+    # a page drawing a live dashboard on a loaded machine can take seconds to answer (it did not in 5 s once)
+    text = page.locator(".workbench-steps").first.inner_text(timeout=60_000)
     return int(re.match(r"\s*(\d+)\s*/", text).group(1))
 
 
