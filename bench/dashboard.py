@@ -13,9 +13,8 @@
 4. Profile capture: steps/s during a 2 s capture against outside it, and parse time per 100k events
    (``bench/profile_capture.py``).
 5. Page load: the share of the browser's main thread a /dashboard page keeps busy while an async-ps job
-   trains, with its lines of figures rewritten at every update (each rewrite lays out and repaints the
-   whole page) against at most once a second (``TEXT_INTERVAL``), in alternating windows of one page; and
-   the page tagged hidden, as JupyterLab's pane tags it behind another tab (its app then sends nothing).
+   trains, shown against tagged hidden as JupyterLab's pane tags it behind another tab (its app then sends
+   nothing), in alternating windows of one page.
 
     python bench/dashboard.py [--pairs 7] [--steps 1500] [--skip cost latency scale profile page]
 """
@@ -195,19 +194,15 @@ JS_TAG_PAGE = """(tags) => { for (const d of Bokeh.documents) { const root = d.g
 
 def page_load(cluster, pairs: int = 3, seconds: float = 8.0) -> dict:
     """Main-thread busy share (Chromium's TaskDuration per second) of one /dashboard page while an async-ps
-    job trains: figures rewritten at every update, then at most once a second, then tagged hidden; ``pairs`` times."""
-    import importlib
-
+    job trains: shown, then tagged hidden; ``pairs`` times."""
     import keras
 
     import workbench as wb
 
-    plotting = importlib.import_module("workbench.dashboard.plotting")  # wb.dashboard is also a function
-    paced = plotting.TEXT_INTERVAL
     server = wb.serve_dashboard(cluster)
     job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                    strategy=wb.AsyncPS(steps_per_call=5), steps=10_000_000, seed=0)
-    busy: dict[str, list[float]] = {"every_update": [], "once_a_second": [], "tagged_hidden": []}
+    busy: dict[str, list[float]] = {"shown": [], "tagged_hidden": []}
     try:
         job.wait_set_up(300)
         with chromium_page(f"{server.url}/dashboard") as page:
@@ -218,22 +213,16 @@ def page_load(cluster, pairs: int = 3, seconds: float = 8.0) -> dict:
                 return next(m["value"] for m in cdp.send("Performance.getMetrics")["metrics"] if m["name"] == "TaskDuration")
 
             for _ in range(pairs):
-                for name, interval, tags in (("every_update", 0.0, []), ("once_a_second", paced, []),
-                                             ("tagged_hidden", paced, ["hidden"])):
-                    plotting.TEXT_INTERVAL = interval
+                for name, tags in (("shown", []), ("tagged_hidden", ["hidden"])):
                     page.evaluate(JS_TAG_PAGE, tags)  # as JupyterLab's pane does behind another tab
-                    page.wait_for_timeout(2000)  # the page settles into the new pace
+                    page.wait_for_timeout(2000)  # the page settles
                     before, started = task_seconds(), time.monotonic()
                     page.wait_for_timeout(seconds * 1000)
                     busy[name].append((task_seconds() - before) / (time.monotonic() - started))
     finally:
-        plotting.TEXT_INTERVAL = paced
         job.stop()
-    ratios = [b / a for a, b in zip(busy["every_update"], busy["once_a_second"])]
-    return {"busy_every_update": statistics.median(busy["every_update"]),
-            "busy_once_a_second": statistics.median(busy["once_a_second"]),
-            "busy_tagged_hidden": statistics.median(busy["tagged_hidden"]),
-            "ratio_median": statistics.median(ratios), "raw": busy}
+    return {"busy_shown": statistics.median(busy["shown"]), "busy_tagged_hidden": statistics.median(busy["tagged_hidden"]),
+            "raw": busy}
 
 
 def scale(events: int = 100_000, seconds: float = 10.0, steps_per_s: float = 100.0, segment_rows: int | None = None) -> dict:

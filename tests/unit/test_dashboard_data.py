@@ -315,27 +315,3 @@ def test_the_timeline_zoomed_out_draws_an_overview_and_zoomed_in_every_bar(monke
     timeline.update(now=131.5)
     assert not timeline.overview.visible and timeline.segments[-1][1].visible
 
-
-def test_live_figures_change_once_a_second_and_a_new_state_at_once():
-    log = EventLog()
-    progress = ProgressComponent(log)
-    log.append(JobProgress("async-ps-1", 100.0, 10, 1000, RUNNING, 100.0, "async-ps", ("worker:0",)))
-    progress.update(now=101.0)
-    assert "10 / 1000" in progress.root.text
-    log.append(JobProgress("async-ps-1", 101.2, 20, 1000, RUNNING, 100.0, "async-ps", ("worker:0",)))
-    progress.update(now=101.25)  # a quarter of a second later: the figures wait
-    assert "10 / 1000" in progress.root.text
-    progress.update(now=102.0)  # a second later: they change
-    assert "20 / 1000" in progress.root.text
-    log.append(JobProgress("async-ps-1", 102.1, 30, 1000, "finished", 100.0, "async-ps", ("worker:0",)))
-    progress.update(now=102.2)  # the job ended: said at once
-    assert "finished" in progress.root.text and "30 / 1000" in progress.root.text
-
-    throughput = ThroughputComponent(log)
-    throughput.update(now=102.3)
-    shown = throughput.figure_div.text
-    log.append(StepDone("async-ps-1", 30, 102.2, 102.3, 64, ("worker:0",)))
-    throughput.update(now=102.5)
-    assert throughput.figure_div.text == shown  # within the second: unchanged
-    throughput.update(now=103.4)
-    assert throughput.figure_div.text != shown  # a second on: the new figures

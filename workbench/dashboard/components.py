@@ -16,7 +16,7 @@ from ..cluster.jobs import RUNNING as RUNNING_JOB
 from ..telemetry.events import JobProgress
 from ..telemetry.log import EventLog
 from .data import RATE_WINDOW, TOTAL, JobState, RecentRates, ThroughputBins, average_rates
-from .plotting import DEFAULT_INTERVAL, EVENTS_PER_UPDATE, LiveText, clock_axis, require_bokeh, stretch
+from .plotting import DEFAULT_INTERVAL, EVENTS_PER_UPDATE, clock_axis, require_bokeh, stretch
 from .summary import JobSummary
 from .timeline import TimelineComponent
 
@@ -42,7 +42,6 @@ class ThroughputComponent:
         self.source = ColumnDataSource(self._empty(), name="throughput")
         self.sources = [self.source]
         self.figure_div = Div(text=self._big(None), name="throughput_now")
-        self._figures = LiveText(self.figure_div)
         # the last 5 minutes, following; or (a job's dashboard) the whole job
         # (at least 10 s wide: a short job's few one-second points spread over a readable axis)
         shared_x = DataRange1d(follow="end", follow_interval=300_000.0, range_padding=0.02) if follow else DataRange1d(
@@ -119,7 +118,7 @@ class ThroughputComponent:
         self._follow_jobs(batch.events)
         rates = self.rates.rates(now)
         ended = self.latest if self.latest is not None and self.latest.ended else None
-        self._figures.show(self._big(rates, ended), now, about=(ended.job if ended is not None else None))
+        self.figure_div.text = self._big(rates, ended)
         if self.bins.series != known:  # a new worker: every row gets its columns (zeros before it appeared)
             emitted = self.bins.emitted
             data = self._empty()
@@ -170,7 +169,6 @@ class ProgressComponent:
         self.log = log
         self.summary = JobSummary(log, EVENTS_PER_UPDATE)
         self.root = Div(text=self._html(None), name="progress", sizing_mode="stretch_width")
-        self._text = LiveText(self.root)
         self.sources: list = []
 
     @property
@@ -181,14 +179,10 @@ class ProgressComponent:
         """A line of text: it keeps its height on a page of its own."""
 
     def update(self, now: float | None = None) -> int:
-        now = time.time() if now is None else now
         before = self.summary.cursor
         info = self.summary.update(now)
         if info is not None:
-            # a note, a job running beside or a queued one that comes or goes shows at once; their figures can wait
-            about = (info["job"], info["state"], len(info["notes"]), len(info.get("running", ())),
-                     len(info.get("queued", ())))
-            self._text.show(self._html(info), now, about)
+            self.root.text = self._html(info)
         return self.summary.cursor - before
 
     @staticmethod
