@@ -1,9 +1,9 @@
 """The Workbench panel in a real JupyterLab and Chromium.
 
 It lists a cluster that a notebook kernel started; opens its timeline as a main-area pane that
-updates (through the Jupyter server's proxy), and not while another tab covers it; starts, scales and stops a cluster of its own;
-inserts the connection code into the notebook; restores the pane after a reload; and forgets
-the kernel's cluster once the kernel restarts.
+updates (through the Jupyter server's proxy), and not while another tab covers it; starts, scales
+and stops a cluster of its own; inserts the connection code into the notebook; restores the pane
+after a reload; and forgets the kernel's cluster once the kernel restarts.
 """
 
 import json
@@ -16,6 +16,7 @@ from conftest import ARTIFACTS
 from training_helpers import attached_trainer
 
 from workbench.cluster.network import netns
+from workbench.dashboard.server import HIDDEN, PAGE_ROOT
 
 from .conftest import JS_WRAPPED, cell_output_text, run_notebook_in_lab, write_notebook
 
@@ -36,8 +37,8 @@ CELLS = [
 JS_TIMELINE_BARS = """() => [...(window.Bokeh ? Bokeh.documents : [])].flatMap((d) => [...d._all_models.values()])
     .filter((m) => m.name && m.name.startsWith("timeline_steps_")).reduce((n, s) => n + s.data.right.length, 0)"""
 
-# the tags of the page's root: JupyterLab's pane tags it 'hidden' behind another tab
-JS_PAGE_TAGS = """() => [...(window.Bokeh ? Bokeh.documents : [])].map((d) => d.get_model_by_name("workbench_page"))
+# the tags of the page's root: JupyterLab's pane tags it hidden behind another tab
+JS_PAGE_TAGS = f"""() => [...(window.Bokeh ? Bokeh.documents : [])].map((d) => d.get_model_by_name({PAGE_ROOT!r}))
     .filter((m) => m).flatMap((m) => m.tags).join(",")"""
 
 
@@ -143,7 +144,7 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     # behind the notebook's tab the pane is not updated (nothing to draw); in front again it catches up
     frame = _pane_frame(page, "timeline")
     page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="panel.ipynb").click()
-    frame.wait_for_function(JS_PAGE_TAGS.replace("() =>", "() => 'hidden' ==="), timeout=30_000, polling=250)
+    frame.wait_for_function(JS_PAGE_TAGS.replace("() =>", f"() => {HIDDEN!r} ==="), timeout=30_000, polling=250)
     page.wait_for_timeout(1000)  # an update under way when the tag arrived
     hidden = frame.evaluate(JS_TIMELINE_BARS)
     page.wait_for_timeout(3000)

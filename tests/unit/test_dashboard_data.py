@@ -314,4 +314,3 @@ def test_the_timeline_zoomed_out_draws_an_overview_and_zoomed_in_every_bar(monke
     timeline.plot.x_range.start, timeline.plot.x_range.end = 110_000.0, 110_500.0  # zoomed in on 0.5 s: 0.5 ms a pixel
     timeline.update(now=131.5)
     assert not timeline.overview.visible and timeline.segments[-1][1].visible
-
