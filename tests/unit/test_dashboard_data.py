@@ -314,3 +314,26 @@ def test_the_timeline_zoomed_out_draws_an_overview_and_zoomed_in_every_bar(monke
     timeline.plot.x_range.start, timeline.plot.x_range.end = 110_000.0, 110_500.0  # zoomed in on 0.5 s: 0.5 ms a pixel
     timeline.update(now=131.5)
     assert not timeline.overview.visible and timeline.segments[-1][1].visible
+
+
+def test_the_live_widget_applies_the_browsers_events_and_drops_one_it_cannot_apply_without_raising(caplog):
+    # a browser event for a model the kernel dropped since (a rolled-out timeline segment): raised, ipywidgets
+    # would hand it to IPython's showtraceback from the kernel's comm handler
+    import threading
+
+    from bokeh.plotting import figure
+
+    from workbench.compat.jupyter_bokeh import live_widget_class
+
+    plot = figure(width=200, height=200)
+    plot.line([1, 2], [3, 4])
+    widget = live_widget_class(threading.RLock())(plot)
+    changed = {"event": "jsevent", "kind": "ModelChanged", "attr": "start", "new": 1.5}
+    gone = "p-dropped-by-the-kernel"
+    with caplog.at_level("DEBUG", logger="workbench.dashboard"):
+        widget._handle_custom_msg({**changed, "model": {"id": gone}}, [])
+        widget._handle_custom_msg({**changed, "model": {"id": plot.x_range.id}}, [])
+    assert widget.dropped_events == 1
+    assert plot.x_range.start == 1.5  # the next event still applies
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "workbench.dashboard"]
+    assert "ModelChanged" in line and gone in line, line

@@ -7,7 +7,10 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+
+log = logging.getLogger("workbench.dashboard")
 
 
 def live_widget_class(lock: threading.Lock) -> type:
@@ -23,6 +26,12 @@ def live_widget_class(lock: threading.Lock) -> type:
     document by the kernel's comm thread; that too takes the lock. Without it, the live thread adding a
     worker's lines raced it ("Set changed size during iteration" in Bokeh's change notification) and the
     widget stopped updating for good (3 of about 40 runs of the browser test here).
+
+    An event the kernel cannot apply (it names a model the live document has dropped since, a value the
+    model refuses) is dropped, counted in ``dropped_events`` and logged in one line at debug level on the
+    ``workbench.dashboard`` logger. Raised, ipywidgets would hand it to IPython's ``showtraceback``, which
+    on a loaded machine spent minutes highlighting the traceback while the kernel answered nothing; and the
+    browser's events here are views of the plots (ranges, sizes, tool events), which nothing depends on.
     """
     from bokeh.core.json_encoder import serialize_json
     from jupyter_bokeh import BokehModel
@@ -35,9 +44,16 @@ def live_widget_class(lock: threading.Lock) -> type:
                     state["render_bundle"] = serialize_json(self._model_to_traits(self._model))
             return state
 
+        dropped_events = 0  # events from the browser that could not be applied (see above)
+
         def _sync_model(self, model, content, buffers):
-            with lock:
-                super()._sync_model(model, content, buffers)
+            try:
+                with lock:
+                    super()._sync_model(model, content, buffers)
+            except Exception as exc:  # noqa: BLE001 - any of them: the event is a view's, dropping it loses nothing
+                self.dropped_events += 1
+                log.debug("dashboard widget: dropped a browser event (%s): %s: %s",
+                          content.get("kind", "unknown kind"), type(exc).__name__, exc)
 
         def close(self):  # once: jupyter_bokeh's raises KeyError the second time (ipywidgets closes again at GC)
             if not getattr(self, "_closed_once", False):
