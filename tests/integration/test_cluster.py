@@ -110,16 +110,22 @@ def test_port_taken_between_reservation_and_start_is_retried():
     assert result["devices"] == ["/job:worker/replica:0/task:0/device:CPU:0"]
 
 
-def test_the_tasks_thread_pools_sleep_when_out_of_work(cluster):
+def test_the_tasks_thread_pools_sleep_when_out_of_work_and_share_the_machines_cores(cluster):
     # Several tasks share the machine's cores: a TensorFlow pool that spins for work burns a core another task needs
     # (bench/training.py measures what it saves). The servers are set so, and so is every context this kernel makes
-    # on them (TensorFlow hands the client's config to the tasks with its connection).
+    # on them (TensorFlow hands the client's config to the tasks with its connection). Each server's intra-op pool
+    # takes its share of the cores: a worker's among the 2 workers, the ps's among all 3 tasks on this machine.
+    import os
+
     from tensorflow.python.eager import context
 
     engines = cluster.client[[r.engine_id for r in cluster.tasks]]
     engines.execute("from workbench.cluster.launch import engine_side as _engine_side\n"
-                    "_sleeps = _engine_side._SERVER['server'].server_def.default_session_config"
-                    ".experimental.disable_thread_spinning", block=True)
-    assert engines.pull("_sleeps", block=True) == [True] * 3
+                    "_config = _engine_side._SERVER['server'].server_def.default_session_config\n"
+                    "_pools = (_config.experimental.disable_thread_spinning, _config.intra_op_parallelism_threads)",
+                    block=True)
+    cores = len(os.sched_getaffinity(0))
+    shares = [max(1, cores // (3 if r.job == "ps" else 2)) for r in cluster.tasks]
+    assert engines.pull("_pools", block=True) == [(True, share) for share in shares]
     cluster.connect()
     assert context.context().get_server_def().default_session_config.experimental.disable_thread_spinning

@@ -118,7 +118,8 @@ class TaskHosting:
                 record.address = old.address  # the same host: the same address, if its port is free again
         spec = self.cluster.spec_dict
         servers = self._run_each(
-            {eid: (engine_side.start_server, spec, task.job, task.index, serving[task], namespaces[task])
+            {eid: (engine_side.start_server, spec, task.job, task.index, serving[task], namespaces[task],
+                   self._sharing(task))
              for task, eid in assignment.items()},
             "TF servers up", deadline, progress,
         )
@@ -134,6 +135,13 @@ class TaskHosting:
             if serving[task] is not None and result["serving"] != serving[task]:  # the server took another port
                 self.cluster.links.relink(str(task), _format_address(probes[eid]["address"], result["serving"]))
         self.cluster.links.follow_tasks()
+
+    def _sharing(self, task: TaskId) -> int:
+        """How many tasks share the cores of ``task``'s machine as ``machine.threads`` counts them: a worker, the
+        workers there (they compute at once; a ps's updates are small); a ps, every task there."""
+        host = self.cluster.records[task].host
+        return sum(1 for other in self.cluster.records.values()
+                   if other.host == host and (task.job != "worker" or other.job == "worker"))
 
     def check_exposure(self, records: list[TaskRecord] | None = None, deadline: Deadline | None = None,
                        stacklevel: int = 2) -> list[str]:

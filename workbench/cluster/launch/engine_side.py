@@ -170,14 +170,15 @@ def join_namespace(path: str, address: str) -> None:
 
 
 def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | None = None,
-                 namespace: dict | None = None) -> dict[str, Any]:
+                 namespace: dict | None = None, sharing: int = 1) -> dict[str, Any]:
     """Start this engine's ``tf.distribute.Server`` for ``job:index`` of ``spec``.
 
     ``port``: the port to listen on when ``spec`` names another one for this task (a link emulator
     forwards that one here); None: listen where ``spec`` says. ``namespace``: ``{"path", "address"}``
     of the task's own network namespace, joined first (``join_namespace``). If the port was taken
     since it was reserved, pick another and try again: the returned ``address`` is the one named in
-    the spec and ``serving`` the port actually listened on.
+    the spec and ``serving`` the port actually listened on. ``sharing``: how many tasks this machine hosts, this
+    one included; the server's intra-op pool takes its share of the cores (``machine.threads``).
     """
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2, tensorflow_server_pb2
@@ -206,6 +207,7 @@ def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | N
         if unprotected and containment.PROBLEM_ENV not in os.environ:  # else the client's reason, with what to do, says it
             _SERVER.setdefault("exposed_because", unprotected)
     try:
+        threads.share_cores(sharing)
         session_config = threads.apply(config_pb2.ConfigProto())
     except ConfigurationError as exc:
         return {"ok": False, "error": str(exc)}

@@ -1,4 +1,4 @@
-"""How TensorFlow's thread pools wait for work in the workbench's processes.
+"""How TensorFlow's thread pools wait for work in the workbench's processes, and how many threads compute.
 
 TensorFlow's pools (a device's intra-op pool, a context's inter-op pool) *spin* by default: a thread out of work
 keeps looking for more for a while before it sleeps, which shortens the wait when the next op comes soon. A
@@ -9,6 +9,14 @@ disable_thread_spinning``) in the servers the engines host, in every context the
 all-reduce group's processes. ``WORKBENCH_THREAD_SPINNING=1`` in the environment the cluster is started from keeps
 TensorFlow's default: a machine with a core to spare per busy thread may gain a little latency (a link-bound job
 here lost about 2 % with sleeping pools, the CPU-bound lines of ``bench/training.py`` gained 10-20 %).
+
+The tasks of one machine also share its cores: each task's intra-op pool (the threads one op is split over) gets
+its share instead of TensorFlow's default of every core in every task: a worker ``cores // workers on the
+machine`` (they compute at the same time), a ps ``cores // tasks on the machine`` (its updates are small), at
+least 1. With 1 ps and 2 workers on 2 cores, two-thread pools in every task split each op across threads that
+then waited for the other tasks' (see docs/benchmarks.md); a lone worker keeps every core.
+``TF_NUM_INTRAOP_THREADS`` in the engines' environment (``wb.Cluster(env=...)``) is TensorFlow's own setting and
+wins: the workbench then leaves the pools' size to it.
 
 Imports TensorFlow only inside ``apply_to_context``.
 """
@@ -23,6 +31,8 @@ from ...compat import tensorflow as tf_compat
 from ...errors import ConfigurationError
 
 SPINNING_ENV = "WORKBENCH_THREAD_SPINNING"
+INTRA_OP_ENV = "TF_NUM_INTRAOP_THREADS"  # TensorFlow's: when set, it sizes every intra-op pool itself
+_SHARE = {"intra_op": 0}  # this process's intra-op threads (``share_cores``); 0: TensorFlow's choice
 _YES, _NO = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
@@ -38,9 +48,30 @@ def spinning(environ: Mapping[str, str] | None = None) -> bool:
     return value in _YES
 
 
+def intra_op_share(sharing: int, environ: Mapping[str, str] | None = None, cores: int | None = None) -> int:
+    """The intra-op threads of a task that shares the machine's ``cores`` (None: the ones this process may run
+    on) with ``sharing`` tasks, itself included: its share, at least 1; 0 (TensorFlow's choice) when the
+    environment sets ``TF_NUM_INTRAOP_THREADS``."""
+    environ = os.environ if environ is None else environ
+    if environ.get(INTRA_OP_ENV, "").strip():
+        return 0
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    return max(1, cores // max(1, sharing))
+
+
+def share_cores(sharing: int, environ: Mapping[str, str] | None = None) -> int:
+    """Make this process's pools made from now on (its server's, an all-reduce group's) take its share of the
+    machine's cores among ``sharing`` tasks (``intra_op_share``); returns the threads (0: TensorFlow's choice)."""
+    _SHARE["intra_op"] = intra_op_share(sharing, environ)
+    return _SHARE["intra_op"]
+
+
 def apply(config: Any, environ: Mapping[str, str] | None = None) -> Any:
-    """Set ``config`` (a ``ConfigProto``) to this process's choice of spinning; returns it."""
+    """Set ``config`` (a ``ConfigProto``) to this process's choice of spinning and, where ``share_cores`` chose
+    one and ``config`` names none, its intra-op threads; returns it."""
     config.experimental.disable_thread_spinning = not spinning(environ)
+    if _SHARE["intra_op"] and not config.intra_op_parallelism_threads:
+        config.intra_op_parallelism_threads = _SHARE["intra_op"]
     return config
 
 
