@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # a command's environment with the bind shim preloaded (its TensorFlow ports, and its children's, on loopback)
 WITH_SHIM = LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}"
 
-.PHONY: install chromium lab test check docs dist screenshots bench bench-training bench-tta bench-gpu bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak bench-elastic demo clean
+.PHONY: install chromium lab test check docs dist screenshots bench bench-training bench-tta bench-gpu bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak bench-elastic bench-threads demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 # the editable build compiles the bind shim into workbench/cluster/ (hatch_build.py)
@@ -91,6 +91,10 @@ bench-transfers: install
 
 bench-network: install
 	$(PY) bench/network.py
+
+# each task's share of the machine's cores against TensorFlow's default pools (about 10 minutes)
+bench-threads: install
+	$(PY) bench/threads.py
 
 bench-soak: install
 	$(PY) bench/soak.py
