@@ -177,8 +177,8 @@ def start_server(spec: dict[str, list[str]], job: str, index: int, port: int | N
     forwards that one here); None: listen where ``spec`` says. ``namespace``: ``{"path", "address"}``
     of the task's own network namespace, joined first (``join_namespace``). If the port was taken
     since it was reserved, pick another and try again: the returned ``address`` is the one named in
-    the spec and ``serving`` the port actually listened on. ``sharing``: how many tasks this machine hosts, this
-    one included; the server's intra-op pool takes its share of the cores (``machine.threads``).
+    the spec and ``serving`` the port actually listened on. ``sharing``: how many tasks share this machine's
+    cores, this one included, as ``machine.threads`` counts them; the server's intra-op pool takes its share.
     """
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2, tensorflow_server_pb2
