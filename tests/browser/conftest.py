@@ -7,7 +7,8 @@ Fixtures:
   profile dir (test tools never download a browser).
 - ``page`` yields the page of ``browser``; when the test fails, its screenshot and console log are kept
   as ``test-artifacts/<test>-failure.png`` and ``<test>-console.log``.
-Helpers: :func:`run_notebook_in_lab` (open a notebook, run every cell), :func:`cell_output` and
+Helpers: :func:`run_notebook_in_lab` (open a notebook, run every cell; one that does not finish fails with
+its kernel's stacks), :func:`cell_output` and
 :func:`cell_output_text`.
 
 Each fixture's teardown checks that no process it started is left, and kills (then reports) any that is.
@@ -35,6 +36,7 @@ from urllib.parse import quote, urlencode
 
 import psutil
 import pytest
+import stacks
 from conftest import ARTIFACTS, wait_gone
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -350,11 +352,13 @@ def run_notebook_in_lab(page, lab: Lab, relative_path: str, timeout: float = 240
         return max(1.0, deadline - time.monotonic()) * 1000
 
     def fail(why: str):
+        glance, dumps = stacks.report(stacks.kernels_of(lab.pid))  # first: where a kernel that runs nothing waits
         try:
             state = page.evaluate(_JS_STATE, relative_path)
         except PlaywrightError as error:
             state = f"unknown ({error})"
-        pytest.fail(f"{why} ({relative_path}); notebook state: {state}\nserver log:\n{lab.log_tail(30)}")
+        pytest.fail(f"{why} ({relative_path}); {glance}; notebook state: {state}\nserver log:\n{lab.log_tail(30)}"
+                    f"\n{dumps}")
 
     page.goto(lab.url_for(f"lab/tree/{quote(relative_path)}"), wait_until="domcontentloaded", timeout=left_ms())
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import keras
 import psutil
 import pytest
-from training_helpers import signal_process, train, wait_for
+from training_helpers import Watchdog, signal_process, train, wait_for
 
 import workbench as wb
 from workbench.telemetry import StepSpan
@@ -152,9 +152,19 @@ def test_task_health_and_replace_task_without_a_job(no_leftover_processes):
         try:
             wait_for(lambda: cluster.task("worker:0").state == "silent", 10, "worker:0 silent")
             assert "silent (not answering)" in str(cluster.status())
+            # placing work on it says so within the timeout (TensorFlow's own copy to it would freeze the process)
+            started = time.monotonic()
+            with Watchdog() as dog, pytest.raises(
+                    wb.ClusterStateError, match=r"reaching worker:0 .* did not finish within 2 s: the task is not answering"):
+                with cluster.device("worker:0", timeout=2):
+                    tf.range(1, 101)
+            assert time.monotonic() - started < 10
+            assert dog.longest < 1.5, dog.longest  # the process ran meanwhile (without the check: frozen until SIGCONT)
         finally:
             signal_process(worker.pid, signal.SIGCONT)
         wait_for(lambda: cluster.task("worker:0").state == "running", 10, "worker:0 answering again")
+        with cluster.device("worker:0"):
+            assert int(tf.reduce_sum(tf.range(1, 101))) == 5050
 
         old = cluster.task("worker:1")
         signal_process(old.pid, signal.SIGKILL)

@@ -414,22 +414,22 @@ class Cluster:
     def connect(self, timeout: float = 60.0) -> Cluster:
         """Make this kernel a TensorFlow client of the cluster (idempotent); return the cluster.
 
-        After it, ops and variables can be placed on any task with ``cluster.device("worker:1")``.
-        One kernel talks to one cluster at a time (TensorFlow keeps one connection per process).
-        """
+        ``cluster.device("worker:1")`` then places ops and variables on a task. One cluster per kernel at a time
+        (TensorFlow keeps one connection per process)."""
         from .process import connection
 
         connection.connect(self, timeout)
         return self
 
-    def device(self, task: str | TaskId, device_type: str = "CPU", index: int = 0):
+    def device(self, task: str | TaskId, device_type: str = "CPU", index: int = 0, timeout: float = 30.0):
         """A ``tf.device`` scope on ``task`` (``"worker:1"``, ``"ps:0"``): ops and variables made in it live there.
 
-        Connects the kernel first if needed. ``device_type="GPU"`` and ``index`` pick a GPU of that task.
+        Connects the kernel first if needed. ``device_type="GPU"`` and ``index`` pick a GPU of that task. The task
+        must answer a tiny op within ``timeout`` s, else a ``ClusterStateError`` says so (rather than a frozen kernel).
         """
-        from .process import connection
+        from .process import placing
 
-        return connection.device_scope(self, self.task(task), device_type, index)
+        return placing.device_scope(self, self.task(task), device_type, index, validate_timeout(timeout, "timeout"))
 
     def clock_offsets(self, max_age: float = 300.0) -> dict[str, float]:
         """Seconds each task's host clock is ahead of this kernel's (measured, kept ``max_age`` s)."""

@@ -58,10 +58,10 @@ def validate_name(name: str | None) -> str:
     return name
 
 
-def validate_timeout(seconds: object) -> float:
-    """``start_timeout=``: a positive number of seconds."""
+def validate_timeout(seconds: object, name: str = "start_timeout") -> float:
+    """A timeout argument (``start_timeout=`` by default): a positive number of seconds."""
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds <= 0:
-        raise ConfigurationError(f"start_timeout={seconds!r} must be a positive number of seconds.")
+        raise ConfigurationError(f"{name}={seconds!r} must be a positive number of seconds.")
     return float(seconds)
 
 

@@ -26,7 +26,7 @@ import weakref
 
 from ... import native_logs
 from ...compat import tensorflow as tf_compat
-from ...errors import ClusterStateError, ConfigurationError, ExposedPortsWarning
+from ...errors import ClusterStateError, ExposedPortsWarning
 from ..machine import threads
 from . import bind_hook, client_files, containment
 
@@ -58,23 +58,6 @@ def connect_problem(address: str, timeout: float) -> str:
             return ""
     except OSError as exc:
         return str(exc) or type(exc).__name__
-
-
-def device_scope(cluster, record, device_type: str, index: int):
-    """``cluster.device(...)``: a ``tf.device`` scope on the task of ``record``, this kernel connected first."""
-    import tensorflow as tf
-
-    device_type = device_type.upper()
-    if device_type not in ("CPU", "GPU"):
-        raise ConfigurationError(f"device_type={device_type!r}: use 'CPU' or 'GPU'.")
-    name = f"{record.task.device}/device:{device_type}:{index}"
-    if record.devices and name not in record.devices:
-        raise ConfigurationError(
-            f"{record.name} has no device {device_type}:{index}: its devices are "
-            f"{', '.join(d.rsplit('/device:', 1)[-1] for d in record.devices)}.")
-    cluster.job_queue.require_idle(f"place work on {record.name}")
-    connect(cluster)
-    return tf.device(name)
 
 
 def connect(cluster, timeout: float = 60.0, holder=None) -> int:
@@ -183,7 +166,7 @@ def _apply_spec(spec: dict, deadline: float, what: str) -> None:
             job.tasks.clear()
             for index, address in enumerate(spec[job.name]):
                 job.tasks[index] = address
-    _bounded(lambda: _update_server_def(context, server_def, deadline), max(1.0, deadline - time.monotonic()), what)
+    bounded(lambda: _update_server_def(context, server_def, deadline), max(1.0, deadline - time.monotonic()), what)
     _STATE["spec"] = spec
 
 
@@ -282,7 +265,7 @@ def _connect_with_timeout(tf, spec: dict, name: str, timeout: float) -> None:
         with tf.device(f"/job:{job}/replica:0/task:0/device:CPU:0"):
             tf.identity(zero).numpy()
 
-    _bounded(run, timeout, f"connecting this kernel to cluster {name!r}")
+    bounded(run, timeout, f"connecting this kernel to cluster {name!r}")
 
 
 def _set_cluster(tf, spec: dict, deadline: float) -> None:
@@ -315,9 +298,10 @@ def _retrying(change, deadline: float, before=None, down=None) -> None:
             time.sleep(LINK_RETRY_SECONDS * 2)
 
 
-def _bounded(work, timeout: float, what: str) -> None:
-    """Run ``work()`` in a thread for at most ``timeout`` s. TensorFlow cannot cancel what runs past it: the
-    connection is then marked broken (every later use says why) rather than left half-changed."""
+def bounded(work, timeout: float, what: str, breaks: bool = True) -> None:
+    """Run ``work()`` in a thread for at most ``timeout`` s. TensorFlow cannot cancel what runs past it: when
+    ``work`` changes the connection (``breaks``), the connection is then marked broken (every later use says
+    why) rather than left half-changed; otherwise the work goes on in its thread and the caller is told."""
     outcome: dict = {}
 
     def run() -> None:
@@ -329,6 +313,11 @@ def _bounded(work, timeout: float, what: str) -> None:
     thread = threading.Thread(target=run, name="workbench-connect", daemon=True)
     thread.start()
     thread.join(timeout)
+    if thread.is_alive() and not breaks:
+        raise ClusterStateError(
+            f"{what} did not finish within {timeout:.0f} s: the task is not answering (stopped, overloaded, or "
+            "behind a firewall; see cluster.status()). Nothing was placed on it: run the cell again once it answers."
+            + native_logs.hint())
     if thread.is_alive():
         _STATE["broken"] = (
             f"{what} did not finish within {timeout:.0f} s: a task is not answering (stopped, overloaded, or behind "
