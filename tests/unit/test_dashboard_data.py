@@ -105,16 +105,31 @@ def test_throughput_bins_count_per_worker_and_total_and_update_late_bins():
 def test_throughput_is_zero_only_while_a_job_runs_and_a_worker_had_begun():
     bins = ThroughputBins(width=1.0, settle=0.0)
     bins.add([JobProgress("a", 10.0, 0, 9, "running", 10.0, "async-ps", ("worker:0",)), span(0, 10.0, 10.2),
-              StepDone("a", 0, 10.0, 10.2, 32, ("worker:0",)), JobProgress("a", 12.5, 1, 9, "finished", 10.0)])
+              StepDone("a", 0, 10.0, 10.2, 32, ("worker:0",)), span(1, 12.0, 12.2),
+              StepDone("a", 1, 12.0, 12.2, 32, ("worker:0",)), JobProgress("a", 13.1, 2, 2, "finished", 10.0)])
     bins.add([JobProgress("b", 13.2, 0, 9, "running", 13.2, "async-ps", ("worker:1",)),  # set up until 15
               span(0, 15.0, 15.2, task="worker:1"), StepDone("b", 0, 15.0, 15.2, 32, ("worker:1",))])
     rows = {r["time"] / 1000: r for r in bins.final(17.0)}
-    assert rows[11]["total:steps"] == 0.0 and rows[12]["worker:0:steps"] == 0.0  # job a ran, nothing landed
-    assert all(math.isnan(rows[t]["total:steps"]) for t in (13, 14))  # between the jobs' steps: a break
+    assert rows[11]["total:steps"] == 0.0 and rows[11]["worker:0:steps"] == 0.0  # job a trained, nothing landed
+    # job a's wrap-up after its last step, then job b's set-up: a break, not a fall to zero
+    assert all(math.isnan(rows[t]["total:steps"]) for t in (13, 14)) and math.isnan(rows[13]["worker:0:steps"])
     assert math.isnan(rows[12]["worker:1:steps"]) and rows[15]["worker:1:steps"] == 1.0  # before it joined: a gap
+    assert rows[12]["total:steps"] == 1.0
     assert math.isnan(rows[16]["worker:0:steps"]) and rows[16]["worker:1:steps"] == 0.0  # not in job b: a gap
     rates = current_rates([(9.5, TOTAL, 64), (10.5, TOTAL, 64), (10.9, "worker:0", 32)], now=11.0, window=1.0)
     assert rates == {TOTAL: (64.0, 1.0), "worker:0": (32.0, 1.0)}
+
+
+def test_a_failed_job_counts_as_training_until_it_failed_a_finished_one_until_its_last_step():
+    bins = ThroughputBins(width=1.0, settle=0.0)
+    bins.add([JobProgress("a", 10.0, 0, 1, "running", 10.0, "sync-ps", ("worker:0",)),
+              StepDone("a", 0, 10.0, 10.2, 32, ("worker:0",)), JobProgress("a", 11.6, 1, 1, "finished", 10.0)])
+    bins.add([JobProgress("b", 20.0, 0, 9, "running", 20.0, "sync-ps", ("worker:0",)),
+              StepDone("b", 0, 20.0, 20.2, 32, ("worker:0",)), JobProgress("b", 22.5, 1, 9, "failed", 20.0)])
+    rows = {r["time"] / 1000: r for r in bins.final(24.0)}
+    assert rows[10]["total:steps"] == 1.0 and math.isnan(rows[11]["total:steps"])  # a's wrap-up: no training
+    assert rows[21]["total:steps"] == 0.0 and rows[22]["total:steps"] == 0.0  # b stalled until it failed: zeros
+    assert math.isnan(rows[23]["total:steps"])
 
 
 def test_progress_notes_slow_steps_and_stale_workers():

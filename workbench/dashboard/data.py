@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..cluster.jobs import ENDED, QUEUED
+from ..cluster.jobs import ENDED, FINISHED, QUEUED
 from ..telemetry.events import COMPUTE, PHASES, JobProgress, LinkEvent, StepDone, StepSpan, TaskEvent
 
 TOTAL = "total"
@@ -149,6 +149,21 @@ def new_rows(spans: Iterable[StepSpan], known: list[str]) -> list[str]:
 
 
 @dataclass
+class _Trained:
+    """When a job trained: from its first step's start to its end (inf while it runs), a finished one to its last
+    step's end."""
+
+    first: float = math.inf
+    end: float = math.inf
+    last_step: float = -math.inf
+    finished: bool = False
+    workers: tuple = ()
+
+    def last(self) -> float:
+        return self.last_step if self.finished else self.end
+
+
+@dataclass
 class ThroughputBins:
     """Examples and steps per worker (and in total) in fixed time bins.
 
@@ -156,9 +171,10 @@ class ThroughputBins:
     not); ``total`` counts the steps that count (``StepDone``: one per ``job.history`` record).
     A bin is final ``settle`` seconds after it ends; results that come later still update it
     (``changed`` lists those bins). A bin is 0 only where there was something to count: while a job
-    trained (from its first step to its end, from ``JobProgress``), and for a worker of that job from its
-    first step on; elsewhere (between jobs and during a job's set-up, before a worker joined) it is NaN,
-    which a plot draws as a break in the line rather than a fall to zero.
+    trained (from its first step to its end, from ``JobProgress``; a finished job's end is its last step's:
+    what it does after it, reading its weights and letting go of its functions, is no training), and for a
+    worker of that job from its first step on; elsewhere (between jobs and during a job's set-up and wrap-up,
+    before a worker joined) it is NaN, which a plot draws as a break in the line rather than a fall to zero.
     """
 
     width: float = 1.0
@@ -167,26 +183,27 @@ class ThroughputBins:
     series: list[str] = field(default_factory=lambda: [TOTAL])
     emitted: int | None = None  # the last bin handed out as final
     changed: set[int] = field(default_factory=set)
-    jobs: dict[str, list] = field(default_factory=dict)  # job -> [first step's start, end (inf: runs), workers]
+    jobs: dict[str, _Trained] = field(default_factory=dict)  # job -> when it trained, on which workers
     first_bin: dict[str, int] = field(default_factory=dict)  # series -> the first bin it counted anything in
 
     def add(self, events: Iterable) -> None:
         for event in events:
             if isinstance(event, StepDone):
                 self._count(TOTAL, event.end, event.examples)
-                job = self.jobs.setdefault(event.job, [math.inf, math.inf, ()])
-                job[0] = min(job[0], event.start)
+                job = self.jobs.setdefault(event.job, _Trained())
+                job.first, job.last_step = min(job.first, event.start), max(job.last_step, event.end)
             elif isinstance(event, StepSpan) and event.phase == COMPUTE and event.end is not None:
                 self._count(event.task, event.end, event.examples)
             elif isinstance(event, JobProgress) and event.state != QUEUED:
-                job = self.jobs.setdefault(event.job, [math.inf, math.inf, ()])
-                job[1:] = [event.time if event.state in ENDED else math.inf, tuple(event.workers)]
+                job = self.jobs.setdefault(event.job, _Trained())
+                job.end = event.time if event.state in ENDED else math.inf
+                job.finished, job.workers = event.state == FINISHED, tuple(event.workers)
 
     def _active(self, index: int, series: str) -> bool:
-        """Whether a job that ``series`` counts for (the total: any) ran during bin ``index``."""
+        """Whether a job that ``series`` counts for (the total: any) trained during bin ``index``."""
         start, end = index * self.width, (index + 1) * self.width
-        return any(first < end and last >= start and (series == TOTAL or not workers or series in workers)
-                   for first, last, workers in self.jobs.values())
+        return any(job.first < end and job.last() >= start and (series == TOTAL or not job.workers or series in job.workers)
+                   for job in self.jobs.values())
 
     def _count(self, series: str, t: float, examples: int) -> None:
         index = int(math.floor(t / self.width))

@@ -301,7 +301,7 @@ def _retrying(change, deadline: float, before=None, down=None) -> None:
 def bounded(work, timeout: float, what: str, breaks: bool = True) -> None:
     """Run ``work()`` in a thread for at most ``timeout`` s. TensorFlow cannot cancel what runs past it: when
     ``work`` changes the connection (``breaks``), the connection is then marked broken (every later use says
-    why) rather than left half-changed; otherwise the work goes on in its thread and the caller is told."""
+    why) rather than left half-changed; otherwise the work goes on in its thread and ``TimeoutError`` is raised."""
     outcome: dict = {}
 
     def run() -> None:
@@ -314,10 +314,7 @@ def bounded(work, timeout: float, what: str, breaks: bool = True) -> None:
     thread.start()
     thread.join(timeout)
     if thread.is_alive() and not breaks:
-        raise ClusterStateError(
-            f"{what} did not finish within {timeout:.0f} s: the task is not answering (stopped, overloaded, or "
-            "behind a firewall; see cluster.status()). Nothing was placed on it: run the cell again once it answers."
-            + native_logs.hint())
+        raise TimeoutError(f"{what} did not finish within {timeout:.0f} s")
     if thread.is_alive():
         _STATE["broken"] = (
             f"{what} did not finish within {timeout:.0f} s: a task is not answering (stopped, overloaded, or behind "

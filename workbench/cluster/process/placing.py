@@ -3,7 +3,8 @@ proven to answer within a timeout (a task that answers nothing would otherwise f
 
 from __future__ import annotations
 
-from ...errors import ConfigurationError
+from ... import native_logs
+from ...errors import ClusterStateError, ConfigurationError
 from . import connection
 
 
@@ -40,4 +41,9 @@ def _reach(tf, device: str, task: str, timeout: float) -> None:
         with tf.device(device):
             tf.identity(zero)
 
-    connection.bounded(touch, timeout, f"reaching {task} before placing work on it", breaks=False)
+    try:
+        connection.bounded(touch, timeout, f"reaching {task} before placing work on it", breaks=False)
+    except TimeoutError as exc:
+        raise ClusterStateError(
+            f"{exc}: the task is not answering (stopped, overloaded, or behind a firewall; see cluster.status()). "
+            "Nothing was placed on it: run the cell again once it answers." + native_logs.hint()) from None
