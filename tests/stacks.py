@@ -23,12 +23,12 @@ def _py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-def dump(pid: int, native: bool = False) -> str:
+def dump(pid: int) -> str:
     """The text of ``py-spy dump`` for ``pid`` (every thread, innermost frame first), or why there is none."""
     tool = _py_spy()
     if tool is None:
         return "(no stacks: py-spy is not installed in the test environment)"
-    command = [tool, "dump", "--pid", str(pid), *(["--native"] if native else [])]
+    command = [tool, "dump", "--pid", str(pid)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=DUMP_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
