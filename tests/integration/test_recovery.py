@@ -291,21 +291,22 @@ def test_a_steps_scalar_made_for_a_stopped_worker_does_not_freeze_the_kernel(no_
     from workbench.training.modelling.steps import host_scalar
 
     with wb.Cluster(ps=0, workers=1, name="wb-test-hostscalar", progress=False) as cluster:
+        # the scope is taken while the task answers (cluster.device checks that it does), and it stops inside it
         with cluster.device("worker:0"):
             assert int(tf.identity(tf.constant(1)).numpy()) == 1  # connected, the task answers
-        stopped = cluster.task("worker:0")
-        signal_process(stopped.pid, signal.SIGSTOP)
-        # Resumed from outside after 10 s whatever happens here: a frozen kernel runs no `finally`.
-        rescue = subprocess.Popen(["sh", "-c", f"sleep 10; kill -CONT {stopped.pid}"])
-        try:
-            with Watchdog() as dog, cluster.device("worker:0"):
-                started = time.monotonic()
-                made = host_scalar(7, tf.int64)
-                made_in = time.monotonic() - started
-        finally:
-            signal_process(stopped.pid, signal.SIGCONT)
-            rescue.kill()
-            rescue.wait(10)
+            stopped = cluster.task("worker:0")
+            signal_process(stopped.pid, signal.SIGSTOP)
+            # Resumed from outside after 10 s whatever happens here: a frozen kernel runs no `finally`.
+            rescue = subprocess.Popen(["sh", "-c", f"sleep 10; kill -CONT {stopped.pid}"])
+            try:
+                with Watchdog() as dog:
+                    started = time.monotonic()
+                    made = host_scalar(7, tf.int64)
+                    made_in = time.monotonic() - started
+            finally:
+                signal_process(stopped.pid, signal.SIGCONT)
+                rescue.kill()
+                rescue.wait(10)
         assert made_in < 1.0 and dog.longest < 1.0, (made_in, dog.longest)
         assert int(made.numpy()) == 7 and made.device.startswith("/job:localhost/")
 
@@ -342,4 +343,6 @@ def test_a_function_freed_while_a_task_is_stopped_does_not_freeze_the_kernel(no_
             rescue.wait(10)
         collector.join(30)
         assert dog.longest < 1.0, f"no thread of the kernel ran Python for {dog.longest:.2f} s"
-        assert waited and not collector.is_alive() and not context.context().has_function(name)
+        assert waited, "the removal came back within 3 s although the task it goes to was stopped"
+        assert not collector.is_alive(), "the removal had not come back 30 s after the task was continued"
+        assert not context.context().has_function(name)
