@@ -261,11 +261,17 @@ def _connect_with_timeout(tf, spec: dict, name: str, timeout: float) -> None:
         # One tiny remote op: it proves the connection, and TensorFlow opens this process's own
         # port only then, so what it listens on can be checked now rather than at some later op.
         job = "worker" if "worker" in spec else sorted(spec)[0]
-        zero = tf.constant(0)  # made here: made under the task's scope, it is copied there holding the GIL
-        with tf.device(f"/job:{job}/replica:0/task:0/device:CPU:0"):
-            tf.identity(zero).numpy()
+        touch(tf, f"/job:{job}/replica:0/task:0/device:CPU:0")
 
     bounded(run, timeout, f"connecting this kernel to cluster {name!r}")
+
+
+def touch(tf, device: str) -> None:
+    """One tiny op on ``device``, returning once its task answered. Its input is made here and copied inside the
+    op, with the GIL released: made under the task's scope, it would be copied there holding the GIL."""
+    zero = tf.constant(0)
+    with tf.device(device):
+        tf.identity(zero).numpy()
 
 
 def _set_cluster(tf, spec: dict, deadline: float) -> None:

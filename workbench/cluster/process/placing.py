@@ -32,17 +32,12 @@ def _reach(tf, device: str, task: str, timeout: float) -> None:
 
     Under a scope on another task TensorFlow copies each Python value an op takes to that task while it
     holds the GIL: to a task that answers nothing (stopped, overloaded, its host gone) the copy froze the
-    whole process, every thread and interrupts included, until the task came back. This op's input is made
-    here and copied inside the op, which TensorFlow runs with the GIL released, so the wait is bounded.
+    whole process, every thread and interrupts included, until the task came back. ``connection.touch`` waits
+    with the GIL released, so the wait is bounded.
     """
-    zero = tf.constant(0)  # on this process's CPU: made under the scope, it would be copied holding the GIL
-
-    def touch() -> None:
-        with tf.device(device):
-            tf.identity(zero)
-
     try:
-        connection.bounded(touch, timeout, f"reaching {task} before placing work on it", breaks=False)
+        connection.bounded(lambda: connection.touch(tf, device), timeout, f"reaching {task} before placing work on it",
+                           breaks=False)
     except TimeoutError as exc:
         raise ClusterStateError(
             f"{exc}: the task is not answering (stopped, overloaded, or behind a firewall; see cluster.status()). "
