@@ -70,7 +70,11 @@ def pytest_runtest_logreport(report):
     earlier test failed.
     """
     if report.failed:
-        sys.__stderr__.write(f"\n---- {report.nodeid} ({report.when}) failed ----\n{report.longreprtext[-6000:]}\n----\n")
+        text = report.longreprtext
+        if len(text) > 6000:  # a long one keeps its error's first lines (what failed) and its end (where)
+            error = max(text.find("\nE "), 0)
+            text = f"{text[error:error + 2500]}\n[...]\n{text[-3500:]}"
+        sys.__stderr__.write(f"\n---- {report.nodeid} ({report.when}) failed ----\n{text}\n----\n")
         sys.__stderr__.flush()
 
 

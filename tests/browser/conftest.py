@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,6 +265,19 @@ def page(browser, request):
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
         _keep_failure_artifacts(page, request.node.name, console)
+    if "jupyter_lab" in request.fixturenames:  # the module's server outlives the test: not so its kernels
+        shut_down_kernels(request.getfixturevalue("jupyter_lab"))
+
+
+def shut_down_kernels(lab: Lab) -> None:
+    """Shut down every kernel of ``lab``, as closing a test's notebooks would: a test that failed half-way leaves
+    no kernel training beside the next test (one that did left a 100,000-step job starving the next notebook)."""
+    for kernel in json.loads(lab.api("api/kernels")):
+        try:
+            lab.api(f"api/kernels/{kernel['id']}", method="DELETE", timeout=60)
+        except urllib.error.HTTPError as error:
+            if error.code != 404:  # 404: it went meanwhile
+                raise
 
 
 def _keep_failure_artifacts(page, test_name: str, console: list[str]) -> None:

@@ -30,7 +30,9 @@ CELLS = [
     "               strategy=wb.AsyncPS(steps_per_call=5), steps=100_000)\n"
     "job.wait_set_up()\n"
     "print('training')",
-    "import time\ntime.sleep(4)\nprofile = cluster.profile(seconds=1)\nprint(len(profile.transfers), 'transfers linked')",
+    # the documented default window: a loaded machine's one-second window held no whole transfer once
+    "import time\ntime.sleep(4)\nprofile = cluster.profile()\n"
+    "print(len(profile.transfers), 'transfers linked;', len(profile.events), 'ops; unlinked:', profile.unlinked())",
 ]
 # bars in the Bokeh documents of a frame, by model name prefix
 JS_BARS = """(prefix) => [...(window.Bokeh ? Bokeh.documents : [])].flatMap((d) => [...d._all_models.values()])

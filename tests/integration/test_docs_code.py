@@ -13,29 +13,36 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 
 import pytest
-from conftest import ROOT
+from conftest import ARTIFACTS, ROOT
 
 from workbench.magic_args import parser
 
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "guide").glob("*.md"))]
 NOT_RUN = "# not run:"
 RUNNER = """
-import json, sys, traceback
+import json, sys, time, traceback
 from IPython.core.interactiveshell import InteractiveShell
 
 shell = InteractiveShell.instance()
+seconds = []  # each block's, then the stop's: where a page's time goes (test-artifacts/docs-pages.json)
 for number, block in enumerate(json.load(open(sys.argv[1]))):
+    began = time.monotonic()
     result = shell.run_cell(block, store_history=False)
+    seconds.append(round(time.monotonic() - began, 1))
     if not result.success:
-        print(f"block {number} failed:\\n{block}", file=sys.stderr)
+        print(f"block {number} failed after {seconds}:\\n{block}", file=sys.stderr)
         sys.exit(1)
 # the reader is done with the page: as closing its notebook would, stop what it left running (a job a block
 # started and did not wait for ends with its cluster, instead of training to its last step before the exit)
 import workbench as wb
+began = time.monotonic()
 for cluster in wb.running_clusters():
     cluster.stop()
+seconds.append(round(time.monotonic() - began, 1))
+print("SECONDS " + json.dumps(seconds))
 """
 
 
@@ -85,10 +92,24 @@ def test_the_code_of_a_page_runs_as_written(page, tmp_path, no_leftover_processe
     blocks = ["%load_ext workbench", *runnable(page)]
     (tmp_path / "blocks.json").write_text(json.dumps(blocks))
     env = {**os.environ, "WORKBENCH_NATIVE_LOGS": "stderr"}
+    started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", RUNNER, str(tmp_path / "blocks.json")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{page}: {done.stderr[-6000:]}\n{done.stdout[-3000:]}"
     assert "Traceback" not in done.stdout, done.stdout[-6000:]
+    timed = [line for line in done.stdout.splitlines() if line.startswith("SECONDS ")]
+    assert timed, done.stdout[-3000:]
+    _keep_seconds(page, time.monotonic() - started, json.loads(timed[-1].split(" ", 1)[1]))
+
+
+def _keep_seconds(page: str, total: float, seconds: list[float]) -> None:
+    """The page's time (the process's start and import included), its blocks' and its stop's, in
+    test-artifacts/docs-pages.json: which of the suite's slowest tests spends its time where."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    record = ARTIFACTS / "docs-pages.json"
+    kept = json.loads(record.read_text()) if record.exists() else {}
+    kept[page] = {"total": round(total, 1), "blocks": seconds[:-1], "stop": seconds[-1]}
+    record.write_text(json.dumps(kept, indent=1))
 
 
 def test_a_measured_figure_outside_the_benchmarks_page_says_where_it_comes_from():
