@@ -1,6 +1,9 @@
-"""The fence around other libraries' internals: versions checked at import, and TensorFlow's function removal with
-the GIL released behaving as TensorFlow's own."""
+"""The fence around other libraries' internals: versions checked at import, TensorFlow's function removal with
+the GIL released behaving as TensorFlow's own, and Bokeh imported one thread at a time."""
 
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
@@ -49,3 +52,46 @@ def test_a_removed_function_is_gone_and_a_second_removal_fails_as_tensorflows_do
     with pytest.raises(tf.errors.InvalidArgumentError, match="non-existent function"):
         context.remove_function(name.decode() if isinstance(name, bytes) else name)
     context.add_function_def(definition)  # back, for the function's own removal when freed
+
+
+# Threads released at once into the workbench's ways into Bokeh, in a fresh process (Bokeh imported for the first
+# time): the notebook dashboard's components, a profile's plot, the server the JupyterLab panel has the kernel start,
+# and others each going on to a module of its own. Eight threads importing those modules directly, without
+# load(), failed in 10 of 10 processes (a _DeadlockError, or "'_Feature' object has no attribute '__all__'"); a
+# kernel met "failed to validate GlyphRenderer.view" when its first wb.dashboard() ran beside the panel's plots.
+BOKEH_RACE = textwrap.dedent("""
+    import importlib, threading
+    from workbench.compat import bokeh as bokeh_compat
+    from workbench.dashboard.components import make_components
+    from workbench.dashboard.profile_view import profile_plot
+    from workbench.telemetry.log import EventLog
+
+    def then(module, server=False):
+        def way():
+            bokeh_compat.load(server)
+            importlib.import_module(module)
+        return way
+
+    ways = [lambda: make_components(EventLog(), ["worker:0"]), lambda: profile_plot([], [], [], "profile"),
+            then("bokeh.server.server", server=True), then("bokeh.models.widgets"), then("bokeh.models.renderers"),
+            then("bokeh.application.handlers.function", server=True), then("bokeh.transform"), then("bokeh.layouts")]
+    start, errors = threading.Barrier(len(ways)), []
+    def run(way):
+        start.wait()
+        try:
+            way()
+        except Exception as error:
+            errors.append(f"{type(error).__name__}: {error}")
+    threads = [threading.Thread(target=run, args=(way,)) for way in ways]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    print(errors or "all imported")
+""")
+
+
+def test_bokeh_is_imported_one_thread_at_a_time():
+    for _ in range(2):  # fresh processes
+        done = subprocess.run([sys.executable, "-c", BOKEH_RACE], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and done.stdout.strip() == "all imported", (done.stdout, done.stderr[-3000:])

@@ -215,11 +215,13 @@ def make_components(log: EventLog, rows: list[str], names=tuple(PLOTS), follow: 
     ``follow``: the plots follow the newest data (a cluster's dashboard); ``False`` spans all the log holds
     (a job's dashboard, reading a ``JobView``).
     """
+    from ..compat import bokeh as bokeh_compat
     from ..errors import ConfigurationError
 
     unknown = [n for n in names if n not in PLOTS]
     if unknown:
         raise ConfigurationError(f"no plot named {', '.join(map(repr, unknown))}: the plots are {', '.join(PLOTS)}.")
+    bokeh_compat.load()  # not beside another thread's first import of Bokeh (the panel's served plots)
     return {name: PLOTS[name][1](log, rows, follow) for name in names}
 
 

@@ -51,6 +51,9 @@ def link_columns(transfers: Iterable[tuple[OpEvent, OpEvent]]) -> dict[str, list
 
 def profile_plot(rows: list[str], events: list[OpEvent], transfers: list[tuple[OpEvent, OpEvent]], title: str):
     """The timeline figure with one row per device/thread, ops as bars and transfers as links."""
+    from ..compat import bokeh as bokeh_compat
+
+    bokeh_compat.load()
     from bokeh.layouts import column
     from bokeh.models import ColumnDataSource, Div, HoverTool
     from bokeh.transform import factor_cmap

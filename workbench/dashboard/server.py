@@ -135,6 +135,7 @@ class DashboardServer:
         return self
 
     def _serve(self):
+        bokeh_compat.load(server=True)  # not beside the notebook's first import of Bokeh
         from bokeh.server.server import Server
         from tornado.web import HTTPError, RequestHandler
 

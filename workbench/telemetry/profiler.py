@@ -82,6 +82,9 @@ class Profile:
         return profile_plot(self.rows, self.events, self.transfers, title)
 
     def _ipython_display_(self) -> None:
+        from ..compat import bokeh as bokeh_compat
+
+        bokeh_compat.load()
         from bokeh.io import output_notebook, show
         from bokeh.resources import INLINE
 
