@@ -82,14 +82,12 @@ class Profile:
         return profile_plot(self.rows, self.events, self.transfers, title)
 
     def _ipython_display_(self) -> None:
-        from ..compat import bokeh as bokeh_compat
-
-        bokeh_compat.load()
+        plot = self.plot()  # first: it imports Bokeh the one-thread-at-a-time way (compat.bokeh.load)
         from bokeh.io import output_notebook, show
         from bokeh.resources import INLINE
 
         output_notebook(resources=INLINE, hide_banner=True)
-        show(self.plot())
+        show(plot)
 
     def __repr__(self) -> str:
         return (f"<workbench.Profile {self.seconds:g} s: {len(self.events):,} ops on {', '.join(self.tasks)}, "
