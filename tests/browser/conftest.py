@@ -258,6 +258,9 @@ def page(browser, request):
     """A page in ``browser``; on failure its screenshot and console log go to test-artifacts/."""
     page = browser.pages[0] if browser.pages else browser.new_page()
     page.set_default_navigation_timeout(60_000)
+    # an action (a click, a fill) waits this long for the page to take it: on a CI machine running both halves of
+    # the suite, the panel's Start button was still "performing click action" after Playwright's default 30 s
+    page.set_default_timeout(60_000)
     console: list[str] = []
     page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
     page.on("pageerror", lambda error: console.append(f"pageerror: {error}"))

@@ -9,15 +9,19 @@
 - ``sharded_variable(shards, name)``: a variable split over the ps tasks (``ShardedVariable``).
 - ``xspace()``: an empty profiler capture message (``tensorflow.tsl``'s ``XSpace``), to parse a task's trace.
 - ``autograph_loader()``: the module whose temporary files autograph writes (pointed at a directory of the process).
-- ``release_gil_in_function_removal()``: freeing a ``tf.function`` removes it from every task; TensorFlow's
-  binding of ``TFE_ContextRemoveFunction`` keeps the GIL while the removal goes to every remote task and their
-  answers come back: one round of RPCs during which no thread of the kernel runs Python (0.4 s seen with two
-  busy cores, 2.4 s on a loaded CI machine; a task that does not answer froze the kernel). The same C function
-  called through ``ctypes`` runs with the GIL released and raises the same errors. Where its symbols cannot be
-  found (a build that does not export them), TensorFlow's own binding stays. With the GIL released, a removal
-  could run while another thread sets or updates the context's server def; TensorFlow's binding had made the
-  two take turns, and they still do: both hold ``context_change()``.
-- ``context_change()``: held while the context's server def is set or updated, and while a function is removed.
+- ``guard_context_changes()``: a function's registration and removal take turns with a change of the context's
+  server def, process-wide (``context_change()``). TensorFlow registers a new function on every task it is
+  connected to, reading the list of tasks and then each task's client: an update that removed a task between the
+  two failed the registration with "Client for target /job:worker/replica:0/task:2 not found" (a job whose worker
+  was re-hosted while the cluster was scaled down traced its next step beside the update). Freeing a
+  ``tf.function`` removes it from every task; TensorFlow's binding of ``TFE_ContextRemoveFunction`` keeps the GIL
+  while the removal goes to every remote task and their answers come back: one round of RPCs during which no
+  thread of the kernel runs Python (0.4 s seen with two busy cores, 2.4 s on a loaded CI machine; a task that does
+  not answer froze the kernel). The same C function called through ``ctypes`` runs with the GIL released and
+  raises the same errors. Where its symbols cannot be found (a build that does not export them), TensorFlow's own
+  binding stays (and takes its turn all the same).
+- ``context_change()``: held while the context's server def is set or updated, and while a function is registered
+  or removed.
 - ``quiet_retracing_of(*names)``: TensorFlow's "triggered tf.function retracing" warning (a logging record of its
   logger) dropped for the workbench's own functions made anew on purpose (one per job, one per re-hosting).
   TensorFlow counts traces per code object, not per function, so a few of them in a row read to it as one
@@ -38,8 +42,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
-_STATE: dict = {"installed": False, "why_not": ""}
-_CONTEXT_CHANGE = threading.RLock()  # a server def set or updated, a function removed: one at a time
+_STATE: dict = {"guarded": False, "why_not": ""}
+_CONTEXT_CHANGE = threading.RLock()  # a server def set or updated, a function registered or removed: one at a time
 _DEFAULT_EXECUTOR: list = []  # the default executor's handle, read once: each thread returns to it
 _DEFAULT_EXECUTOR_LOCK = threading.Lock()
 
@@ -147,19 +151,47 @@ def autograph_loader() -> Any:
     return loader
 
 
-def release_gil_in_function_removal() -> str:
-    """Route this process's function removals through the C API with the GIL released (once per process).
+def guard_context_changes() -> str:
+    """Make this process's function registrations and removals take turns with its server def's changes (once per
+    process), removals through the C API with the GIL released.
 
-    Returns ``""`` once done, else why TensorFlow's own binding stays (it then holds the GIL, as before)."""
+    Returns ``""`` when removals release the GIL, else why TensorFlow's own binding of them stays (it then holds
+    the GIL, as before); registrations and removals take their turns either way."""
     with _LOCK:
-        if not _STATE["installed"] and not _STATE["why_not"]:
+        if not _STATE["guarded"]:
+            _take_turns_in_registration()
             try:
                 _install_removal()
-                _STATE["installed"] = True
             except (OSError, AttributeError, ImportError) as exc:
                 _STATE["why_not"] = f"{type(exc).__name__}: {exc}"
                 log.debug("function removal keeps TensorFlow's binding (it holds the GIL): %s", _STATE["why_not"])
+                _take_turns(_context_module().Context, "remove_function")
+            _STATE["guarded"] = True
         return _STATE["why_not"]
+
+
+def _context_module() -> Any:
+    from tensorflow.python.eager import context
+
+    return context
+
+
+def _take_turns(owner: type, name: str) -> None:
+    """``owner.name`` made to hold ``context_change()`` while it runs."""
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def in_turn(self, *args, **kwargs):
+        with _CONTEXT_CHANGE:
+            return original(self, *args, **kwargs)
+
+    setattr(owner, name, in_turn)
+
+
+def _take_turns_in_registration() -> None:
+    context = _context_module().Context
+    for name in ("add_c_function", "add_function_def"):
+        _take_turns(context, name)
 
 
 def _library(directory: str, stem: str) -> ctypes.CDLL:
@@ -169,9 +201,9 @@ def _library(directory: str, stem: str) -> ctypes.CDLL:
 
 def _install_removal() -> None:
     import tensorflow as tf
-    from tensorflow.python.eager import context
     from tensorflow.python.framework import errors_impl
 
+    context = _context_module()
     directory = os.path.dirname(tf.__file__)
     eager, framework = _library(directory, "tensorflow_cc"), _library(directory, "tensorflow_framework")
     remove = eager.TFE_ContextRemoveFunction

@@ -202,14 +202,15 @@ def prepare_process() -> None:
     What this process holds now (TensorFlow's and Keras's modules, the user's imports) lives as long as it does,
     so the garbage collector stops scanning it: a full collection then takes milliseconds instead of about 0.3 s
     with the GIL held (the collection that finds the garbage before freezing costs that once, so it is made here,
-    not in a thread while the user's cell has returned). And a freed function leaves the tasks without the GIL.
+    not in a thread while the user's cell has returned). And a freed function leaves the tasks without the GIL, and
+    no function is registered on the tasks while the connection changes (``compat.tensorflow.guard_context_changes``).
     """
     with _PREPARED_LOCK:
         if _STATE.get("prepared") or "tensorflow" not in sys.modules:
             return
         gc.collect()
         gc.freeze()
-        tf_compat.release_gil_in_function_removal()  # a job's end frees its functions: no kernel-wide stall
+        tf_compat.guard_context_changes()
         _STATE["prepared"] = True
 
 
