@@ -6,6 +6,7 @@ import time
 
 import pytest
 from conftest import ARTIFACTS
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from .conftest import cell_output_text, run_notebook_in_lab, write_notebook
 
@@ -18,11 +19,12 @@ CELLS = [
     "def make_model():\n"
     "    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation='relu'), keras.layers.Dense(10)])\n"
     "job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
-    "               strategy=wb.AsyncPS(steps_per_call=5), steps=4000)\n"
+    "               strategy=wb.AsyncPS(steps_per_call=5), steps=100_000)\n"  # trains still at the reload
     "print('training started')",
 ]
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 TIMELINE_BARS = """() => [...Bokeh.documents].flatMap((d) => [...d._all_models.values()])
     .filter((m) => m.name && m.name.startsWith("timeline_steps_"))
     .reduce((n, s) => n + s.data.right.length, 0)"""
@@ -32,6 +34,26 @@ def _steps_shown(page) -> int:
     # a page drawing a live dashboard on a loaded machine can take seconds to answer (it did not in 5 s once)
     text = page.locator(".workbench-steps").first.inner_text(timeout=60_000)
     return int(re.match(r"\s*(\d+)\s*/", text).group(1))
+
+
+def _after_reload(lab, page) -> str:
+    """What a reloaded page shows in place of the dashboard, and whether the kernel still holds its widget."""
+    from jupyter_client import BlockingKernelClient
+
+    outputs = json.loads((lab.root_dir / "dashboard.ipynb").read_text())["cells"][0]["outputs"]
+    (model_id,) = [o["data"][WIDGET_VIEW]["model_id"] for o in outputs if WIDGET_VIEW in o.get("data", {})]
+    (kernel,) = json.loads(lab.api("api/kernels"))
+    client = BlockingKernelClient(connection_file=str(lab.root_dir.parent / "runtime" / f"kernel-{kernel['id']}.json"))
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        client.comm_info(target_name="jupyter.widget")
+        comms = client.get_shell_msg(timeout=30)["content"].get("comms", {})
+    finally:
+        client.stop_channels()
+    shown = page.locator(".jp-OutputArea").first.inner_text(timeout=10_000)[:200]
+    held = "holds" if model_id in comms else "does not hold"
+    return f"the first output reads {shown!r}; the kernel ({kernel['execution_state']}) {held} its widget {model_id}"
 
 
 def test_the_dashboard_widget_renders_and_updates_while_a_job_trains(jupyter_lab, page):
@@ -63,7 +85,10 @@ def test_the_dashboard_widget_renders_and_updates_while_a_job_trains(jupyter_lab
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")  # the widget's output survives
     before = page.evaluate(TIMELINE_BARS)
     page.reload(wait_until="domcontentloaded")
-    page.locator(".workbench-steps").first.wait_for(timeout=120_000)
+    try:
+        page.locator(".workbench-steps").first.wait_for(timeout=120_000)
+    except PlaywrightTimeoutError:
+        raise AssertionError(f"the reloaded page shows no dashboard: {_after_reload(jupyter_lab, page)}") from None
     page.wait_for_function(f"() => ({TIMELINE_BARS})() > 0", timeout=60_000, polling=250)
     after = page.evaluate(TIMELINE_BARS)
     assert after >= before, f"after a reload the timeline held {after} bars, {before} before it"
