@@ -31,7 +31,10 @@ CELLS = [
     "job.wait_set_up()\n"
     "print('training')",
     # the documented default window: a loaded machine's one-second window held no whole transfer once
-    "import time\ntime.sleep(4)\nprofile = cluster.profile()\n"
+    # profiled once the job trains (a loaded machine's first steps came more than 4 s after its set-up once)
+    "import time\ndeadline = time.monotonic() + 120\n"
+    "while job.steps_done < 50 and job.state == 'running' and time.monotonic() < deadline:\n    time.sleep(0.2)\n"
+    "profile = cluster.profile()\n"
     "print(len(profile.transfers), 'transfers linked;', len(profile.events), 'ops; unlinked:', profile.unlinked())",
 ]
 # bars in the Bokeh documents of a frame, by model name prefix
