@@ -82,7 +82,7 @@ def test_the_dashboard_widget_renders_and_updates_while_a_job_trains(jupyter_lab
     page.screenshot(path=str(ARTIFACTS / "dashboard-widget.png"), full_page=True, timeout=180_000)
 
     # a page reloaded while the job trains shows the timeline's history, not only what streamed since
-    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")  # the widget's output survives
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save').then(() => null)")  # the output survives
     before = page.evaluate(TIMELINE_BARS)
     page.reload(wait_until="domcontentloaded")
     try:

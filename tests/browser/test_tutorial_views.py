@@ -40,7 +40,8 @@ JS_FIRST_CARD = """() => { const c = document.querySelector(".wb-clusters .wb-ca
 
 
 def _open_panel_at_300px(page) -> None:
-    page.evaluate("() => window.jupyterapp.commands.execute('workbench:show-panel')")  # opens it, never toggles
+    # opens it, never toggles; the command's widget is not sent back (Playwright would copy its whole object graph)
+    page.evaluate("() => window.jupyterapp.commands.execute('workbench:show-panel').then(() => null)")
     page.locator(".wb-panel").wait_for(state="visible", timeout=30_000)
     page.evaluate("""() => { const split = window.jupyterapp.shell._hsplitPanel;
         const left = 300 / split.node.clientWidth; split.setRelativeSizes([left, 1 - left, 0]); }""")
