@@ -73,6 +73,10 @@ class Lab:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def kernel_connection_file(self, kernel_id: str) -> Path:
+        """Where the server wrote the connection file of its kernel ``kernel_id`` (its runtime dir, beside ``root_dir``)."""
+        return self.root_dir.parent / "runtime" / f"kernel-{kernel_id}.json"
+
     def api(self, path: str, method: str = "GET", timeout: float = 10.0) -> bytes:
         request = urllib.request.Request(f"{self.url}/{path.lstrip('/')}", method=method,
                                          headers={"Authorization": f"token {self.token}"})
@@ -341,6 +345,13 @@ JS_WRAPPED = """() => [...document.querySelectorAll(
   .map((e) => e.textContent)"""
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def execute_command(page, command: str, args: dict | None = None) -> None:
+    """Run JupyterLab's ``command`` in the page and wait for it. What it returns (often a widget) is not sent back:
+    Playwright would copy its whole object graph, which ran past a test's 600 s under load once."""
+    page.evaluate("([command, args]) => window.jupyterapp.commands.execute(command, args).then(() => null)",
+                  [command, args or {}])
 
 
 def write_notebook(lab: Lab, name: str, cells: list[str]) -> str:

@@ -8,7 +8,7 @@ import pytest
 from conftest import ARTIFACTS
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-from .conftest import cell_output_text, run_notebook_in_lab, write_notebook
+from .conftest import cell_output_text, execute_command, run_notebook_in_lab, write_notebook
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
@@ -43,7 +43,7 @@ def _after_reload(lab, page) -> str:
     outputs = json.loads((lab.root_dir / "dashboard.ipynb").read_text())["cells"][0]["outputs"]
     (model_id,) = [o["data"][WIDGET_VIEW]["model_id"] for o in outputs if WIDGET_VIEW in o.get("data", {})]
     (kernel,) = json.loads(lab.api("api/kernels"))
-    client = BlockingKernelClient(connection_file=str(lab.root_dir.parent / "runtime" / f"kernel-{kernel['id']}.json"))
+    client = BlockingKernelClient(connection_file=str(lab.kernel_connection_file(kernel["id"])))
     client.load_connection_file()
     client.start_channels()
     try:
@@ -82,7 +82,7 @@ def test_the_dashboard_widget_renders_and_updates_while_a_job_trains(jupyter_lab
     page.screenshot(path=str(ARTIFACTS / "dashboard-widget.png"), full_page=True, timeout=180_000)
 
     # a page reloaded while the job trains shows the timeline's history, not only what streamed since
-    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save').then(() => null)")  # the output survives
+    execute_command(page, "docmanager:save")  # the widget's output survives
     before = page.evaluate(TIMELINE_BARS)
     page.reload(wait_until="domcontentloaded")
     try:

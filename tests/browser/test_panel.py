@@ -18,7 +18,7 @@ from training_helpers import attached_trainer
 from workbench.cluster.network import netns
 from workbench.dashboard.server import HIDDEN, PAGE_ROOT
 
-from .conftest import JS_WRAPPED, cell_output_text, run_notebook_in_lab, write_notebook
+from .conftest import JS_WRAPPED, cell_output_text, execute_command, run_notebook_in_lab, write_notebook
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
@@ -197,10 +197,9 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     started.wait_for(state="detached", timeout=120_000)
     assert PANEL_CLUSTER not in _listing(jupyter_lab)
     # a pane of a cluster that is not running says so in a page of its own
-    page.evaluate("""(name) => window.jupyterapp.commands.execute('workbench:open-plot', {cluster: name, name: 'timeline',
-        title: 'Timeline', path: `${JSON.parse(document.getElementById('jupyter-config-data').textContent).baseUrl}`
-            + `workbench/dashboards/${name}/timeline`}).then(() => null)""",  # not the pane: a copy of its object graph
-                  PANEL_CLUSTER)
+    base = page.evaluate("() => JSON.parse(document.getElementById('jupyter-config-data').textContent).baseUrl")
+    execute_command(page, "workbench:open-plot", {"cluster": PANEL_CLUSTER, "name": "timeline", "title": "Timeline",
+                                                  "path": f"{base}workbench/dashboards/{PANEL_CLUSTER}/timeline"})
     gone = page.locator(f".wb-plot-pane iframe[data-cluster='{PANEL_CLUSTER}']")
     gone.wait_for(state="attached", timeout=30_000)
     frame = gone.element_handle().content_frame()
@@ -218,7 +217,7 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     # a kernel restart ends the kernel's cluster: the panel shows what still runs
     kernel_id = json.loads(jupyter_lab.api("api/sessions"))[0]["kernel"]["id"]
     jupyter_lab.api(f"api/kernels/{kernel_id}/restart", method="POST", timeout=60)
-    page.evaluate("() => window.jupyterapp.commands.execute('workbench:show-panel').then(() => null)")
+    execute_command(page, "workbench:show-panel")
     _card(page, KERNEL_CLUSTER).wait_for(state="detached", timeout=90_000)
     assert KERNEL_CLUSTER not in _listing(jupyter_lab)
     assert page.locator(".wb-empty").is_visible()

@@ -13,7 +13,7 @@ import shutil
 import pytest
 from conftest import ARTIFACTS, ROOT
 
-from .conftest import JS_WRAPPED, run_notebook_in_lab
+from .conftest import JS_WRAPPED, execute_command, run_notebook_in_lab
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
@@ -40,8 +40,7 @@ JS_FIRST_CARD = """() => { const c = document.querySelector(".wb-clusters .wb-ca
 
 
 def _open_panel_at_300px(page) -> None:
-    # opens it, never toggles; the command's widget is not sent back (Playwright would copy its whole object graph)
-    page.evaluate("() => window.jupyterapp.commands.execute('workbench:show-panel').then(() => null)")
+    execute_command(page, "workbench:show-panel")  # opens it, never toggles
     page.locator(".wb-panel").wait_for(state="visible", timeout=30_000)
     page.evaluate("""() => { const split = window.jupyterapp.shell._hsplitPanel;
         const left = 300 / split.node.clientWidth; split.setRelativeSizes([left, 1 - left, 0]); }""")
