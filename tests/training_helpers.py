@@ -47,6 +47,20 @@ def train(cluster, **kwargs):
     return wb.train(cluster, make_model, wb.datasets.digits, **options)
 
 
+# A job that only has to be training while a test looks at something else (a browser page, the panel, a second
+# kernel) is paced: each example waits PACE_MICROSECONDS in its worker's input pipeline, as tutorial 03's straggler's
+# do, so that its tasks mostly sleep (a worker's 32 examples a step: about 30 steps a second). Unpaced, such a
+# 100,000-step job trained as fast as the machine let it for the whole of a browser test, and took the cores from
+# everything else the suite ran beside it. ``PACED_DIGITS`` defines ``paced_digits`` where ``wb`` is imported.
+PACE_MICROSECONDS = 1000
+PACED_DIGITS = f"""
+def paced_digits(ctx):
+    from tensorflow.python.data.experimental.ops import testing
+
+    return wb.datasets.digits(ctx).apply(testing.sleep({PACE_MICROSECONDS}))
+"""
+
+
 # Steps a launcher's test trains: enough for the loss to fall well below where it starts, few enough to be quick.
 STEPS_OF_A_MECHANIC = 150
 
@@ -133,11 +147,10 @@ def poll_responsive(condition, seconds: float, what: str) -> float:
 def attached_trainer(cluster_name: str) -> str:
     """A script that attaches to ``cluster_name``, trains in the background, prints ``"<job> (pid N)"`` (the name
     the owner shows it under), and stops when its stdin closes: a second kernel training on the cluster."""
-    return textwrap.dedent(f"""
-        import os, sys, keras, workbench as wb
+    return "import os, sys, keras, workbench as wb\n" + PACED_DIGITS + textwrap.dedent(f"""
         cluster = wb.attach({cluster_name!r})
         job = wb.train(cluster, lambda: keras.Sequential([keras.Input((64,)), keras.layers.Dense(16), keras.layers.Dense(10)]),
-                       wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps=100000)
+                       paced_digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps=100000)
         print(f"{{job.name}} (pid {{os.getpid()}})", flush=True)
         sys.stdin.read()
         job.stop()

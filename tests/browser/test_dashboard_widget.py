@@ -7,6 +7,7 @@ import time
 import pytest
 from conftest import ARTIFACTS
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+from training_helpers import PACED_DIGITS
 
 from .conftest import cell_output_text, execute_command, run_notebook_in_lab, write_notebook
 
@@ -16,9 +17,10 @@ CELLS = [
     "import keras\nimport workbench as wb\n"
     "cluster = wb.Cluster(ps=1, workers=1, name='wb-browser-test', progress=False).start()\n"
     "wb.dashboard(cluster)",
+    PACED_DIGITS +  # a job that trains for the whole test, not one that takes the cores from the rest of the suite
     "def make_model():\n"
     "    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation='relu'), keras.layers.Dense(10)])\n"
-    "job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
+    "job = wb.train(cluster, make_model, paced_digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
     "               strategy=wb.AsyncPS(steps_per_call=5), steps=100_000)\n"  # trains still at the reload
     "print('training started')",
 ]

@@ -14,6 +14,7 @@ import time
 
 import pytest
 from conftest import ARTIFACTS, ROOT
+from training_helpers import PACED_DIGITS
 
 from .conftest import cell_output, cell_output_text, run_notebook_in_lab, write_notebook
 
@@ -22,11 +23,14 @@ pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 CLUSTER = "wb-docs"
 CELLS = [
     "import keras\nimport workbench as wb\n"
-    f"cluster = wb.Cluster(ps=1, workers=2, name={CLUSTER!r}, progress=False).start()",
+    f"cluster = wb.Cluster(ps=1, workers=2, name={CLUSTER!r}, progress=False).start()\n"
+    # paced: a job that trains for the whole test beside the rest of the suite, and a profile a page can draw (at full
+    # speed alone, a 2 s capture held 62,775 ops, and the profile's pane had drawn nothing after 180 s)
+    + PACED_DIGITS,
     "def make_model():\n"
     "    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation='relu'),\n"
     "                             keras.layers.Dense(256, activation='relu'), keras.layers.Dense(10)])\n"
-    "job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
+    "job = wb.train(cluster, make_model, paced_digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
     "               strategy=wb.AsyncPS(steps_per_call=5), steps=100_000)\n"
     "job.wait_set_up()\n"
     "print('training')",
@@ -40,12 +44,14 @@ CELLS = [
 # bars in the Bokeh documents of a frame, by model name prefix
 JS_BARS = """(prefix) => [...(window.Bokeh ? Bokeh.documents : [])].flatMap((d) => [...d._all_models.values()])
     .filter((m) => m.name && m.name.startsWith(prefix) && m.data && m.data.right).reduce((n, s) => n + s.data.right.length, 0)"""
-# the profile's x range narrowed to its middle 25 ms (a few steps), so that single ops and links show
+# the profile's x range narrowed to 25 ms from the first op after its middle (a step or two of the paced job), so
+# that single ops and links show
 JS_ZOOM = """() => { const models = [...Bokeh.documents].flatMap((d) => [...d._all_models.values()]);
-    const ops = models.find((m) => m.name === "profile_ops"); const left = ops.data.left;
+    const ops = models.find((m) => m.name === "profile_ops"); const left = [...ops.data.left];
     const middle = (Math.min(...left) + Math.max(...left)) / 2;
+    const start = Math.min(...left.filter((l) => l >= middle)) - 1;
     for (const r of models.filter((m) => m.type === "DataRange1d" || m.type === "Range1d"))
-        if (r.start > 1e12) { r.start = middle; r.end = middle + 25; } }"""
+        if (r.start > 1e12) { r.start = start; r.end = start + 25; } }"""
 JS_LINKS = """() => [...(window.Bokeh ? Bokeh.documents : [])].flatMap((d) => [...d._all_models.values()])
     .filter((m) => m.name === "profile_transfers" && m.data && m.data.x0).reduce((n, s) => n + s.data.x0.length, 0)"""
 # what a pane's frame holds, for a wait that ran out

@@ -13,7 +13,7 @@ import time
 
 import pytest
 from conftest import ARTIFACTS
-from training_helpers import attached_trainer
+from training_helpers import PACED_DIGITS, attached_trainer
 
 from workbench.cluster.network import netns
 from workbench.dashboard.server import HIDDEN, PAGE_ROOT
@@ -27,9 +27,10 @@ PANEL_CLUSTER = "wb-panel-started"
 CELLS = [
     "import keras\nimport workbench as wb\n"
     f"cluster = wb.Cluster(ps=1, workers=1, name={KERNEL_CLUSTER!r}, progress=False, network='1gbit').start()",
+    PACED_DIGITS +  # a job that trains for the whole test, not one that takes the cores from the rest of the suite
     "def make_model():\n"
     "    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation='relu'), keras.layers.Dense(10)])\n"
-    "job = wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
+    "job = wb.train(cluster, make_model, paced_digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
     "               strategy=wb.AsyncPS(steps_per_call=5), steps=100_000)\n"
     "print('training started')",
 ]
