@@ -47,11 +47,14 @@ VIEWPORT = {"width": 1400, "height": 900}
 LAB_START_TIMEOUT = 90.0
 
 # No news or update checks and no toasts over the page; every cell attached to the DOM (the default
-# windowing leaves offscreen cells, and their outputs, unrendered until they are scrolled to).
+# windowing leaves offscreen cells, and their outputs, unrendered until they are scrolled to); no autosave: a test saves
+# when it means to (a save that met an autosave of the same notebook under load found the file's hash changed, and
+# waited on JupyterLab's "File Changed" dialog until the test's timeout).
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
         {"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True},
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
 }
 
 
@@ -347,11 +350,19 @@ JS_WRAPPED = """() => [...document.querySelectorAll(
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def execute_command(page, command: str, args: dict | None = None) -> None:
-    """Run JupyterLab's ``command`` in the page and wait for it. What it returns (often a widget) is not sent back:
-    Playwright would copy its whole object graph, which ran past a test's 600 s under load once."""
-    page.evaluate("([command, args]) => window.jupyterapp.commands.execute(command, args).then(() => null)",
-                  [command, args or {}])
+COMMAND_SECONDS = 180.0  # a JupyterLab command's wait: one that waits on a dialog never ends by itself
+
+
+def execute_command(page, command: str, args: dict | None = None, seconds: float = COMMAND_SECONDS) -> None:
+    """Run JupyterLab's ``command`` in the page and wait for it, at most ``seconds``; then fail naming the dialogs the
+    page shows. What it returns (often a widget) is not sent back: Playwright would copy its whole object graph, which
+    ran past a test's 600 s under load once."""
+    done = page.evaluate("""([command, args, ms]) => Promise.race([
+        window.jupyterapp.commands.execute(command, args).then(() => true),
+        new Promise((resolve) => setTimeout(() => resolve(false), ms))])""", [command, args or {}, seconds * 1000])
+    if not done:
+        dialogs = page.locator(".jp-Dialog").all_inner_texts()
+        raise AssertionError(f"JupyterLab's {command} had not finished after {seconds:.0f} s; dialogs shown: {dialogs}")
 
 
 def write_notebook(lab: Lab, name: str, cells: list[str]) -> str:
