@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,6 +198,22 @@ def run_tf_client(spec: dict, body: str, timeout: float = 120.0) -> dict:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"TF client failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def read_line(process: subprocess.Popen, seconds: float, what: str) -> str:
+    """The next line ``process`` prints ("" once it exited), waited for at most ``seconds``.
+
+    A child that hangs before printing fails the test at once, naming ``what`` it was to print, instead of
+    blocking the test until the suite's timeout.
+    """
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(seconds)
+    if not line:
+        pytest.fail(f"no line from pid {process.pid} within {seconds:.0f} s: it was to print {what} "
+                    f"(exit status {process.poll()}, None while it runs)")
+    return line[0]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import ARTIFACTS
+from conftest import ARTIFACTS, read_line
 from training_helpers import PACED_DIGITS, attached_trainer
 
 from workbench.cluster.network import netns
@@ -122,7 +122,7 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
     attached = subprocess.Popen([sys.executable, "-c", attached_trainer(KERNEL_CLUSTER)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
     try:
-        theirs = attached.stdout.readline().strip()
+        theirs = read_line(attached, 180, "its job's name").strip()
         assert theirs.endswith(f"(pid {attached.pid})"), theirs
         page.wait_for_function(f"""() => {{ const c = document.querySelector(".wb-card[data-cluster='{KERNEL_CLUSTER}']");
             const t = c ? c.textContent : ""; return t.includes({json.dumps(theirs)}) && t.includes("also running: job async-ps-1"); }}""",

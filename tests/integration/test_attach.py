@@ -6,6 +6,7 @@ import textwrap
 import time
 
 import pytest
+from conftest import read_line
 from training_helpers import attached_trainer, close_and_wait, train
 
 import workbench as wb
@@ -26,7 +27,7 @@ OWNER = textwrap.dedent("""
 def owner():
     process = subprocess.Popen([sys.executable, "-c", OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        assert process.stdout.readline().strip() == "ready"
+        assert read_line(process, 240, "ready, once its cluster started").strip() == "ready"
         yield process
     finally:
         close_and_wait(process, 90)
@@ -107,7 +108,7 @@ def test_every_running_job_of_every_kernel_is_listed_in_the_owners_summary(owner
                              stdout=subprocess.PIPE, text=True)
     cluster = wb.attach("wb-test-owner")
     try:
-        theirs = other.stdout.readline().strip()
+        theirs = read_line(other, 180, "its job's name").strip()
         assert theirs.endswith(f"(pid {other.pid})"), theirs
         job = train(cluster, strategy=wb.AsyncPS(steps_per_call=5), steps=100000)
         ours = f"{job.name} (pid {os.getpid()})"

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import read_line
 
 from workbench.cluster.process import client_files
 
@@ -56,7 +57,7 @@ def test_a_client_that_exits_leaves_no_autograph_file(cluster, tmp_path):
 def test_a_killed_clients_autograph_files_are_swept_by_the_next_client(cluster, tmp_path):
     process = _client(cluster, tmp_path, "--wait")
     try:
-        directory = process.stdout.readline().strip()
+        directory = read_line(process, 180, "its autograph directory").strip()
         assert _generated(directory), f"autograph wrote nothing under {directory}"
     finally:
         process.send_signal(signal.SIGKILL)

@@ -20,7 +20,7 @@ from pathlib import Path
 import netns
 import psutil
 import pytest
-from conftest import ARTIFACTS
+from conftest import ARTIFACTS, read_line
 from jupyter_client import KernelManager
 from jupyter_helpers import stop_server, wait_for_server
 
@@ -256,7 +256,7 @@ def test_the_same_attack_runs_code_in_a_bare_tensorflow_server(peer, tmp_path):
         time.sleep(300)
     """)], stdout=subprocess.PIPE, text=True, env={**_without_shim(), "TF_CPP_MIN_LOG_LEVEL": "3"})
     try:
-        assert bare.stdout.readline().strip() == "up"
+        assert read_line(bare, 180, "up, once its server listened").strip() == "up"
         assert _reachable(peer, [port]) == [f"{peer.host4} {port}", f"{peer.host6} {port}"]
         attack = textwrap.dedent(f"""
             import tensorflow as tf

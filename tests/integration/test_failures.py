@@ -11,7 +11,7 @@ import time
 
 import psutil
 import pytest
-from conftest import wait_gone
+from conftest import read_line, wait_gone
 
 import workbench as wb
 
@@ -115,7 +115,7 @@ def test_killed_client_leaves_no_engine_controller_or_registry_file(registry_dir
         deadline = time.monotonic() + 180
         line, scratch = "", ""
         while not line.startswith("PIDS ") and time.monotonic() < deadline:
-            line = client.stdout.readline()
+            line = read_line(client, max(1.0, deadline - time.monotonic()), "its cluster's PIDS")
             assert line or client.poll() is None, "client exited before its cluster started"
             scratch = line[len("SCRATCH "):].strip() if line.startswith("SCRATCH ") else scratch
         pids = json.loads(line[5:])

@@ -13,6 +13,7 @@ import debian
 import keras
 import psutil
 import pytest
+from conftest import read_line
 from IPython.core.interactiveshell import InteractiveShell
 from training_helpers import LOSS, make_model, wait_for
 
@@ -101,7 +102,7 @@ def test_the_relay_goes_when_its_kernel_dies():
         "import time\nfrom workbench.cluster.network.shaping import UserSpaceLinks\n"
         "print(UserSpaceLinks().pid, flush=True)\ntime.sleep(120)")], stdout=subprocess.PIPE, text=True)
     try:
-        relay_pid = int(child.stdout.readline())
+        relay_pid = int(read_line(child, 60, "its relay's pid"))
         assert psutil.pid_exists(relay_pid)
     finally:
         child.kill()
@@ -364,7 +365,7 @@ def test_netns_links_go_when_their_kernel_dies():
         "links = NamespaceLinks()\nlinks.attach('ps:0')\nprint('up', flush=True)\ntime.sleep(120)")],
         stdout=subprocess.PIPE, text=True)
     try:
-        assert child.stdout.readline().strip() == "up"
+        assert read_line(child, 60, "up, once its link was attached").strip() == "up"
         added = host_links() - before
         assert len(added) == 1, added
     finally:

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import stacks
+from conftest import read_line
 
 BUSY = """
 import threading, time
@@ -26,7 +27,7 @@ spin_in_here()
 def test_a_busy_process_shows_its_main_threads_innermost_frames_and_not_its_idle_ones():
     process = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True)
     try:
-        assert process.stdout.readline().strip() == "ready"
+        assert read_line(process, 60, "ready").strip() == "ready"
         time.sleep(0.3)
         glance, full = stacks.report([process.pid], what="spinner")
     finally:
