@@ -323,7 +323,13 @@ def test_05_scaling_study_measures_every_configuration(binder_env, capped, no_le
                re.findall(r"batch=\s*(\d+) link=\s*(\w+): measured\s+(\d+) examples/s, predicted\s+(\d+)", _text(cells[4]))}
     assert set(network) == {(b, link) for b in (96, 768) for link in ("1gbit", "10gbit")}
     assert all(m > 0 and p > 0 for m, p in network.values())
-    assert network[(96, "1gbit")][0] < network[(96, "10gbit")][0]  # the slow link slows the small batch
+    # Three workers and the ps share two cores: the job is bound by the workers' steps on either link (as the cell
+    # prints), so the measured order of the two links is the machine's noise (one full suite's run measured 542
+    # examples/s at 1 Gbit/s against 492 at 10). The estimate counts the link: it predicts the slow link slows
+    # the small batch; each measurement is near its prediction (within -22 % and +6 % in the suite's runs).
+    # That shaping slows a job's transfers is test_network.py's test_shaping_takes_effect_while_a_job_runs.
+    assert network[(96, "1gbit")][1] < network[(96, "10gbit")][1], network
+    assert all(0.5 < m / p < 2 for m, p in network.values()), network
     extended = re.findall(r"32 workers\s+(\d+) examples/s", _text(cells[5]))
     assert len(extended) == 5  # four link x batch lines and bf16
     assert "application/vnd.bokehjs_exec.v0+json" in _mimes(cells[5])
