@@ -18,15 +18,20 @@ def three_layers():
                              keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
 
 
-def ps_edges(cluster, passes: int = 20, windows: int = 6) -> dict[str, Counter]:
+# Passes of the worker's loop to trace before counting, and the profiles of 1.5 s that may take (a loaded machine traces
+# fewer steps a profile)
+PASSES, PROFILES = 20, 6
+
+
+def ps_edges(cluster) -> dict[str, Counter]:
     """Per ps task: how often each of its edges to worker:0 fired, over profiles of 1.5 s until the busiest
-    fired ``passes`` times (at most ``windows`` profiles: a loaded machine traces fewer steps a profile)."""
+    fired ``PASSES`` times (at most ``PROFILES`` profiles)."""
     edges: dict[str, Counter] = {}
-    for _ in range(windows):
+    for _ in range(PROFILES):
         for send, receive in cluster.profile(seconds=1.5).transfers:
             if send.task.startswith("ps:") and receive.task == "worker:0":
                 edges.setdefault(send.task, Counter())[send.transfer_key.split(";")[3]] += 1
-        if max((n for counts in edges.values() for n in counts.values()), default=0) >= passes:
+        if max((n for counts in edges.values() for n in counts.values()), default=0) >= PASSES:
             break
     return edges
 
@@ -39,7 +44,7 @@ def tensors_per_step(edges: dict[str, Counter]) -> dict[str, float]:
     """
     assert set(edges) == {"ps:0", "ps:1"}, f"no transfers traced from both ps tasks: {edges}"
     busiest = max(n for counts in edges.values() for n in counts.values())
-    assert busiest >= 20, f"too few steps traced to count in 6 profiles of 1.5 s: {edges}"
+    assert busiest >= PASSES, f"too few steps traced to count in {PROFILES} profiles of 1.5 s: {edges}"
     return {task: sum(n > busiest / 2 for n in counts.values()) / UNROLL for task, counts in edges.items()}
 
 
