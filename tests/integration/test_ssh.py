@@ -25,6 +25,7 @@ from workbench.cluster.process import client_files
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 OTHER_HOST = "wb-other-host"
+PID_RANGE = 4000  # pids the other host takes from while a test runs (its engines had pids 720-830 into it)
 
 
 def _sshd(**options):
@@ -48,8 +49,9 @@ def server():
 
 @pytest.fixture(scope="module")
 def other_host():
-    """An sshd that looks like another machine: its own host name and its own process ids."""
-    yield from _sshd(hostname=OTHER_HOST, own_pids=True)
+    """An sshd that looks like another machine: its own host name and its own process ids, taken from a range
+    no process or thread here uses and this machine's next ones reach last."""
+    yield from _sshd(hostname=OTHER_HOST, own_pids=True, first_pid=_unused_pids(PID_RANGE) if os.geteuid() == 0 else 0)
     # its engines' temporary directories, which a workbench process on that host would sweep (it shares /tmp here)
     for path in Path(tempfile.gettempdir()).glob(f"{client_files.PREFIX}*@{OTHER_HOST}-*"):
         shutil.rmtree(path, ignore_errors=True)
@@ -100,25 +102,42 @@ def _process_of(pid: int) -> psutil.Process | None:
         return None
 
 
-def _process_here_with_pid(pid: int) -> psutil.Process:
-    """The process of this machine that a signal to ``pid`` reaches: one that has it already (``pid`` may be one
-    of its threads), or a ``sleep`` made to get it (root sets the next pid)."""
+def _unused_pids(count: int) -> int:
+    """The first of ``count`` consecutive pids that no process or thread here has, the free range this machine
+    reaches last: it hands out the pids after its last one, then wraps."""
+    top = int(Path("/proc/sys/kernel/pid_max").read_text())
+    last = int(Path("/proc/sys/kernel/ns_last_pid").read_text())
+    used = sorted({int(task.name) for task in Path("/proc").glob("[0-9]*/task/[0-9]*")} | {0, top})
+    starts = [start for low, high in zip(used, used[1:])  # the gap's bottom and top, and the range ending at last
+              for start in (low + 1, high - count, last + 1 - count) if low < start <= high - count]
+    starts = [start for start in starts if not start <= last + 1 < start + count]
+    if not starts:
+        raise AssertionError(f"no {count} consecutive pids below {top} are free here")
+    return max(starts, key=lambda start: (start - last - 1) % top)
+
+
+def _sleeper_with_pid(pid: int) -> psutil.Process:
+    """A ``sleep`` of this machine whose pid is ``pid`` (root sets the next pid): the process a signal meant for a
+    remote engine of that pid would reach."""
+    if (owner := _process_of(pid)) is not None:
+        raise AssertionError(f"pid {pid}, an engine's on the other host, is taken here too: {owner}")
     for _ in range(5):
-        if (owner := _process_of(pid)) is not None:
-            return owner
         with open("/proc/sys/kernel/ns_last_pid", "w") as last:
             last.write(str(pid - 1))
         sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
         if sleeper.pid == pid:
             return psutil.Process(pid)
-        sleeper.kill()  # a thread or process started meanwhile took the id: look again
+        sleeper.kill()  # a thread started meanwhile took the id before the sleep: wait until it is free again
         sleeper.wait(10)
+        wait_for(lambda: _process_of(pid) is None, 30, f"pid {pid} to be free again")
     raise AssertionError(f"could not make a process with pid {pid} here")
 
 
 def test_stopping_a_cluster_on_another_host_kills_no_process_here_that_has_an_engines_pid(other_host):
     # An engine's process id on its host names some unrelated process on the client's machine: the client
-    # watched it as its own and killed it (and its children) at stop, or when the client died.
+    # watched it as its own and killed it (and its children) at stop, or when the client died. Each engine's pid
+    # is given here to a sleep of this test's (the other host's pids come from a range no process here has: one
+    # of the machine's, which may end by itself, would say nothing of the client).
     cluster = wb.Cluster(ps=1, workers=1, engines="ssh", hosts={f"127.0.0.1:{other_host.port}": 2},
                          controller_ip="127.0.0.1", progress=False, start_timeout=120, name="wb-test-ssh-other",
                          **_options(other_host))
@@ -127,8 +146,8 @@ def test_stopping_a_cluster_on_another_host_kills_no_process_here_that_has_an_en
     try:
         tasks = cluster.status().tasks
         assert {t.host for t in tasks} == {OTHER_HOST}
-        for task in tasks:
-            bystanders.append(_process_here_with_pid(task.pid))
+        for pid in sorted({t.pid for t in tasks}, reverse=True):  # downwards: the pids handed out after a
+            bystanders.append(_sleeper_with_pid(pid))  # sleep's are above it, never one still to make
         assert train(cluster, steps=20).wait(120).state == "finished"
     finally:
         cluster.stop()
