@@ -49,9 +49,11 @@ test: install chromium
 	$(MAKE) docs
 
 # The inner loop (a couple of minutes): lint, the unit tests, and one short real job per strategy on one cluster.
+# Two pytest processes (pytest-xdist) take the test files in turn as each finishes its last: many of them wait on a
+# Python of their own importing TensorFlow. A file stays in one process: the jobs' file starts one cluster.
 check: install
 	$(PY) -m ruff check .
-	$(WITH_SHIM) $(PY) -m pytest tests/unit tests/integration/test_check.py $(PYTEST_ARGS)
+	$(WITH_SHIM) $(PY) -m pytest -n 2 --dist loadfile tests/unit tests/integration/test_check.py $(PYTEST_ARGS)
 
 # The documentation site: docs/_build/html. Warnings are errors; the tutorials are executed (cached in
 # docs/_build/.jupyter_cache: a tutorial runs again only when its code changed).

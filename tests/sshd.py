@@ -50,13 +50,12 @@ class LocalSSHD:
     """An sshd on ``host:port`` that lets this user in with its own throwaway key."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, netns: str = "", hostname: str = "",
-                 env: dict[str, str] | None = None, own_pids: bool = False, first_pid: int = 0) -> None:
+                 env: dict[str, str] | None = None, own_pids: bool = False) -> None:
         """``netns``: run inside that network namespace (``host`` is then one of its addresses, port 22 by
         default); ``hostname``: in a UTS namespace of its own with that host name, as its sessions see it;
         ``env``: variables every session gets (what a node's scheduler sets, e.g. ``CUDA_VISIBLE_DEVICES``);
         ``own_pids``: in a PID namespace of its own, so the process ids its sessions see are not this
-        machine's (as on another host: a remote pid names some unrelated process here, or none); ``first_pid``:
-        with ``own_pids``, the sessions' pids count from there instead of from 2."""
+        machine's (as on another host: a remote pid names some unrelated process here, or none)."""
         self.env = dict(env or {})
         self.dir = Path(tempfile.mkdtemp(prefix="wb-sshd-"))
         self.dir.chmod(0o700)
@@ -70,9 +69,6 @@ class LocalSSHD:
             if hostname:
                 command = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname, *command]
             if own_pids:  # sshd is the namespace's first process: its sessions' pids count from there
-                if first_pid:
-                    command = ["sh", "-c", 'echo "$0" > /proc/sys/kernel/ns_last_pid && exec "$@"', str(first_pid - 1),
-                               *command]
                 command = ["unshare", "--pid", "--fork", "--mount-proc", *command]
             if netns:
                 command = ["ip", "netns", "exec", netns, *command]

@@ -25,7 +25,7 @@ from workbench.cluster.process import client_files
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 OTHER_HOST = "wb-other-host"
-PID_RANGE = 4000  # pids the other host takes from while a test runs (its engines had pids 720-830 into it)
+PIDS_TO_ENGINES = 1200  # pids the other host hands out before its engines' (they had pids 720-830 past its last)
 
 
 def _sshd(**options):
@@ -49,9 +49,8 @@ def server():
 
 @pytest.fixture(scope="module")
 def other_host():
-    """An sshd that looks like another machine: its own host name and its own process ids, taken from a range
-    no process or thread here uses and this machine's next ones reach last."""
-    yield from _sshd(hostname=OTHER_HOST, own_pids=True, first_pid=_unused_pids(PID_RANGE) if os.geteuid() == 0 else 0)
+    """An sshd that looks like another machine: its own host name and its own process ids."""
+    yield from _sshd(hostname=OTHER_HOST, own_pids=True)
     # its engines' temporary directories, which a workbench process on that host would sweep (it shares /tmp here)
     for path in Path(tempfile.gettempdir()).glob(f"{client_files.PREFIX}*@{OTHER_HOST}-*"):
         shutil.rmtree(path, ignore_errors=True)
@@ -102,18 +101,42 @@ def _process_of(pid: int) -> psutil.Process | None:
         return None
 
 
-def _unused_pids(count: int) -> int:
-    """The first of ``count`` consecutive pids that no process or thread here has, the free range this machine
-    reaches last: it hands out the pids after its last one, then wraps."""
+def _pids_free_here(count: int, tried: set[int]) -> int:
+    """The first of ``count`` consecutive pids that no process or thread here has, none of them ``tried``, of such
+    ranges the one this machine reaches last (it hands out the pids after its last one, then wraps); without one,
+    the widest range."""
     top = int(Path("/proc/sys/kernel/pid_max").read_text())
     last = int(Path("/proc/sys/kernel/ns_last_pid").read_text())
-    used = sorted({int(task.name) for task in Path("/proc").glob("[0-9]*/task/[0-9]*")} | {0, top})
-    starts = [start for low, high in zip(used, used[1:])  # the gap's bottom and top, and the range ending at last
-              for start in (low + 1, high - count, last + 1 - count) if low < start <= high - count]
-    starts = [start for start in starts if not start <= last + 1 < start + count]
-    if not starts:
-        raise AssertionError(f"no {count} consecutive pids below {top} are free here")
-    return max(starts, key=lambda start: (start - last - 1) % top)
+    used = sorted({int(task.name) for task in Path("/proc").glob("[0-9]*/task/[0-9]*")} | tried | {0, last, top})
+    gaps = [(low + 1, high - low - 1) for low, high in zip(used, used[1:]) if high - low > 1]
+    if wide := [start for start, size in gaps if size >= count]:
+        return max(wide, key=lambda start: (start - last - 1) % top)
+    return max(gaps, key=lambda gap: gap[1])[0]
+
+
+def _start_with_engine_pids_free_here(other_host) -> tuple[wb.Cluster, list[int]]:
+    """A cluster on the other host whose engines' pids no process here has (the other host hands out its pids
+    from a range free here; at most three starts), and those pids, highest first."""
+    tried: set[int] = set()
+    for _ in range(3):
+        first = _pids_free_here(PIDS_TO_ENGINES, tried)
+        assert other_host.run(f"echo {first - 1} > /proc/sys/kernel/ns_last_pid").returncode == 0
+        cluster = wb.Cluster(ps=1, workers=1, engines="ssh", hosts={f"127.0.0.1:{other_host.port}": 2},
+                             controller_ip="127.0.0.1", progress=False, start_timeout=120, name="wb-test-ssh-other",
+                             **_options(other_host))
+        cluster.start()
+        try:
+            tasks = cluster.status().tasks
+            assert {t.host for t in tasks} == {OTHER_HOST}
+            pids = sorted({t.pid for t in tasks}, reverse=True)
+        except BaseException:
+            cluster.stop()
+            raise
+        if all(_process_of(pid) is None for pid in pids):
+            return cluster, pids
+        cluster.stop()
+        tried |= set(range(first, pids[0] + 1))
+    raise AssertionError(f"three clusters on the other host had an engine's pid that a process here has: {pids}")
 
 
 def _sleeper_with_pid(pid: int) -> psutil.Process:
@@ -138,16 +161,11 @@ def test_stopping_a_cluster_on_another_host_kills_no_process_here_that_has_an_en
     # watched it as its own and killed it (and its children) at stop, or when the client died. Each engine's pid
     # is given here to a sleep of this test's (the other host's pids come from a range no process here has: one
     # of the machine's, which may end by itself, would say nothing of the client).
-    cluster = wb.Cluster(ps=1, workers=1, engines="ssh", hosts={f"127.0.0.1:{other_host.port}": 2},
-                         controller_ip="127.0.0.1", progress=False, start_timeout=120, name="wb-test-ssh-other",
-                         **_options(other_host))
-    cluster.start()
+    cluster, pids = _start_with_engine_pids_free_here(other_host)
     bystanders = []
     try:
-        tasks = cluster.status().tasks
-        assert {t.host for t in tasks} == {OTHER_HOST}
-        for pid in sorted({t.pid for t in tasks}, reverse=True):  # downwards: the pids handed out after a
-            bystanders.append(_sleeper_with_pid(pid))  # sleep's are above it, never one still to make
+        for pid in pids:  # downwards: the pids handed out after a sleep's are above it, never one still to make
+            bystanders.append(_sleeper_with_pid(pid))
         assert train(cluster, steps=20).wait(120).state == "finished"
     finally:
         cluster.stop()
