@@ -25,7 +25,7 @@ from workbench.cluster.process import client_files
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 OTHER_HOST = "wb-other-host"
-PIDS_TO_ENGINES = 1200  # pids the other host hands out before its engines' (they had pids 720-830 past its last)
+PIDS_TO_ENGINES = 1200  # pids the other host hands out before its engines' (they had pids 620-830 past its last)
 
 
 def _sshd(**options):
