@@ -24,7 +24,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["pytest_jupyter.jupyter_server",  # jp_fetch & co., for the server extension's routes
-                  "stuck_tests"]  # a test stuck in C is named, its processes ended, the suite goes on
+                  "stuck_tests",  # a test stuck in C is named, its processes ended, the suite goes on
+                  "cpu_accounting"]  # each test's CPU-seconds, when run_suite gives the part a cgroup
 
 ARTIFACTS = ROOT / "test-artifacts"
 

@@ -18,7 +18,10 @@ session clusters (named with its pid) and its own warm process; their namespaces
 their pid. Both halves get the given pytest arguments. Each line either half prints is printed as it
 comes, prefixed with its part's name; each part's whole output is kept in ``test-artifacts/pytest-<part>.log``
 and its JUnit report in ``test-artifacts/junit-<part>.xml``; the last lines name every failed test of every
-part, read from those reports, so that a log cut to its tail still says what failed. Given test paths, one pytest runs just those.
+part, read from those reports, so that a log cut to its tail still says what failed. As root, each part runs in a
+CPU-accounting cgroup of its own and ``test-artifacts/cpu-<part>.tsv`` says what each test and each file cost in
+CPU-seconds, everything it started included (``tests/cpu_accounting.py``): on two cores that, more than wall
+time, is what one test takes from the others. Given test paths, one pytest runs just those.
 
     python tests/run_suite.py [pytest arguments...]
 
@@ -43,6 +46,7 @@ ENVIRONMENT = [
     *(f"tests/integration/test_{name}.py" for name in ("tutorials", "exposure", "hosts", "network", "mpi", "slurm", "ssh")),
 ]
 QUIET = ["tests/integration/test_job_queue.py"]
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 SUITE_LIMIT = 90 * 60  # seconds: CI's limit; pytest-timeout bounds each test far below it
 STOP_GRACE = 120  # seconds each half gets to stop its processes after an interrupt
 NO_TESTS = 5  # pytest's exit status when a selection is empty
@@ -62,12 +66,36 @@ def _forward(name: str, stream, log) -> None:
         sys.stdout.flush()
 
 
+def _cgroup_path(name: str) -> Path:
+    return CPUACCT / f"workbench-suite-{os.getpid()}-{name}"
+
+
+def _accounting_cgroup(name: str) -> Path | None:
+    """A new cpuacct cgroup for one part (as root, with cgroup v1's cpuacct), else None."""
+    if os.geteuid() != 0 or not (CPUACCT / "cgroup.procs").exists():
+        return None
+    cgroup = _cgroup_path(name)
+    try:
+        cgroup.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return cgroup
+
+
 def _start(name: str, selection: list[str], args: list[str]) -> tuple[subprocess.Popen, threading.Thread, object]:
     log = (ARTIFACTS / f"pytest-{name}.log").open("w")
-    (ARTIFACTS / f"junit-{name}.xml").unlink(missing_ok=True)  # no earlier run's report read as this one's
+    for stale in (f"junit-{name}.xml", f"cpu-{name}.tsv"):  # no earlier run's report read as this one's
+        (ARTIFACTS / stale).unlink(missing_ok=True)
     command = [sys.executable, "-m", "pytest", *selection, f"--junitxml={ARTIFACTS / f'junit-{name}.xml'}", *args]
+    cgroup = _accounting_cgroup(name)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WORKBENCH_TEST_CPU_REPORT": str(ARTIFACTS / f"cpu-{name}.tsv")}
+
+    def join_cgroup() -> None:  # in the child, before pytest: it and everything it starts are counted there
+        if cgroup is not None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            bufsize=1, env=env, preexec_fn=join_cgroup)
     reader = threading.Thread(target=_forward, args=(name, proc.stdout, log), daemon=True, name=f"suite-{name}")
     reader.start()
     return proc, reader, log
@@ -142,7 +170,23 @@ def _run_together(parts: dict[str, list[str]], args: list[str], started: float) 
         for _proc, reader, log in running.values():
             reader.join(30)
             log.close()
+        for name in parts:
+            _close_cgroup(name)
     return {name: proc.returncode for name, proc in procs.items()}
+
+
+def _close_cgroup(name: str) -> None:
+    """Say what a part cost in CPU-seconds, and remove its cgroup (left if a process of it still runs)."""
+    cgroup = _cgroup_path(name)
+    if not cgroup.exists():
+        return
+    try:
+        used = int((cgroup / "cpuacct.usage").read_text()) / 1e9
+        print(f"run_suite: {name} used {used:,.0f} CPU-seconds (each test's: test-artifacts/cpu-{name}.tsv)",
+              flush=True)
+        cgroup.rmdir()
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":
