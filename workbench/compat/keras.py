@@ -8,6 +8,8 @@
 - ``watch_model_reads(callback, on_read)``: a callback's ``model`` attribute (``Callback._model``) read through a hook.
 - ``sum_gradients_as_given(optimizer, how)``: the optimizer's own sum of gradients over replicas
   (``_all_reduce_sum_gradients``), replaced where there are no replicas to sum over.
+- ``optimizer_slots(optimizer, variable, kind)``: Adam's or SGD's slot variables of one variable (``_momentums``,
+  ``_velocities``, ``momentums`` at ``_get_variable_index``), which the fused updates write.
 """
 
 from __future__ import annotations
@@ -37,6 +39,17 @@ def sum_gradients_as_given(optimizer: Any, how: Callable) -> None:
     """Replace the optimizer's sum of gradients over replicas with ``how`` (where it has one)."""
     if hasattr(optimizer, "_all_reduce_sum_gradients"):
         optimizer._all_reduce_sum_gradients = how
+
+
+# the lists of slot variables of each optimizer the fused updates take (``training/modelling/fused.py``)
+_SLOT_LISTS = {"adam": ("_momentums", "_velocities"), "sgd": ("momentums",)}
+
+
+def optimizer_slots(optimizer: Any, variable: Any, kind: str) -> list:
+    """The slot variables the optimizer keeps for ``variable``: Adam's ``[m, v]`` (``kind="adam"``), SGD's
+    ``[momentum]`` (``kind="sgd"``), in the order of ``_SLOT_LISTS``."""
+    index = optimizer._get_variable_index(variable)
+    return [getattr(optimizer, name)[index] for name in _SLOT_LISTS[kind]]
 
 
 def learning_rate_schedule(optimizer: Any) -> Any:

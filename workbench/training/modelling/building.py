@@ -6,6 +6,7 @@ from typing import Any
 
 from ...compat import keras as keras_compat
 from ...errors import ConfigurationError
+from .fused import fused_update_step, takes
 from .placement import variable_device
 
 
@@ -85,14 +86,18 @@ def update_where_the_variable_lives(optimizer) -> None:
     four times the bytes of a gradient push. Colocated, a step moves the parameters and the gradient.
     The step counter and the learning rate are worked out where the counter lives: from a worker,
     ``iterations.assign_add(1)`` would read it, add and send it back, two more transfers per step.
-    Only for ps strategies: no distribution strategy is in scope there.
+    Only for ps strategies: no distribution strategy is in scope there. Adam's and SGD's update is one fused
+    TensorFlow kernel per variable (``fused.py``): fewer ops to trace, instantiate and run at every step.
     """
     import tensorflow as tf
 
     update_step, apply = optimizer.update_step, optimizer.apply
+    fused = fused_update_step(optimizer)
 
     def colocated(gradient, variable, learning_rate):
         with tf.device(variable_device(variable)):
+            if fused is not None and takes(gradient, variable):
+                return fused(gradient, variable, learning_rate)
             return update_step(gradient, variable, learning_rate)
 
     def applied_by_the_counter(grads, trainable_variables=None):
