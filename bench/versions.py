@@ -10,10 +10,13 @@ with the per-round ratios; the raw figures go to ``bench/results/versions-<bench
 
     python bench/versions.py --before 4425afb training [--rounds 2] [--lines async-ps,sync-ps-k0,...]
     python bench/versions.py --before 4425afb network [--rounds 2]        # the precision part
+    python bench/versions.py --before 4425afb tta [--rounds 2] [--sides "async-ps,sync-ps k=0"] [--workloads mlp,cnn]
 
 ``training``: ``bench/training.py --repeats 1`` on the workbench's lines (default: async-ps, sync-ps with
 k = 0 and 1, allreduce; steady-state steps/s). ``network``: ``bench/network.py --part precision --repeats 1``
-(fp32 with and without overlapped reads, bf16 and int8 behind emulated 1 Gbit/s links; steps/s).
+(fp32 with and without overlapped reads, bf16 and int8 behind emulated 1 Gbit/s links; steps/s). ``tta``:
+``bench/time_to_accuracy.py --repeats N`` on the workbench's sides (seconds to the held-out target from the call and
+from the first call, each run's medians: there a ratio after / before below 1 is the faster).
 """
 
 from __future__ import annotations
@@ -54,6 +57,17 @@ def run_network(tree: Path, args, out: Path) -> dict[str, float]:
     return {setting: line["steps_per_s"] for setting, line in lines.items()}
 
 
+def run_tta(tree: Path, args, out: Path) -> dict[str, float]:
+    run(tree, [sys.executable, "bench/time_to_accuracy.py", "--repeats", str(args.tta_repeats), "--sides", args.sides,
+               "--workloads", args.workloads, "--json", str(out)])
+    summary = json.loads(out.read_text())["summary"]
+    return {f"{case} {side} {clock}": row[key]["median"] for case, rows in summary.items() for side, row in rows.items()
+            for key, clock in (("from_call", "call"), ("from_first", "first"))}
+
+
+UNITS = {"training": "steps/s", "network": "steps/s", "tta": "seconds to the target"}
+
+
 def run(tree: Path, command: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(tree)}  # this version's package, in the script and in every engine
     print(f"  [{tree.name}] {' '.join(command[1:])}", flush=True)
@@ -65,12 +79,15 @@ def run(tree: Path, command: list[str]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bench", choices=("training", "network"))
+    parser.add_argument("bench", choices=tuple(UNITS))
     parser.add_argument("--before", required=True, help="the commit to compare this checkout with")
     parser.add_argument("--rounds", type=int, default=2, help="runs on each side (before, after, after, before, ...)")
     parser.add_argument("--lines", default="async-ps,sync-ps-k0,sync-ps-k1,allreduce", help="training's lines")
+    parser.add_argument("--sides", default="async-ps,sync-ps k=0", help="tta's sides")
+    parser.add_argument("--workloads", default="mlp,cnn", help="tta's workloads")
+    parser.add_argument("--tta-repeats", type=int, default=3, help="tta's repeats within each run")
     args = parser.parse_args()
-    measure = {"training": run_training, "network": run_network}[args.bench]
+    measure = {"training": run_training, "network": run_network, "tta": run_tta}[args.bench]
     scratch = Path(tempfile.mkdtemp(prefix="workbench-versions-"))
     figures: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     before = checkout(args.before, scratch / "before")
@@ -80,15 +97,16 @@ def main() -> int:
             for side in ("before", "after") if round_ % 2 == 0 else ("after", "before"):
                 found = measure(trees[side], args, scratch / f"{side}-{round_}.json")
                 figures[side].append(found)
-                print(f"round {round_ + 1} {side}: " + ", ".join(f"{k} {v:.1f}" for k, v in found.items()), flush=True)
+                print(f"round {round_ + 1} {side}: " + ", ".join(f"{k} {v:.2f}" for k, v in found.items()), flush=True)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT, timeout=120)
         shutil.rmtree(scratch, ignore_errors=True)
     report = compare(figures)
-    print(f"\n{args.bench}: steps/s, medians of {args.rounds} run(s) a side; after = this checkout, before = {args.before}")
+    print(f"\n{args.bench}: {UNITS[args.bench]}, medians of {args.rounds} run(s) a side; after = this checkout, "
+          f"before = {args.before}")
     for line, r in report.items():
         rounds = ", ".join(f"{x:.2f}" for x in r["per_round"])
-        print(f"  {line:14s} before {r['before']:7.1f}  after {r['after']:7.1f}  after/before {r['ratio']:.2f} "
+        print(f"  {line:24s} before {r['before']:7.2f}  after {r['after']:7.2f}  after/before {r['ratio']:.2f} "
               f"(per round {rounds})")
     out = ROOT / "bench" / "results" / f"versions-{args.bench}.json"
     out.parent.mkdir(exist_ok=True)
