@@ -2,6 +2,7 @@
 
 import math
 import os
+import signal
 import subprocess
 import textwrap
 import threading
@@ -40,11 +41,11 @@ def late_loss(history: list[dict], steps: int = 10) -> float:
 STEPS_TO_LEARN = 450
 
 
-def train(cluster, **kwargs):
+def train(cluster, model=make_model, **kwargs):
     options = dict(loss=LOSS, optimizer=keras.optimizers.Adam(0.01), metrics=["accuracy"], steps=STEPS_TO_LEARN,
                    batch_size=64, seed=7)
     options.update(kwargs)
-    return wb.train(cluster, make_model, wb.datasets.digits, **options)
+    return wb.train(cluster, model, wb.datasets.digits, **options)
 
 
 # A job that only has to be training while a test looks at something else (a browser page, the panel, a second
@@ -93,6 +94,25 @@ def signal_process(pid: int, sig: int) -> None:
     assert pid > 1 and pid not in ours and os.getpgid(pid) != os.getpgid(0), (
         f"refusing to send signal {sig} to pid {pid}: it is not a process the test started")
     os.kill(pid, sig)
+    if sig == signal.SIGSTOP:  # kill() returns before the process stops: its threads run on until they enter the
+        _wait_until_stopped(pid)  # kernel (a step of a loaded machine's worker finished after, and counted as its)
+
+
+def _wait_until_stopped(pid: int, seconds: float = 5.0) -> None:
+    """Wait until every thread of ``pid`` is stopped (state T in /proc), at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                    states.append(stat.read().rpartition(")")[2].split()[0])
+            except OSError:  # a thread that ended meanwhile
+                continue
+        if states and all(state in "Tt" for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} did not stop within {seconds} s of SIGSTOP")
 
 
 def wait_for(condition, seconds: float, what: str) -> None:

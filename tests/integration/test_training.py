@@ -30,8 +30,9 @@ def test_each_strategy_reaches_90_percent_on_held_out_digits(cluster, strategy):
     if strategy.name == "sync-ps":
         assert all(1 <= r["aggregated"] <= 2 for r in history)
         assert job.info["gradients_per_step"] == 2 - strategy.backup_workers
-    else:  # one step function serves both workers, traced once (a trace per worker delayed the first steps)
-        assert job.trainer.fns.traced == 1
+    else:  # one step function serves both workers, traced once (a trace per worker delayed the first steps), or
+        # none: an earlier job of the same program on this connection traced it
+        assert job.trainer.fns.traced == (0 if job.trainer.fns.reused else 1)
     assert job.info["per_worker_batch_size"] == 32
 
 

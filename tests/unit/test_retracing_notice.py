@@ -48,7 +48,7 @@ def test_new_step_functions_per_job_do_not_warn_but_a_users_loop_still_does():
     try:
         data = tf.data.Dataset.from_tensors((tf.ones([2]), tf.ones([2]))).repeat()
         for _ in range(7):  # as seven short jobs: one new function per job, traced once
-            steps_in_one_call(_one_step, 1)(iter(data), tf.constant(1), ())
+            steps_in_one_call(_one_step, 1)(iter(data), tf.constant(1), (), ())
             _own_function_made_anew()(tf.constant(1.0))
         ours = [m for m in seen.messages if "retracing" in m]
         for _ in range(7):  # the mistake the warning is for: a tf.function made anew in a loop

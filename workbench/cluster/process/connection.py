@@ -170,6 +170,12 @@ def _apply_spec(spec: dict, deadline: float, what: str) -> None:
     _STATE["spec"] = spec
 
 
+def hold(holder) -> None:
+    """``holder`` (as ``connect(holder=)`` takes one) holds TensorFlow state made under the current connection."""
+    with _LOCK:
+        _hold(holder)
+
+
 def _hold(holder) -> None:
     if holder is not None:
         _HOLDERS.add(holder)

@@ -15,12 +15,14 @@ spans come from them.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ...compat.tensorflow import quiet_retracing_of
 from .placement import shards_of, tf_variable
+from .reuse import CACHE, captured_resources, job_variables, program_key
 
 
 def host_scalar(value, dtype) -> Any:
@@ -72,12 +74,16 @@ UNROLL = 2
 
 
 def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | None = None):
-    """A ``tf.function`` ``(iterator, n, state) -> (losses, metrics, stamps, marks)`` running ``n`` steps in one call.
+    """A ``tf.function`` ``(iterator, n, state, variables) -> (losses, metrics, stamps, marks)`` running ``n`` steps
+    in one call.
 
     ``one_step(x, y, state) -> (loss, metrics vector, ops to wait for, mark, began)``, where ``state`` is
     the calling worker's own variables (passed through, so that one trace serves every worker) and ``mark`` is
-    the ``stamp_after`` of the step's gradients. ``stamps`` has n + 1 worker-side times: step i ran
-    from ``stamps[i]`` to ``stamps[i + 1]`` and had its gradients at ``marks[i]``.
+    the ``stamp_after`` of the step's gradients. ``variables`` is every variable of the job the steps reach
+    (``reuse.job_variables``; async-ps) or ``()`` (all-reduce: the strategy's mirrored variables stay captured):
+    passed as an argument, each one the traced code reaches is that argument, so that the function captures none
+    and serves any job of the same program (``reuse.py``). ``stamps`` has n + 1 worker-side times: step i ran from
+    ``stamps[i]`` to ``stamps[i + 1]`` and had its gradients at ``marks[i]``.
 
     Without ``settled``, a step ends once its ops to wait for exist, and the next starts then.
     With it, a step starts at its ``began`` (when its parameters arrived) and ends when the next
@@ -100,7 +106,7 @@ def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | No
 
     def make(unroll: int):
         @tf.function
-        def train_steps(iterator, n, state):
+        def train_steps(iterator, n, state, variables):
             losses = tf.TensorArray(tf.float32, size=n)
             metric_values = tf.TensorArray(tf.float32, size=n, element_shape=[n_metrics])
             stamps = tf.TensorArray(tf.float64, size=n + 1)
@@ -132,15 +138,36 @@ def steps_in_one_call(one_step: Callable, n_metrics: int, settled: Callable | No
     unroll = UNROLL  # as this job's functions were made, whatever the module's value later
     grouped, single = make(unroll), make(1)
 
-    def train_steps(iterator, n, state):
+    def train_steps(iterator, n, state, variables):
         n = int(n)  # the steps of this call: which function, then its argument (a tensor: no trace per count)
-        return (grouped if n % unroll == 0 else single)(iterator, host_scalar(n, tf.int32), state)
+        return (grouped if n % unroll == 0 else single)(iterator, host_scalar(n, tf.int32), state, variables)
 
     def tracing_count() -> int:  # as a ``tf.function``'s: traces of both
         return grouped.experimental_get_tracing_count() + single.experimental_get_tracing_count()
 
+    def captured(iterator, n, state, variables) -> list:
+        """The resources the trace serving such a call captured (``reuse.captured_resources``)."""
+        function = grouped if int(n) % unroll == 0 else single
+        return captured_resources(function.get_concrete_function(iterator, host_scalar(int(n), tf.int32), state, variables))
+
     train_steps.experimental_get_tracing_count = tracing_count
+    train_steps.captured = captured
     return train_steps
+
+
+def _async_steps(shared, n_metrics: int, packed: bool, output_device: str | None):
+    """A program's async-ps step function (``steps_in_one_call``); its traces reach the job calling it now.
+
+    The job is reached through a weak reference to ``shared``: the function and what shares it make no reference
+    cycle, so that it leaves the tasks when the cache lets go of it, not when the garbage collector runs."""
+    ref = weakref.ref(shared)
+
+    def one_step(x, y, state):
+        residuals, prefetched = state
+        return ref().current.async_step(x, y, residuals or None, prefetched or None, packed, output_device)
+
+    settled = (lambda: _written(ref().current.targets)) if packed else None
+    return steps_in_one_call(one_step, n_metrics, settled)
 
 
 @dataclass
@@ -154,7 +181,8 @@ class StepFunctions:
     targets: list | None = None  # what the optimizer updates: variables, or shards of partitioned ones
     splits: list | None = None  # per trainable variable: rows of each shard, or None
     packing: Any = None  # ps strategies: parameters and gradients travel packed (``packing.Packing``)
-    traced: int = 0  # traces of the step function, kept when the functions are released at the job's end
+    traced: int = 0  # traces of the step function this job made (0: it called one another job traced), kept at its end
+    reused: bool = False  # the job's steps ran in a step function another job of the same program traced
 
     def __post_init__(self):
         if self.targets is None:
@@ -239,55 +267,57 @@ class StepFunctions:
         With ``overlap`` (``wb.AsyncPS(overlap=True)``), a step computes on
         parameters prefetched into a variable on its worker while the next step's are read from the
         ps, so the read of one step and the push of the other share the link's two directions.
-        """
-        import tensorflow as tf
 
-        n_metrics = len(self.metric_fns)
+        A job of a program another job of this connection traced calls that job's function (``reuse.py``).
+        """
         packed = self.packing is not None and output_device is None
         overlap = packed and overlap
+        self._packed, self._overlap, self._variables = packed, overlap, job_variables(self)
+        key = program_key(self, self._variables, ("async", packed, overlap, output_device, UNROLL))
+        shared, self.reused = CACHE.take(key, self)
+        if not self.reused:
+            shared.train_steps = _async_steps(shared, len(self.metric_fns), packed, output_device)
+        self._shared, self._traces_before = shared, shared.train_steps.experimental_get_tracing_count()
+        self._train_steps = shared.train_steps
 
-        def state_on(device: str) -> tuple[list, list]:
-            """The worker's own variables on ``device``: error feedback (int8), prefetched parameters (overlap)."""
-            residuals = self.packing.residuals_on(device) if packed else None
-            prefetched = self.packing.prefetched_on(device) if overlap else None
-            return residuals or [], prefetched or []
+    def _state_on(self, device: str) -> tuple[list, list]:
+        """The worker's own variables on ``device``: error feedback (int8), prefetched parameters (overlap)."""
+        residuals = self.packing.residuals_on(device) if self._packed else None
+        prefetched = self.packing.prefetched_on(device) if self._overlap else None
+        return residuals or [], prefetched or []
 
-        def one_step(x, y, state):
-            residuals, prefetched = state
-            return _one_step(x, y, residuals or None, prefetched or None)
+    def async_step(self, x, y, residuals, prefetched, packed: bool, output_device: str | None):
+        """One async-ps step of this job (traced inside ``steps_in_one_call``): loss, metrics, ops to wait for,
+        the mark of its gradients, and when its parameters arrived (packed reads)."""
+        import tensorflow as tf
 
-        def _one_step(x, y, residuals, prefetched):
-            if packed:
-                pieces = self.packing.read(prefetched)
-                began = stamp_after(pieces)
-                loss, metrics, grads = self._loss_and_grads_on(pieces, x, y)
-            elif output_device is None:
-                loss, metrics, grads = self.loss_and_grads(x, y)
-            else:
-                loss, metrics, grads = self.placed_gradients(x, y, output_device)
-            mark = stamp_after([loss, *grads])
-            metrics = tf.stack(metrics) if metrics else tf.zeros([0])
-            if packed:  # the push leaves after the mark
-                # With overlap, the next step's parameters leave the ps as this step starts, while it computes
-                # and pushes: both directions of the link work at once. Made before the update, so the update
-                # waits for this read (TensorFlow orders a variable's reads and writes as written), not the
-                # other way round. They miss this worker's own update (one step staler than without overlap;
-                # other workers' updates arrive as in any async step).
-                fresh = self.packing.read_parts() if prefetched is not None else None
-                self.optimizer.apply_gradients(zip(self.packing.push(grads, after=mark, residuals=residuals),
-                                                   self.targets))
-                if prefetched is None:
-                    return loss, metrics, [], mark, began
-                with tf.control_dependencies([mark]):
-                    kept = [variable.assign(part) for variable, part in zip(prefetched, fresh)]
-                return loss, metrics, kept, mark, began
-            with tf.control_dependencies([mark]):  # the push starts after the mark: phases do not overlap
-                updated = self.optimizer.apply_gradients(zip(grads, self.targets))
-            return loss, metrics, [] if updated is None else [updated], mark, None
-
-        settled = (lambda: _written(self.targets)) if packed else None
-        self._train_steps = steps_in_one_call(one_step, n_metrics, settled)
-        self._state_on = state_on
+        began = None
+        if packed:
+            pieces = self.packing.read(prefetched)
+            began = stamp_after(pieces)
+            loss, metrics, grads = self._loss_and_grads_on(pieces, x, y)
+        elif output_device is None:
+            loss, metrics, grads = self.loss_and_grads(x, y)
+        else:
+            loss, metrics, grads = self.placed_gradients(x, y, output_device)
+        mark = stamp_after([loss, *grads])
+        metrics = tf.stack(metrics) if metrics else tf.zeros([0])
+        if packed:  # the push leaves after the mark
+            # With overlap, the next step's parameters leave the ps as this step starts, while it computes
+            # and pushes: both directions of the link work at once. Made before the update, so the update
+            # waits for this read (TensorFlow orders a variable's reads and writes as written), not the
+            # other way round. They miss this worker's own update (one step staler than without overlap;
+            # other workers' updates arrive as in any async step).
+            fresh = self.packing.read_parts() if prefetched is not None else None
+            self.optimizer.apply_gradients(zip(self.packing.push(grads, after=mark, residuals=residuals), self.targets))
+            if prefetched is None:
+                return loss, metrics, [], mark, began
+            with tf.control_dependencies([mark]):
+                kept = [variable.assign(part) for variable, part in zip(prefetched, fresh)]
+            return loss, metrics, kept, mark, began
+        with tf.control_dependencies([mark]):  # the push starts after the mark: phases do not overlap
+            updated = self.optimizer.apply_gradients(zip(grads, self.targets))
+        return loss, metrics, [] if updated is None else [updated], mark, None
 
     def train_steps_on(self, device: str) -> Callable:
         """``train_steps`` for the worker ``device``: ``(iterator, n) -> (losses, metrics, stamps, marks)``.
@@ -296,10 +326,15 @@ class StepFunctions:
         kernel's time, GIL held, before their first steps), with its own variables as arguments; the
         call's device places the step's computation there.
         """
-        state = self._state_on(device)
+        state, variables, shared = self._state_on(device), self._variables, self._shared
 
         def train_steps(iterator, n):
-            return self._train_steps(iterator, n, state)
+            traces = shared.train_steps.experimental_get_tracing_count()
+            outputs = self._train_steps(iterator, n, state, variables)
+            if not shared.private and shared.train_steps.experimental_get_tracing_count() != traces \
+                    and shared.train_steps.captured(iterator, n, state, variables):
+                CACHE.make_private(shared)  # it holds this job's own state: no other job may call it
+            return outputs
 
         return train_steps
 
@@ -309,12 +344,16 @@ class StepFunctions:
             self.packing.forget(device)  # made again on its next call (``state_on``)
 
     def release_steps(self) -> None:
-        """The job ended: its step and validation functions go (with them their registrations on every task, one
-        RPC each, made now in the job's thread rather than by the garbage collector at a random moment), and the
-        variables the packing kept on the workers. What evaluation needs (model, loss, metrics) stays."""
-        if getattr(self, "_train_steps", None) is not None:
-            self.traced = self._train_steps.experimental_get_tracing_count()
-        self._train_steps = self._state_on = None
+        """The job ended: its validation functions go, and its step function unless another job may call it
+        (``reuse.py``; their registrations on every task, one RPC each, made now in the job's thread rather than
+        by the garbage collector at a random moment), and the variables the packing kept on the workers. What
+        evaluation needs (model, loss, metrics) stays."""
+        shared = getattr(self, "_shared", None)
+        if shared is not None:
+            self.traced = shared.train_steps.experimental_get_tracing_count() - self._traces_before
+            if shared.current is self:
+                shared.current = None  # the kept function does not keep this job's model alive
+        self._train_steps = self._shared = self._variables = None
         self.__dict__.pop("_validation", None)
         if self.packing is not None:
             self.packing.release()

@@ -173,7 +173,7 @@ def run_steps(run_id: str, n: int) -> dict:
     import tensorflow as tf
 
     run = _run(run_id)
-    losses, metrics, stamps, marks = run["train_steps"](run["iterator"], tf.constant(n, tf.int32), ())
+    losses, metrics, stamps, marks = run["train_steps"](run["iterator"], tf.constant(n, tf.int32), (), ())
     return {"losses": losses.numpy().tolist(), "metrics": metrics.numpy().tolist(), "stamps": stamps.numpy().tolist(),
             "marks": marks.numpy().tolist()}
 
