@@ -6,6 +6,8 @@ import pytest
 import tensorflow as tf
 from training_helpers import UNTRAINED_LOSS, late_loss, make_model, train
 
+import workbench as wb
+
 pytestmark = pytest.mark.cluster
 
 STEPS = 120  # enough for the loss to fall far below where it starts
@@ -25,6 +27,22 @@ def test_a_second_job_of_the_same_program_calls_the_first_ones_step_function_on_
     assert not all(np.array_equal(a, b) for a, b in zip(weights(second), kept))
     assert all(np.array_equal(a, b) for a, b in zip(weights(first), kept))  # ...and left the first one's alone
     assert first.evaluate() == before
+
+
+def test_a_sync_ps_job_run_again_reuses_the_barriers_functions_and_computes_the_same_steps(cluster):
+    first = train(cluster, steps=STEPS, strategy="sync-ps").wait(300)
+    kept = weights(first)
+    again = train(cluster, steps=STEPS, strategy="sync-ps").wait(300)  # the same seed: sync-ps is exact
+    assert first.state == again.state == "finished"
+    assert not first.info["reused_step_function"] and first.trainer.fns.traced >= 2  # a worker's and the ps's
+    assert again.info["reused_step_function"] and again.trainer.fns.traced == 0
+    assert [r["aggregated"] for r in again.history] == [2] * STEPS
+    np.testing.assert_allclose([r["loss"] for r in again.history], [r["loss"] for r in first.history], rtol=1e-5)
+    for a, b in zip(weights(again), kept):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert all(np.array_equal(a, b) for a, b in zip(weights(first), kept))  # two models, each its own
+    backup = train(cluster, steps=20, strategy=wb.SyncPS(backup_workers=1)).wait(300)  # one gradient a step
+    assert backup.info["reused_step_function"] and [r["aggregated"] for r in backup.history] == [1] * 20
 
 
 def test_a_sweep_over_learning_rates_shares_the_function_and_each_job_steps_at_its_own_rate(cluster):

@@ -55,18 +55,18 @@ def test_a_loss_without_config_or_hash_cannot_be_told_and_is_never_shared():
 
 def test_the_cache_hands_a_program_to_one_job_at_a_time_and_keeps_a_few():
     cache = reuse.StepCache()
-    a, b, c = object(), object(), object()
-    shared, reused = cache.take(("p",), a)
-    assert not reused and shared.current is a
-    busy, reused = cache.take(("p",), b)  # a still calls it: b gets one of its own, never kept
-    assert busy is not shared and not reused and busy.current is b and busy.private
+    a, b, c = "job-a", "job-b", "job-c"  # three jobs: what their traces reach, and who they are
+    shared, found = cache.take(("p",), a, a)
+    assert not found and shared.current is a and not shared.reused_by(a)
+    busy, found = cache.take(("p",), b, b)  # a still calls it: b gets one of its own, never kept
+    assert busy is not shared and not found and busy.current is b and busy.private
     shared.current = None  # a ended
-    again, reused = cache.take(("p",), c)
-    assert again is shared and reused and again.current is c
+    again, found = cache.take(("p",), c, c)
+    assert again is shared and found and again.current is c and again.reused_by(c)
     cache.make_private(again)
-    assert len(cache) == 0 and not cache.take(("p",), a)[1]
+    assert len(cache) == 0 and not cache.take(("p",), a, a)[1]
     for n in range(reuse.KEPT + 2):
-        cache.take((n,), a)
+        cache.take((n,), a, a)
     assert len(cache) == reuse.KEPT
     assert cache.settle(1.0) is None
     cache.release_remote()

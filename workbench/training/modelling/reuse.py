@@ -1,4 +1,4 @@
-"""Step functions shared by the async-ps jobs of one connection that train the same program.
+"""Step functions shared by the ps jobs (async-ps, sync-ps) of one connection that train the same program.
 
 A job's step function is traced in the kernel when its first call starts (about 0.5 s for the digits MLP) and set
 up on every task it reaches at that call (another 0.3-0.4 s): most of a short job's set-up. A notebook trains the
@@ -31,13 +31,19 @@ KEPT = 4  # programs whose step functions are kept at a time
 
 
 class Shared:
-    """One program's step function (``train_steps``) and the job whose objects its traces reach (``current``)."""
+    """One program's step functions (``functions``), the job whose objects their traces reach (``current``) and
+    the job that traced them (``owner``)."""
 
     def __init__(self, key: tuple | None):
         self.key = key
-        self.current: Any = None  # the StepFunctions of the job calling it now
-        self.train_steps: Any = None
+        self.current: Any = None  # what the functions' Python reaches while they trace: the job calling them now
+        self.functions: Any = None  # async-ps: ``steps_in_one_call``'s; sync-ps: the barrier's (work, aggregate)
+        self.owner: Any = None  # who traced them (``StepFunctions.owner``: the job's name)
         self.private = key is None  # never handed to another job
+
+    def reused_by(self, job) -> bool:
+        """Whether ``job`` calls functions another job traced."""
+        return self.owner is not None and self.owner != job
 
 
 class StepCache:
@@ -47,20 +53,20 @@ class StepCache:
         self._entries: OrderedDict[tuple, Shared] = OrderedDict()
         self._lock = threading.Lock()
 
-    def take(self, key: tuple | None, fns) -> tuple[Shared, bool]:
-        """The program's shared function with ``fns`` as its current job, and whether it was traced already."""
+    def take(self, key: tuple | None, current, owner) -> tuple[Shared, bool]:
+        """The program's shared functions with ``current`` as what their traces reach, and whether they exist
+        already; new ones (``owner``: the job that will trace them) are kept for later jobs."""
         with self._lock:
             shared = self._entries.get(key) if key is not None else None
-            if shared is not None and shared.current is not None and shared.current is not fns:
-                shared = Shared(None)  # another job calls it now, and its traces would reach that job's objects:
-                shared.current = fns  # this one traces a function of its own
-                return shared, False
+            if shared is not None and shared.current is not None and shared.current is not current:
+                shared = None  # another job calls them now, and a trace would reach its objects: a private one
+                key = None
             if shared is not None:
                 self._entries.move_to_end(key)
-                shared.current = fns
+                shared.current = current
                 return shared, True
             shared = Shared(key)
-            shared.current = fns
+            shared.current, shared.owner = current, owner
             if key is not None:
                 self._entries[key] = shared
                 while len(self._entries) > KEPT:

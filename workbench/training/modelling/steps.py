@@ -183,6 +183,7 @@ class StepFunctions:
     packing: Any = None  # ps strategies: parameters and gradients travel packed (``packing.Packing``)
     traced: int = 0  # traces of the step function this job made (0: it called one another job traced), kept at its end
     reused: bool = False  # the job's steps ran in a step function another job of the same program traced
+    job_name: str | None = None  # the job these functions are of (``reuse.py``: who traced a shared function)
 
     def __post_init__(self):
         if self.targets is None:
@@ -274,11 +275,17 @@ class StepFunctions:
         overlap = packed and overlap
         self._packed, self._overlap, self._variables = packed, overlap, job_variables(self)
         key = program_key(self, self._variables, ("async", packed, overlap, output_device, UNROLL))
-        shared, self.reused = CACHE.take(key, self)
-        if not self.reused:
-            shared.train_steps = _async_steps(shared, len(self.metric_fns), packed, output_device)
-        self._shared, self._traces_before = shared, shared.train_steps.experimental_get_tracing_count()
-        self._train_steps = shared.train_steps
+        shared, found = CACHE.take(key, self, self.owner)
+        if not found:
+            shared.functions = _async_steps(shared, len(self.metric_fns), packed, output_device)
+        self.reused = shared.reused_by(self.owner)
+        self._shared, self._traces_before = shared, shared.functions.experimental_get_tracing_count()
+        self._train_steps = shared.functions
+
+    @property
+    def owner(self) -> Any:
+        """Who these functions are of: the job's name, the same after a ps's restore built them again."""
+        return self.job_name or id(self)
 
     def _state_on(self, device: str) -> tuple[list, list]:
         """The worker's own variables on ``device``: error feedback (int8), prefetched parameters (overlap)."""
@@ -329,10 +336,10 @@ class StepFunctions:
         state, variables, shared = self._state_on(device), self._variables, self._shared
 
         def train_steps(iterator, n):
-            traces = shared.train_steps.experimental_get_tracing_count()
+            traces = shared.functions.experimental_get_tracing_count()
             outputs = self._train_steps(iterator, n, state, variables)
-            if not shared.private and shared.train_steps.experimental_get_tracing_count() != traces \
-                    and shared.train_steps.captured(iterator, n, state, variables):
+            if not shared.private and shared.functions.experimental_get_tracing_count() != traces \
+                    and shared.functions.captured(iterator, n, state, variables):
                 CACHE.make_private(shared)  # it holds this job's own state: no other job may call it
             return outputs
 
@@ -350,7 +357,7 @@ class StepFunctions:
         evaluation needs (model, loss, metrics) stays."""
         shared = getattr(self, "_shared", None)
         if shared is not None:
-            self.traced = shared.train_steps.experimental_get_tracing_count() - self._traces_before
+            self.traced = shared.functions.experimental_get_tracing_count() - self._traces_before
             if shared.current is self:
                 shared.current = None  # the kept function does not keep this job's model alive
         self._train_steps = self._shared = self._variables = None

@@ -58,7 +58,8 @@ class PlacedTrainer(PsTrainer):
         self.optimizer.build(self._model.trainable_variables)  # slots are created beside their variables
         with tf.device(self._placed.input_device):
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
-        self.fns = StepFunctions(self._model, self.optimizer, self.job.loss_fn, resolve_metrics(self.options.metrics))
+        self.fns = StepFunctions(self._model, self.optimizer, self.job.loss_fn, resolve_metrics(self.options.metrics),
+                                 job_name=self.job.name)
 
     def restore(self, checkpoint: str | None, step: int) -> None:
         self._placed.place_again()

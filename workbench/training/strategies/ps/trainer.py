@@ -94,7 +94,8 @@ class PsTrainer(HeldByJob):
             with tf.device(self.ps_devices[0]):
                 self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="workbench_step")
         self.fns = StepFunctions(self._model, self.optimizer, self.job.loss_fn, resolve_metrics(self.options.metrics),
-                                 targets, splits, packing_for(self._model, targets, self.options.strategy.transfer))
+                                 targets, splits, packing_for(self._model, targets, self.options.strategy.transfer),
+                                 job_name=self.job.name)  # the same job after a ps's restore
         if self.options.strategy.transfer != "fp32" and self.fns.packing is None:
             raise ConfigurationError(
                 f"transfer={self.options.strategy.transfer!r} needs a model whose trainable variables are all Keras "

@@ -24,6 +24,9 @@ queue), rebuilt here with TF2 queues and functions:
   ``end``; it puts its last token back for its next call. Every worker calls one function, traced
   once, with its own token queue, index and error-feedback variables as arguments.
 
+Both functions take the queues' handles and every variable they reach as arguments: a later job of the same
+program on the connection calls the functions an earlier job traced and set up (``modelling/reuse.py``).
+
 ``required`` is a variable on the ps the kernel lowers when a worker is lost, hung or dropped (and
 raises when it is back), followed by a *wake* element on the gradient queue (worker ``-1``) so that
 a waiting ``aggregate`` reads it again. Closing the queues ends every blocked call (``close()``).
@@ -31,8 +34,10 @@ a waiting ``aggregate`` reads it again. Closing the queues ends every blocked ca
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
+from ...modelling.reuse import CACHE, captured_resources, job_variables, program_key
 from ...modelling.steps import StepFunctions, _written, host_scalar, stamp_after
 from ..ps.packing import Packing
 
@@ -61,9 +66,16 @@ class SyncBarrier:
                           for d, s in self.packing.specs(wire=False)]
             self.tokens = [tf.queue.FIFOQueue(_QUEUE_CAPACITY, [tf.int64], [[]], name=f"sync_tokens_{w}")
                            for w in range(n_workers)]
-        self._work = self._make_work()
+        # what the functions reach, as arguments: the job's variables and the barrier's (``reuse.py``)
+        self._variables = [*job_variables(fns), self.required, *self.slots]
+        key = program_key(fns, self._variables, ("sync", n_workers, n_metrics, ps_device, repr(self._specs),
+                                                 fns.packing is None))
+        self._shared, found = CACHE.take(key, self, fns.owner)
+        if not found:
+            self._shared.functions = (_make_work(self._shared), _make_aggregate(self._shared, n_workers, n_metrics))
+        fns.reused = self._shared.reused_by(fns.owner)
+        self._traces_before = self._tracing_count()
         self.work: list[Any] = [self._work_of(w) for w in range(n_workers)]
-        self.aggregate = self._make_aggregate()
 
     # -- from the kernel -----------------------------------------------------------------------
 
@@ -117,12 +129,37 @@ class SyncBarrier:
             return int(self.gradients.size().numpy())
 
     def close(self) -> None:
-        """End every call blocked on the queues (a finished or failed run): their waits fail at once."""
+        """End every call blocked on the queues (a finished or failed run): their waits fail at once. The functions
+        stay for a later job of the program; what they reach of this run goes."""
         import tensorflow as tf
 
-        with tf.device(self.ps_device):
-            for queue in (self.gradients, *self.tokens):
-                queue.close(cancel_pending_enqueues=True)
+        try:
+            with tf.device(self.ps_device):
+                for queue in (self.gradients, *self.tokens):
+                    queue.close(cancel_pending_enqueues=True)
+        finally:
+            if self._shared.current is self:
+                self.fns.traced += self._tracing_count() - self._traces_before
+                self._shared.current = None
+
+    def aggregate(self, first, end, next_token):
+        """Steps ``first..end-1`` applied on the first ps (``_make_aggregate``): their rows."""
+        return self._call(1, first, end, next_token, self.gradients.queue_ref, [t.queue_ref for t in self.tokens],
+                          self._variables)
+
+    def _call(self, which: int, *args):
+        """Call the barrier's function ``which`` (0: work, 1: aggregate); a new trace that captured a resource of
+        this run (where every one should be an argument) keeps the functions to this job (``reuse.py``)."""
+        function = self._shared.functions[which]
+        traces = function.experimental_get_tracing_count()
+        outputs = function(*args)
+        if not self._shared.private and function.experimental_get_tracing_count() != traces \
+                and captured_resources(function.get_concrete_function(*args)):
+            CACHE.make_private(self._shared)
+        return outputs
+
+    def _tracing_count(self) -> int:
+        return sum(f.experimental_get_tracing_count() for f in self._shared.functions)
 
     @property
     def row_width(self) -> int:
@@ -168,117 +205,144 @@ class SyncBarrier:
 
         def work(iterator, end):
             residuals = self.packing.residuals_on(self.devices[index]) or []
-            return self._work(iterator, end, tf.constant(index, tf.int32), self.tokens[index].queue_ref, residuals)
+            return self._call(0, iterator, end, tf.constant(index, tf.int32), self.tokens[index].queue_ref, residuals,
+                              self.gradients.queue_ref, self._variables)
 
         return work
 
-    def _make_work(self):
-        """``work(iterator, end, index, tokens, residuals) -> rows``: a worker's steps until its token reaches ``end``.
 
-        Each step waits for its token (the previous step applied), then reads the parameters in
-        its forward pass and pushes its gradient to the ps; its row is ``(step, started, ready)``:
-        when it started (token in hand) and when its gradient was ready (``split_rows``). The last
-        token, ``end`` or beyond, is put back for the next call.
-        """
-        import tensorflow as tf
+def _dequeue(queue, types: list, shapes: list) -> list:
+    """``FIFOQueue.dequeue`` on a queue's handle (a function argument), its components' shapes set as it sets them."""
+    import tensorflow as tf
 
-        fns, gradients = self.fns, self.gradients
+    item = tf.raw_ops.QueueDequeueV2(handle=queue, component_types=types)
+    for tensor, shape in zip(item, shapes):
+        tensor.set_shape(shape)
+    return item
+
+
+def _make_work(shared):
+    """``work(iterator, end, index, tokens, residuals, gradients, variables) -> rows``: a worker's steps until its
+    token reaches ``end``.
+
+    Each step waits for its token (the previous step applied), then reads the parameters in
+    its forward pass and pushes its gradient to the ps; its row is ``(step, started, ready)``:
+    when it started (token in hand) and when its gradient was ready (``split_rows``). The last
+    token, ``end`` or beyond, is put back for the next call. The queues come as handles and every variable as
+    an argument: one trace serves every worker and every run of the program; its Python reaches the barrier
+    calling it now (``shared.current``), through a weak reference (no cycle keeps the function alive).
+    """
+    import tensorflow as tf
+
+    ref = weakref.ref(shared)
+
+    @tf.function(autograph=False)
+    def work(iterator, end, index, tokens, residuals, gradients, variables):
+        barrier = ref().current
+        fns, packing = barrier.fns, barrier.packing
         targets = fns.targets
+        worker = tf.cast(index, tf.float64)
 
-        @tf.function(autograph=False)
-        def work(iterator, end, index, tokens, residuals):
-            worker = tf.cast(index, tf.float64)
+        def more(step, steps, stamps):
+            return step < end
 
-            def more(step, steps, stamps):
-                return step < end
+        def one(step, steps, stamps):
+            with tf.control_dependencies([step]):  # the previous step is applied
+                start = tf.timestamp()
+            with tf.control_dependencies([start]):
+                x, y = next(iterator)
+            # no edge from ``start`` to the reads on the ps: they run in this iteration of the loop there, which
+            # begins once the loop's condition on ``step`` crossed over, i.e. after the token came
+            loss, metrics, grads = fns.loss_and_grads(x, y)
+            grads = packing.encode(packing.pack([tf.convert_to_tensor(g, t.dtype) for g, t in zip(grads, targets)]),
+                                   residuals or None)
+            times = tf.stack([start, stamp_after([loss, *grads])])
+            meta = tf.concat([tf.stack([tf.cast(step, tf.float64), worker, tf.cast(loss, tf.float64)]), times,
+                              tf.cast(tf.stack(metrics), tf.float64) if metrics else tf.zeros([0], tf.float64)], 0)
+            # two transfers to the ps: the small values, the gradients
+            pushed = tf.raw_ops.QueueEnqueueV2(handle=gradients, components=[meta, *grads])
+            at = steps.size()
+            steps, stamps = steps.write(at, step), stamps.write(at, times)
+            return SyncBarrier._newest(tokens, [pushed]), steps, stamps
 
-            def one(step, steps, stamps):
-                with tf.control_dependencies([step]):  # the previous step is applied
-                    start = tf.timestamp()
-                with tf.control_dependencies([start]):
-                    x, y = next(iterator)
-                # no edge from ``start`` to the reads on the ps: they run in this iteration of the loop there, which
-                # begins once the loop's condition on ``step`` crossed over, i.e. after the token came
-                loss, metrics, grads = fns.loss_and_grads(x, y)
-                grads = self.packing.encode(self.packing.pack([tf.convert_to_tensor(g, t.dtype) for g, t in zip(grads, targets)]),
-                                            residuals or None)
-                times = tf.stack([start, stamp_after([loss, *grads])])
-                meta = tf.concat([tf.stack([tf.cast(step, tf.float64), worker, tf.cast(loss, tf.float64)]), times,
-                                  tf.cast(tf.stack(metrics), tf.float64) if metrics else tf.zeros([0], tf.float64)], 0)
-                pushed = gradients.enqueue([meta, *grads])  # two transfers to the ps: the small values, the gradients
-                at = steps.size()
-                steps, stamps = steps.write(at, step), stamps.write(at, times)
-                return self._newest(tokens, [pushed]), steps, stamps
+        loop = (SyncBarrier._newest(tokens, []), tf.TensorArray(tf.int64, size=0, dynamic_size=True),
+                tf.TensorArray(tf.float64, size=0, dynamic_size=True, element_shape=[2]))
+        last, steps, stamps = tf.while_loop(more, one, loop, parallel_iterations=1)
+        back = tf.raw_ops.QueueEnqueueV2(handle=tokens, components=[last])
+        with tf.control_dependencies([back]):  # one tensor: the kernel fetches it in one round trip
+            return tf.concat([tf.reshape(tf.cast(steps.stack(), tf.float64), [-1, 1]),
+                              tf.reshape(stamps.stack(), [-1, 2])], 1)
 
-            loop = (self._newest(tokens, []), tf.TensorArray(tf.int64, size=0, dynamic_size=True),
-                    tf.TensorArray(tf.float64, size=0, dynamic_size=True, element_shape=[2]))
-            last, steps, stamps = tf.while_loop(more, one, loop, parallel_iterations=1)
-            back = tf.raw_ops.QueueEnqueueV2(handle=tokens, components=[last])
-            with tf.control_dependencies([back]):  # one tensor: the kernel fetches it in one round trip
-                return tf.concat([tf.reshape(tf.cast(steps.stack(), tf.float64), [-1, 1]),
-                                  tf.reshape(stamps.stack(), [-1, 2])], 1)
+    return work
 
-        return work
 
-    def _make_aggregate(self):
-        import tensorflow as tf
+def _make_aggregate(shared, n: int, m: int):
+    """``aggregate(first, end, next_token, gradients, tokens, variables) -> rows``, on the first ps (as
+    ``_make_work``: queues as handles, variables as arguments, the barrier reached through ``shared``)."""
+    import tensorflow as tf
 
-        fns, n, m, gradients, tokens = self.fns, self.n, self.n_metrics, self.gradients, self.tokens
-        slots, required = self.slots, self.required
+    ref = weakref.ref(shared)
 
-        def gather(step):
-            """Dequeue until ``required`` gradients of ``step`` came, each into its worker's slot: who, and how many late.
+    def gather(barrier, gradients, step):
+        """Dequeue until ``required`` gradients of ``step`` came, each into its worker's slot: who, and how many late.
 
-            Only the small per-worker values are carried through the loop; a gradient is written once,
-            in place, into its row of ``slots`` (a late one, or a wake element, into the spare row ``n``).
-            """
-            def more(count, late, mask, meta):
-                return count < required.read_value()
+        Only the small per-worker values are carried through the loop; a gradient is written once,
+        in place, into its row of ``slots`` (a late one, or a wake element, into the spare row ``n``).
+        """
+        slots, required = barrier.slots, barrier.required
+        types = [tf.float64, *(d for d, _ in barrier._specs)]
+        shapes = [[META + m], *(s for _, s in barrier._specs)]
 
-            def take(count, late, mask, meta):
-                item = gradients.dequeue()
-                index = tf.cast(item[0][1], tf.int32)
-                known = index >= 0
-                worker = tf.maximum(index, 0)
-                fresh = tf.logical_and(known, tf.equal(tf.cast(item[0][0], tf.int64), step))
-                fresh = tf.logical_and(fresh, tf.gather(mask, worker) == 0.0)  # once per worker and step
-                row = tf.where(fresh, worker, n)
-                written = [s.scatter_update(tf.IndexedSlices(tf.expand_dims(g, 0), tf.reshape(row, [1])))
-                           for s, g in zip(slots, self.packing.decode(list(item[1:])))]
-                late += tf.cast(tf.logical_and(known, tf.logical_not(fresh)), tf.int32)
-                weight = tf.cast(fresh, tf.float32)
-                mask = tf.tensor_scatter_nd_add(mask, [[worker]], [weight])
-                meta = tf.tensor_scatter_nd_add(meta, [[worker]], [item[0] * tf.cast(weight, tf.float64)])
-                with tf.control_dependencies(written):
-                    return count + tf.cast(fresh, tf.int32), late, mask, meta
+        def more(count, late, mask, meta):
+            return count < required.read_value()
 
-            start = (tf.constant(0), tf.constant(0), tf.zeros([n]), tf.zeros([n, META + m], tf.float64))
-            return tf.while_loop(more, take, start, parallel_iterations=1)
+        def take(count, late, mask, meta):
+            item = _dequeue(gradients, types, shapes)
+            index = tf.cast(item[0][1], tf.int32)
+            known = index >= 0
+            worker = tf.maximum(index, 0)
+            fresh = tf.logical_and(known, tf.equal(tf.cast(item[0][0], tf.int64), step))
+            fresh = tf.logical_and(fresh, tf.gather(mask, worker) == 0.0)  # once per worker and step
+            row = tf.where(fresh, worker, n)
+            written = [s.scatter_update(tf.IndexedSlices(tf.expand_dims(g, 0), tf.reshape(row, [1])))
+                       for s, g in zip(slots, barrier.packing.decode(list(item[1:])))]
+            late += tf.cast(tf.logical_and(known, tf.logical_not(fresh)), tf.int32)
+            weight = tf.cast(fresh, tf.float32)
+            mask = tf.tensor_scatter_nd_add(mask, [[worker]], [weight])
+            meta = tf.tensor_scatter_nd_add(meta, [[worker]], [item[0] * tf.cast(weight, tf.float64)])
+            with tf.control_dependencies(written):
+                return count + tf.cast(fresh, tf.int32), late, mask, meta
 
-        @tf.function(autograph=False)
-        def aggregate(first, end, next_token):
-            def step_body(step, out):
-                count, late, mask, meta = gather(step)
-                with tf.control_dependencies([count]):
-                    applied = tf.timestamp()
-                share = tf.cast(tf.maximum(count, 1), tf.float32)
-                rows = tf.reshape(tf.where(mask > 0), [-1])  # the step's workers, in worker order: the same sum always
-                mean = [tf.reduce_sum(tf.gather(s, rows), axis=0) / tf.cast(share, s.dtype) for s in slots]
-                losses, stamps = tf.cast(meta[:, 2], tf.float32), meta[:, 3:5]
-                metrics = tf.cast(meta[:, META:], tf.float32)
-                with tf.control_dependencies([applied]):
-                    fns.optimizer.apply_gradients(zip(self.packing.unpack(mean), fns.targets))
-                with tf.control_dependencies([_written(fns.model.weights)]):
-                    token = tf.where(step + 1 < end, step + 1, next_token)
-                    handed = [t.enqueue(token) for t in tokens]
-                with tf.control_dependencies(handed):
-                    done = tf.timestamp()
-                row = tf.concat([tf.cast(tf.reshape(v, [-1]), tf.float64)
-                                 for v in (mask, losses, metrics, stamps, tf.stack([applied, done]), late)], 0)
-                return step + 1, out.write(tf.cast(step - first, tf.int32), row)
+        start = (tf.constant(0), tf.constant(0), tf.zeros([n]), tf.zeros([n, META + m], tf.float64))
+        return tf.while_loop(more, take, start, parallel_iterations=1)
 
-            out = tf.TensorArray(tf.float64, size=tf.cast(end - first, tf.int32), element_shape=[self.row_width])
-            _, out = tf.while_loop(lambda step, _out: step < end, step_body, (first, out), parallel_iterations=1)
-            return out.stack()  # one tensor: the kernel fetches it in one round trip
+    @tf.function(autograph=False)
+    def aggregate(first, end, next_token, gradients, tokens, variables):
+        barrier = ref().current
+        fns, slots = barrier.fns, barrier.slots
 
-        return aggregate
+        def step_body(step, out):
+            count, late, mask, meta = gather(barrier, gradients, step)
+            with tf.control_dependencies([count]):
+                applied = tf.timestamp()
+            share = tf.cast(tf.maximum(count, 1), tf.float32)
+            rows = tf.reshape(tf.where(mask > 0), [-1])  # the step's workers, in worker order: the same sum always
+            mean = [tf.reduce_sum(tf.gather(s, rows), axis=0) / tf.cast(share, s.dtype) for s in slots]
+            losses, stamps = tf.cast(meta[:, 2], tf.float32), meta[:, 3:5]
+            metrics = tf.cast(meta[:, META:], tf.float32)
+            with tf.control_dependencies([applied]):
+                fns.optimizer.apply_gradients(zip(barrier.packing.unpack(mean), fns.targets))
+            with tf.control_dependencies([_written(fns.model.weights)]):
+                token = tf.where(step + 1 < end, step + 1, next_token)
+                handed = [tf.raw_ops.QueueEnqueueV2(handle=t, components=[token]) for t in tokens]
+            with tf.control_dependencies(handed):
+                done = tf.timestamp()
+            row = tf.concat([tf.cast(tf.reshape(v, [-1]), tf.float64)
+                             for v in (mask, losses, metrics, stamps, tf.stack([applied, done]), late)], 0)
+            return step + 1, out.write(tf.cast(step - first, tf.int32), row)
+
+        out = tf.TensorArray(tf.float64, size=tf.cast(end - first, tf.int32), element_shape=[barrier.row_width])
+        _, out = tf.while_loop(lambda step, _out: step < end, step_body, (first, out), parallel_iterations=1)
+        return out.stack()  # one tensor: the kernel fetches it in one round trip
+
+    return aggregate
