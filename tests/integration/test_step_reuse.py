@@ -94,3 +94,21 @@ def test_a_step_that_captures_a_variable_of_its_own_keeps_its_function(cluster):
         assert job.state == "finished", job.error
         assert not job.trainer.fns.reused and job.trainer.fns.traced == 1
         assert late_loss(job.history) < UNTRAINED_LOSS / 3
+
+
+def test_a_job_that_ends_while_a_worker_is_rehosted_leaves_the_function_to_the_next(no_leftover_processes):
+    """Such a job keeps what it made on the tasks (they do not all answer): not the shared function."""
+    import signal
+
+    from training_helpers import signal_process, wait_for
+
+    with wb.Cluster(ps=1, workers=2, name="wb-test-reuse-kill", progress=False) as cluster:
+        train(cluster, steps=20).wait(300)
+        job = train(cluster, steps=60)
+        wait_for(lambda: job.history or job.state != "running", 120, "the first step")
+        with pytest.warns(wb.TaskFaultWarning, match="worker:1"):
+            signal_process(cluster.task("worker:1").pid, signal.SIGKILL)  # re-hosted while the job ends
+            job.wait(300)
+        assert job.state == "finished", job.error
+        after = train(cluster, steps=20).wait(300)
+        assert after.state == "finished" and after.info["reused_step_function"] and after.trainer.fns.traced == 0

@@ -194,6 +194,16 @@ def _callable_key(fn) -> Any:
     return fn
 
 
+def call(shared: Shared, function, args: tuple, captured) -> Any:
+    """``function(*args)``, one of ``shared``'s; a new trace for which ``captured(*args)`` lists a resource of the
+    calling job (where every one should be an argument) keeps the functions to that job."""
+    traces = function.experimental_get_tracing_count()
+    outputs = function(*args)
+    if not shared.private and function.experimental_get_tracing_count() != traces and captured(*args):
+        CACHE.make_private(shared)
+    return outputs
+
+
 def captured_resources(concrete) -> list:
     """The resource tensors a traced function captured (state of one job, where none should be)."""
     import tensorflow as tf

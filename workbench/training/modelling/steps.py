@@ -22,7 +22,7 @@ from typing import Any
 
 from ...compat.tensorflow import quiet_retracing_of
 from .placement import shards_of, tf_variable
-from .reuse import CACHE, captured_resources, job_variables, program_key
+from .reuse import CACHE, call, captured_resources, job_variables, program_key
 
 
 def host_scalar(value, dtype) -> Any:
@@ -280,7 +280,6 @@ class StepFunctions:
             shared.functions = _async_steps(shared, len(self.metric_fns), packed, output_device)
         self.reused = shared.reused_by(self.owner)
         self._shared, self._traces_before = shared, shared.functions.experimental_get_tracing_count()
-        self._train_steps = shared.functions
 
     @property
     def owner(self) -> Any:
@@ -336,12 +335,7 @@ class StepFunctions:
         state, variables, shared = self._state_on(device), self._variables, self._shared
 
         def train_steps(iterator, n):
-            traces = shared.functions.experimental_get_tracing_count()
-            outputs = self._train_steps(iterator, n, state, variables)
-            if not shared.private and shared.functions.experimental_get_tracing_count() != traces \
-                    and shared.functions.captured(iterator, n, state, variables):
-                CACHE.make_private(shared)  # it holds this job's own state: no other job may call it
-            return outputs
+            return call(shared, shared.functions, (iterator, n, state, variables), shared.functions.captured)
 
         return train_steps
 
@@ -350,17 +344,23 @@ class StepFunctions:
         if self.packing is not None:
             self.packing.forget(device)  # made again on its next call (``state_on``)
 
+    def leave_shared(self) -> None:
+        """No call of this job's runs the step function now: count its traces, and let a later job of the program
+        call it (its traces reach that job then). Local: a job whose tasks do not all answer at its end, and so
+        keeps what it made on them, does not keep the shared function to itself."""
+        shared = getattr(self, "_shared", None)
+        if shared is not None and shared.current is self:
+            self.traced += shared.functions.experimental_get_tracing_count() - self._traces_before
+            self._traces_before = shared.functions.experimental_get_tracing_count()
+            shared.current = None  # the kept function does not keep this job's model alive
+
     def release_steps(self) -> None:
         """The job ended: its validation functions go, and its step function unless another job may call it
         (``reuse.py``; their registrations on every task, one RPC each, made now in the job's thread rather than
         by the garbage collector at a random moment), and the variables the packing kept on the workers. What
         evaluation needs (model, loss, metrics) stays."""
-        shared = getattr(self, "_shared", None)
-        if shared is not None:
-            self.traced = shared.functions.experimental_get_tracing_count() - self._traces_before
-            if shared.current is self:
-                shared.current = None  # the kept function does not keep this job's model alive
-        self._train_steps = self._shared = self._variables = None
+        self.leave_shared()
+        self._shared = self._variables = None
         self.__dict__.pop("_validation", None)
         if self.packing is not None:
             self.packing.release()

@@ -64,6 +64,7 @@ class AsyncRun(WorkerRun):
         finally:  # a run that ends early (a lost ps) does not wait: its workers' calls may hang on that ps
             self.halt.set()
         self._join()
+        self.trainer.fns.leave_shared()  # no call of this run is left: a later job may call its functions now
         changed = self._changed_workers()
         if changed is not None:
             raise changed

@@ -37,7 +37,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from ...modelling.reuse import CACHE, captured_resources, job_variables, program_key
+from ...modelling.reuse import CACHE, call, captured_resources, job_variables, program_key
 from ...modelling.steps import StepFunctions, _written, host_scalar, stamp_after
 from ..ps.packing import Packing
 
@@ -151,12 +151,7 @@ class SyncBarrier:
         """Call the barrier's function ``which`` (0: work, 1: aggregate); a new trace that captured a resource of
         this run (where every one should be an argument) keeps the functions to this job (``reuse.py``)."""
         function = self._shared.functions[which]
-        traces = function.experimental_get_tracing_count()
-        outputs = function(*args)
-        if not self._shared.private and function.experimental_get_tracing_count() != traces \
-                and captured_resources(function.get_concrete_function(*args)):
-            CACHE.make_private(self._shared)
-        return outputs
+        return call(self._shared, function, args, lambda *a: captured_resources(function.get_concrete_function(*a)))
 
     def _tracing_count(self) -> int:
         return sum(f.experimental_get_tracing_count() for f in self._shared.functions)
