@@ -40,6 +40,20 @@ class Shared:
         self.functions: Any = None  # async-ps: ``steps_in_one_call``'s; sync-ps: the barrier's (work, aggregate)
         self.owner: Any = None  # who traced them (``StepFunctions.owner``: the job's name)
         self.private = key is None  # never handed to another job
+        self._taken_at = 0  # their traces when ``current`` took them
+
+    def tracing_count(self) -> int:
+        """Traces of all its functions."""
+        functions = self.functions if isinstance(self.functions, tuple) else (self.functions,)
+        return sum(f.experimental_get_tracing_count() for f in functions if f is not None)
+
+    def leave(self, current) -> int:
+        """``current`` calls the functions no more (a later job of the program may): the traces it made since it
+        took them; 0 where it did not hold them."""
+        if self.current is not current:
+            return 0
+        self.current = None  # the kept functions do not keep that job's objects alive
+        return self.tracing_count() - self._taken_at
 
     def reused_by(self, job) -> bool:
         """Whether ``job`` calls functions another job traced."""
@@ -55,7 +69,16 @@ class StepCache:
 
     def take(self, key: tuple | None, current, owner) -> tuple[Shared, bool]:
         """The program's shared functions with ``current`` as what their traces reach, and whether they exist
-        already; new ones (``owner``: the job that will trace them) are kept for later jobs."""
+        already; new ones (``owner``: the job that will trace them) are kept for later jobs, and the cache becomes a
+        holder of the current connection (whichever trainer connected), which lets go of them with it."""
+        from ...cluster.process import connection
+
+        shared, found = self._take(key, current, owner)
+        if not found and not shared.private:
+            connection.hold(self)
+        return shared, found
+
+    def _take(self, key: tuple | None, current, owner) -> tuple[Shared, bool]:
         with self._lock:
             shared = self._entries.get(key) if key is not None else None
             if shared is not None and shared.current is not None and shared.current is not current:
@@ -63,7 +86,7 @@ class StepCache:
                 key = None
             if shared is not None:
                 self._entries.move_to_end(key)
-                shared.current = current
+                shared.current, shared._taken_at = current, shared.tracing_count()
                 return shared, True
             shared = Shared(key)
             shared.current, shared.owner = current, owner

@@ -279,7 +279,7 @@ class StepFunctions:
         if not found:
             shared.functions = _async_steps(shared, len(self.metric_fns), packed, output_device)
         self.reused = shared.reused_by(self.owner)
-        self._shared, self._traces_before = shared, shared.functions.experimental_get_tracing_count()
+        self._shared = shared
 
     @property
     def owner(self) -> Any:
@@ -349,10 +349,8 @@ class StepFunctions:
         call it (its traces reach that job then). Local: a job whose tasks do not all answer at its end, and so
         keeps what it made on them, does not keep the shared function to itself."""
         shared = getattr(self, "_shared", None)
-        if shared is not None and shared.current is self:
-            self.traced += shared.functions.experimental_get_tracing_count() - self._traces_before
-            self._traces_before = shared.functions.experimental_get_tracing_count()
-            shared.current = None  # the kept function does not keep this job's model alive
+        if shared is not None:
+            self.traced += shared.leave(self)
 
     def release_steps(self) -> None:
         """The job ended: its validation functions go, and its step function unless another job may call it

@@ -22,7 +22,6 @@ from ...job.workers import CallGate, compute_device, input_device, trim_engines
 from ...modelling.building import build_model, build_optimizer, local_model, seed_initializers, update_where_the_variable_lives
 from ...modelling.losses import resolve_metrics
 from ...modelling.placement import PsPlacer, optimizer_targets, shards_of, tf_variable
-from ...modelling.reuse import CACHE as STEP_CACHE
 from ...modelling.steps import StepFunctions
 from ...options import validate
 from ..async_ps import AsyncRun
@@ -65,7 +64,6 @@ class PsTrainer(HeldByJob):
     def set_up(self) -> None:
         job = self.job
         self.epoch = connection.connect(job.cluster, holder=job)
-        connection.hold(STEP_CACHE)  # the step functions jobs of one program share go with the connection
         ps_tasks = [r for r in job.cluster.tasks if r.job == "ps"]
         if not ps_tasks:
             raise ConfigurationError(

@@ -74,7 +74,6 @@ class SyncBarrier:
         if not found:
             self._shared.functions = (_make_work(self._shared), _make_aggregate(self._shared, n_workers, n_metrics))
         fns.reused = self._shared.reused_by(fns.owner)
-        self._traces_before = self._tracing_count()
         self.work: list[Any] = [self._work_of(w) for w in range(n_workers)]
 
     # -- from the kernel -----------------------------------------------------------------------
@@ -138,9 +137,7 @@ class SyncBarrier:
                 for queue in (self.gradients, *self.tokens):
                     queue.close(cancel_pending_enqueues=True)
         finally:
-            if self._shared.current is self:
-                self.fns.traced += self._tracing_count() - self._traces_before
-                self._shared.current = None
+            self.fns.traced += self._shared.leave(self)
 
     def aggregate(self, first, end, next_token):
         """Steps ``first..end-1`` applied on the first ps (``_make_aggregate``): their rows."""
@@ -152,9 +149,6 @@ class SyncBarrier:
         this run (where every one should be an argument) keeps the functions to this job (``reuse.py``)."""
         function = self._shared.functions[which]
         return call(self._shared, function, args, lambda *a: captured_resources(function.get_concrete_function(*a)))
-
-    def _tracing_count(self) -> int:
-        return sum(f.experimental_get_tracing_count() for f in self._shared.functions)
 
     @property
     def row_width(self) -> int:
