@@ -34,6 +34,8 @@ a waiting ``aggregate`` reads it again. Closing the queues ends every blocked ca
 
 from __future__ import annotations
 
+import os
+import uuid
 import weakref
 from typing import Any
 
@@ -58,14 +60,12 @@ class SyncBarrier:
         self.devices: list[str] = []  # the workers' devices, known from ``warm_up`` on
         with tf.device(ps_device):
             self.required = tf.Variable(required, dtype=tf.int32, trainable=False, name="sync_required")
-            self.gradients = tf.queue.FIFOQueue(
-                _QUEUE_CAPACITY, [tf.float64, *(d for d, _ in self._specs)],
-                [[META + n_metrics], *(s for _, s in self._specs)], name="sync_gradients")
+            self.gradients = _Queue([tf.float64, *(d for d, _ in self._specs)],
+                                    [[META + n_metrics], *(s for _, s in self._specs)])
             # a step's gradients as they came, decoded: row w is worker w's, row n takes what came late
             self.slots = [tf.Variable(tf.zeros([n_workers + 1, *s], d), trainable=False, name="sync_slots")
                           for d, s in self.packing.specs(wire=False)]
-            self.tokens = [tf.queue.FIFOQueue(_QUEUE_CAPACITY, [tf.int64], [[]], name=f"sync_tokens_{w}")
-                           for w in range(n_workers)]
+            self.tokens = [_Queue([tf.int64], [[]]) for _ in range(n_workers)]
         # what the functions reach, as arguments: the job's variables and the barrier's (``reuse.py``)
         self._variables = [*job_variables(fns), self.required, *self.slots]
         key = program_key(fns, self._variables, ("sync", n_workers, n_metrics, ps_device, repr(self._specs),
@@ -85,7 +85,7 @@ class SyncBarrier:
         first = host_scalar(step, tf.int64)
         with tf.device(self.ps_device):
             for tokens in self.tokens:
-                tokens.enqueue(first)
+                tokens.enqueue([first])
 
     def warm_up(self, iterators: list, worker_devices: list[str], step: int, skip: set[int] = frozenset()) -> None:
         """Run each function once with nothing to do, one after the other, before the real calls.
@@ -128,20 +128,23 @@ class SyncBarrier:
             return int(self.gradients.size().numpy())
 
     def close(self) -> None:
-        """End every call blocked on the queues (a finished or failed run): their waits fail at once. The functions
-        stay for a later job of the program; what they reach of this run goes."""
+        """End every call blocked on the queues (a finished or failed run): their waits fail at once; then the queues
+        go from the ps. The functions stay for a later job of the program; what they reach of this run goes."""
         import tensorflow as tf
 
         try:
             with tf.device(self.ps_device):
                 for queue in (self.gradients, *self.tokens):
-                    queue.close(cancel_pending_enqueues=True)
+                    queue.close()
         finally:
+            with tf.device(self.ps_device):
+                for queue in (self.gradients, *self.tokens):
+                    queue.destroy()
             self.fns.traced += self._shared.leave(self)
 
     def aggregate(self, first, end, next_token):
         """Steps ``first..end-1`` applied on the first ps (``_make_aggregate``): their rows."""
-        return self._call(1, first, end, next_token, self.gradients.queue_ref, [t.queue_ref for t in self.tokens],
+        return self._call(1, first, end, next_token, self.gradients.handle, [t.handle for t in self.tokens],
                           self._variables)
 
     def _call(self, which: int, *args):
@@ -194,10 +197,54 @@ class SyncBarrier:
 
         def work(iterator, end):
             residuals = self.packing.residuals_on(self.devices[index]) or []
-            return self._call(0, iterator, end, tf.constant(index, tf.int32), self.tokens[index].queue_ref, residuals,
-                              self.gradients.queue_ref, self._variables)
+            return self._call(0, iterator, end, tf.constant(index, tf.int32), self.tokens[index].handle, residuals,
+                              self.gradients.handle, self._variables)
 
         return work
+
+
+class _Queue:
+    """A FIFO queue on the device in scope, held by its handle, that goes when ``destroy()`` is called.
+
+    ``tf.queue.FIFOQueue`` deletes its queue when the Python object is collected, by an op on the queue's task;
+    after that task was lost and re-hosted the op fails, and the failure is printed from a finalizer (a traceback
+    in whatever cell runs then). A barrier's queues go in ``close()`` instead, where a ps that is gone is expected.
+    """
+
+    def __init__(self, types: list, shapes: list):
+        import tensorflow as tf
+
+        self.handle = tf.raw_ops.FIFOQueueV2(component_types=types, shapes=shapes, capacity=_QUEUE_CAPACITY,
+                                            shared_name=f"workbench_sync_{os.getpid()}_{uuid.uuid4().hex}")
+        # the name is the queue's on its task, where other clients of the cluster (an attached kernel) make theirs
+
+    def enqueue(self, components: list) -> None:
+        import tensorflow as tf
+
+        tf.raw_ops.QueueEnqueueV2(handle=self.handle, components=components)
+
+    def size(self):
+        import tensorflow as tf
+
+        return tf.raw_ops.QueueSizeV2(handle=self.handle)
+
+    def close(self) -> None:
+        """Blocked and later dequeues fail at once; pending enqueues are cancelled."""
+        import tensorflow as tf
+
+        tf.raw_ops.QueueCloseV2(handle=self.handle, cancel_pending_enqueues=True)
+
+    def destroy(self) -> None:
+        """The queue goes from its task; a task that is gone took it with it (nothing to do, nothing printed)."""
+        import tensorflow as tf
+
+        handle, self.handle = self.handle, None
+        if handle is None:
+            return
+        try:
+            tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
+        except (tf.errors.OpError, ValueError):
+            pass
 
 
 def _dequeue(queue, types: list, shapes: list) -> list:
