@@ -229,9 +229,11 @@ class _Queue:
         return tf.raw_ops.QueueSizeV2(handle=self.handle)
 
     def close(self) -> None:
-        """Blocked and later dequeues fail at once; pending enqueues are cancelled."""
+        """Blocked and later dequeues fail at once; pending enqueues are cancelled (a destroyed queue: nothing)."""
         import tensorflow as tf
 
+        if self.handle is None:
+            return
         tf.raw_ops.QueueCloseV2(handle=self.handle, cancel_pending_enqueues=True)
 
     def destroy(self) -> None:
