@@ -1,10 +1,12 @@
 """Async-ps jobs of one program share a step function on the kernel's connection, each on its own variables."""
 
+import signal
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from training_helpers import UNTRAINED_LOSS, late_loss, make_model, train
+from training_helpers import UNTRAINED_LOSS, late_loss, make_model, signal_process, train, wait_for
 
 import workbench as wb
 
@@ -98,10 +100,6 @@ def test_a_step_that_captures_a_variable_of_its_own_keeps_its_function(cluster):
 
 def test_a_job_that_ends_while_a_worker_is_rehosted_leaves_the_function_to_the_next(no_leftover_processes):
     """Such a job keeps what it made on the tasks (they do not all answer): not the shared function."""
-    import signal
-
-    from training_helpers import signal_process, wait_for
-
     with wb.Cluster(ps=1, workers=2, name="wb-test-reuse-kill", progress=False) as cluster:
         train(cluster, steps=20).wait(300)
         job = train(cluster, steps=60)

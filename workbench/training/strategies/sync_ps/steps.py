@@ -132,15 +132,15 @@ class SyncBarrier:
         go from the ps. The functions stay for a later job of the program; what they reach of this run goes."""
         import tensorflow as tf
 
-        try:
-            with tf.device(self.ps_device):
-                for queue in (self.gradients, *self.tokens):
+        queues = (self.gradients, *self.tokens)
+        with tf.device(self.ps_device):
+            try:
+                for queue in queues:
                     queue.close()
-        finally:
-            with tf.device(self.ps_device):
-                for queue in (self.gradients, *self.tokens):
+            finally:
+                for queue in queues:
                     queue.destroy()
-            self.fns.traced += self._shared.leave(self)
+                self.fns.traced += self._shared.leave(self)
 
     def aggregate(self, first, end, next_token):
         """Steps ``first..end-1`` applied on the first ps (``_make_aggregate``): their rows."""
@@ -245,7 +245,7 @@ class _Queue:
             return
         try:
             tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
-        except (tf.errors.OpError, ValueError):
+        except tf.errors.OpError:
             pass
 
 
