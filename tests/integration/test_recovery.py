@@ -347,3 +347,40 @@ def test_a_function_freed_while_a_task_is_stopped_does_not_freeze_the_kernel(no_
         assert waited, "the removal came back within 3 s although the task it goes to was stopped"
         assert not collector.is_alive(), "the removal had not come back 30 s after the task was continued"
         assert not context.context().has_function(name)
+
+
+def test_a_function_traced_while_a_task_is_stopped_does_not_freeze_the_kernel(no_leftover_processes):
+    """A new ``tf.function`` is registered on every task as it is traced (a job's input pipelines, one per worker,
+    as it begins). TensorFlow's own binding waits for the tasks' answers holding the GIL: a job beginning behind
+    a busy task stalled the kernel (2 s seen here, 4.2 s on CI). The registration now waits with the GIL released."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+    from training_helpers import Watchdog
+
+    with wb.Cluster(ps=0, workers=1, name="wb-test-registration", progress=False) as cluster:
+        with cluster.device("worker:0"):
+            assert int(tf.identity(tf.constant(1)).numpy()) == 1  # connected, the task answers
+        stopped = cluster.task("worker:0")
+        signal_process(stopped.pid, signal.SIGSTOP)
+        # Resumed from outside after 10 s whatever happens here: a frozen kernel runs no `finally`.
+        rescue = subprocess.Popen(["sh", "-c", f"sleep 10; kill -CONT {stopped.pid}"])
+        traced = []
+        tracer = threading.Thread(target=lambda: traced.append(
+            tf.function(lambda x: x * 3, autograph=False).get_concrete_function(tf.TensorSpec([], tf.int32))),
+            name="test-tracer", daemon=True)
+        try:
+            with Watchdog() as dog:
+                tracer.start()
+                tracer.join(3)
+            waited = tracer.is_alive()  # on the stopped task, as TensorFlow does
+        finally:
+            signal_process(stopped.pid, signal.SIGCONT)
+            rescue.kill()
+            rescue.wait(10)
+        tracer.join(30)
+        assert dog.longest < 1.0, f"no thread of the kernel ran Python for {dog.longest:.2f} s"
+        assert waited, "the registration came back within 3 s although the task it goes to was stopped"
+        assert not tracer.is_alive() and traced, "the registration had not come back 30 s after the task was continued"
+        assert context.context().has_function(traced[0].name)
+        with cluster.device("worker:0"):
+            assert int(traced[0](tf.constant(2)).numpy()) == 6  # registered on the task: it runs there

@@ -37,9 +37,37 @@ def test_a_checked_version_says_nothing(library, version):
     assert compat.outside(library, version) == ""
 
 
-def test_function_removal_goes_through_the_c_api_on_this_tensorflow():
+def test_function_registration_and_removal_go_through_the_c_api_on_this_tensorflow():
     assert tf_compat.guard_context_changes() == ""  # "" once installed; else why TensorFlow's binding stays
     assert type(tf_compat.eager_context()).remove_function.__module__ == tf_compat.__name__
+    assert type(tf_compat.eager_context()).add_c_function.__module__ == tf_compat.__name__
+
+
+def test_a_function_registered_through_the_c_api_runs_and_a_clash_fails_as_tensorflows_does():
+    from tensorflow.python import pywrap_tfe
+    from tensorflow.python.client import pywrap_tf_session
+    from tensorflow.python.framework import errors_impl
+
+    tf_compat.guard_context_changes()
+    context = tf_compat.eager_context()
+    concrete = tf.function(lambda x: x * 5, autograph=False).get_concrete_function(tf.TensorSpec([], tf.int32))
+    assert context.has_function(concrete.name) and int(concrete(tf.constant(3)).numpy()) == 15
+    # another body under a name the context holds: TensorFlow refuses it, and the error is TensorFlow's type
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.constant(1.0, name="other")
+    with graph._c_graph.get() as c_graph:
+        other = pywrap_tf_session.TF_GraphToFunction_wrapper(
+            c_graph, concrete.name.decode(), False, [op._c_op for op in graph.get_operations()], [], [], [], [], [],
+            None, "")
+    try:
+        with pytest.raises(errors_impl.OpError, match="duplicate function with name") as ours:
+            context.add_c_function(other)
+        with pytest.raises(errors_impl.OpError) as theirs:
+            pywrap_tfe.TFE_ContextAddFunction(context._handle, other)  # TensorFlow's own binding
+        assert type(ours.value) is type(theirs.value) and ours.value.message == theirs.value.message
+    finally:
+        pywrap_tf_session.TF_DeleteFunction(other)
 
 
 def test_a_removed_function_is_gone_and_a_second_removal_fails_as_tensorflows_does():
@@ -74,7 +102,8 @@ def test_a_function_is_registered_only_while_the_server_def_does_not_change():
 
     def waiting_its_turn(thread) -> bool:
         frame = sys._current_frames().get(thread.ident)
-        while frame is not None and frame.f_code.co_name != "in_turn":
+        while frame is not None and not (frame.f_code.co_filename == tf_compat.__file__
+                                          and frame.f_code.co_name in ("in_turn", "call")):  # where turns are taken
             frame = frame.f_back
         return frame is not None
 

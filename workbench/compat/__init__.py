@@ -24,8 +24,8 @@ TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "t
 # distribution names, [lowest, below) the versions checked, and what relies on the internals
 FENCES = {
     "TensorFlow": (TENSORFLOW_DISTRIBUTIONS, "2.21", "2.22", "scaling and re-hosting (the kernel's connection updated in "
-                   "place), workers' own executors, partitioned ps variables, autograph's files, function removal without "
-                   "the GIL"),
+                   "place), workers' own executors, partitioned ps variables, autograph's files, function registration and "
+                   "removal without the GIL"),
     "Keras": (("keras",), "3.12", "3.16", "seeded initial weights, layer-by-layer placement (wb.place), ps optimizer "
               "updates"),
     "ipyparallel": (("ipyparallel",), "9.2", "9.3", "engines forked from the warm process, launchers' logs and "

@@ -10,16 +10,19 @@
 - ``xspace()``: an empty profiler capture message (``tensorflow.tsl``'s ``XSpace``), to parse a task's trace.
 - ``autograph_loader()``: the module whose temporary files autograph writes (pointed at a directory of the process).
 - ``guard_context_changes()``: a function's registration and removal take turns with a change of the context's
-  server def, process-wide (``context_change()``). TensorFlow registers a new function on every task it is
-  connected to, reading the list of tasks and then each task's client: an update that removed a task between the
-  two failed the registration with "Client for target /job:worker/replica:0/task:2 not found" (a job whose worker
-  was re-hosted while the cluster was scaled down traced its next step beside the update). Freeing a
-  ``tf.function`` removes it from every task; TensorFlow's binding of ``TFE_ContextRemoveFunction`` keeps the GIL
-  while the removal goes to every remote task and their answers come back: one round of RPCs during which no
-  thread of the kernel runs Python (0.4 s seen with two busy cores, 2.4 s on a loaded CI machine; a task that does
-  not answer froze the kernel). The same C function called through ``ctypes`` runs with the GIL released and
-  raises the same errors. Where its symbols cannot be found (a build that does not export them), TensorFlow's own
-  binding stays (and takes its turn all the same).
+  server def, process-wide (``context_change()``), and both run with the GIL released. TensorFlow registers a new
+  function on every task it is connected to, reading the list of tasks and then each task's client: an update that
+  removed a task between the two failed the registration with "Client for target /job:worker/replica:0/task:2 not
+  found" (a job whose worker was re-hosted while the cluster was scaled down traced its next step beside the
+  update). TensorFlow's bindings of ``TFE_ContextAddFunction`` and ``TFE_ContextRemoveFunction`` keep the GIL while
+  the registration or removal goes to every remote task (one blocking Enqueue RPC each: the client's enqueue is not
+  streamed) and the answers come back: no thread of the kernel runs Python meanwhile. A removal took 0.4 s with two
+  busy cores and 2.4 s on a loaded CI machine, a job's input pipeline registered as the job began (one function per
+  worker) 2 s here and 4.2 s on CI, and a task that does not answer froze the kernel. The same C functions called
+  through ``ctypes`` run with the GIL released and raise the same errors; a registration hands over the
+  ``TF_Function`` that TensorFlow's pybind11 object wraps (its pointer follows the object's header, confirmed once
+  per process on a probe function by its name). Where a symbol cannot be found or the probe does not confirm the
+  layout, TensorFlow's own binding stays (and takes its turn all the same).
 - ``context_change()``: held while the context's server def is set or updated, and while a function is registered
   or removed.
 - ``quiet_retracing_of(*names)``: TensorFlow's "triggered tf.function retracing" warning (a logging record of its
@@ -152,20 +155,24 @@ def autograph_loader() -> Any:
 
 
 def guard_context_changes() -> str:
-    """Make this process's function registrations and removals take turns with its server def's changes (once per
-    process), removals through the C API with the GIL released.
+    """Make this process's function registrations and removals take turns with its server def's changes, both
+    through the C API with the GIL released (once per process).
 
-    Returns ``""`` when removals release the GIL, else why TensorFlow's own binding of them stays (it then holds
-    the GIL, as before); registrations and removals take their turns either way."""
+    Returns ``""`` when both release the GIL, else why TensorFlow's own binding of one stays (it then holds the
+    GIL, as before); registrations and removals take their turns either way."""
     with _LOCK:
         if not _STATE["guarded"]:
-            _take_turns_in_registration()
-            try:
-                _install_removal()
-            except (OSError, AttributeError, ImportError) as exc:
-                _STATE["why_not"] = f"{type(exc).__name__}: {exc}"
-                log.debug("function removal keeps TensorFlow's binding (it holds the GIL): %s", _STATE["why_not"])
-                _take_turns(_context_module().Context, "remove_function")
+            context = _context_module().Context
+            reasons = []
+            for name, install in (("add_c_function", _install_registration), ("remove_function", _install_removal)):
+                try:
+                    install(_CApi.load())
+                except (OSError, AttributeError, ImportError, LookupError) as exc:
+                    reasons.append(f"{name}: {type(exc).__name__}: {exc}")
+                    log.debug("%s keeps TensorFlow's binding (it holds the GIL): %s", name, exc)
+                    _take_turns(context, name)
+            _take_turns(context, "add_function_def")  # a serialised FunctionDef: loaded SavedModels, legacy Defun
+            _STATE["why_not"] = "; ".join(reasons)
             _STATE["guarded"] = True
         return _STATE["why_not"]
 
@@ -188,44 +195,101 @@ def _take_turns(owner: type, name: str) -> None:
     setattr(owner, name, in_turn)
 
 
-def _take_turns_in_registration() -> None:
-    context = _context_module().Context
-    for name in ("add_c_function", "add_function_def"):
-        _take_turns(context, name)
-
-
 def _library(directory: str, stem: str) -> ctypes.CDLL:
     suffix = ".2.dylib" if sys.platform == "darwin" else ".so.2"
     return ctypes.CDLL(os.path.join(directory, f"lib{stem}{suffix}"))
 
 
-def _install_removal() -> None:
-    import tensorflow as tf
-    from tensorflow.python.framework import errors_impl
+class _CApi:
+    """The C functions of TensorFlow's that ``guard_context_changes`` calls through ``ctypes``, found once."""
 
-    context = _context_module()
-    directory = os.path.dirname(tf.__file__)
-    eager, framework = _library(directory, "tensorflow_cc"), _library(directory, "tensorflow_framework")
-    remove = eager.TFE_ContextRemoveFunction
-    remove.argtypes, remove.restype = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p], None
-    new_status, delete_status = framework.TF_NewStatus, framework.TF_DeleteStatus
-    new_status.restype, delete_status.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
-    code_of, message_of = framework.TF_GetCode, framework.TF_Message
-    code_of.argtypes, message_of.argtypes, message_of.restype = [ctypes.c_void_p], [ctypes.c_void_p], ctypes.c_char_p
-    pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    pointer.argtypes, pointer.restype = [ctypes.py_object, ctypes.c_char_p], ctypes.c_void_p
+    _loaded: _CApi | None = None
 
-    def remove_function(self, name) -> None:  # TensorFlow's Context.remove_function, the GIL released
-        self.ensure_initialized()
-        status = new_status()
+    def __init__(self) -> None:
+        import tensorflow as tf
+        from tensorflow.python.framework import errors_impl
+
+        directory = os.path.dirname(tf.__file__)
+        self.eager, framework = _library(directory, "tensorflow_cc"), _library(directory, "tensorflow_framework")
+        self.new_status, self.delete_status = framework.TF_NewStatus, framework.TF_DeleteStatus
+        self.new_status.restype, self.delete_status.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+        self.code_of, self.message_of = framework.TF_GetCode, framework.TF_Message
+        self.code_of.argtypes, self.message_of.argtypes = [ctypes.c_void_p], [ctypes.c_void_p]
+        self.message_of.restype = ctypes.c_char_p
+        self.capsule = ctypes.pythonapi.PyCapsule_GetPointer
+        self.capsule.argtypes, self.capsule.restype = [ctypes.py_object, ctypes.c_char_p], ctypes.c_void_p
+        self.error_type = errors_impl.exception_type_from_error_code
+
+    @classmethod
+    def load(cls) -> _CApi:
+        if cls._loaded is None:
+            cls._loaded = cls()
+        return cls._loaded
+
+    def call(self, function: Any, context: Any, argument: Any) -> None:
+        """``function(the context's TFE_Context, argument, status)`` (ctypes drops the GIL for the call) under
+        ``context_change()``; TensorFlow's error for a failed status."""
+        context.ensure_initialized()
+        status = self.new_status()
         try:
             with _CONTEXT_CHANGE:
-                remove(pointer(self._handle, None), name.encode() if isinstance(name, str) else name, status)
-            code = code_of(status)
+                function(self.capsule(context._handle, None), argument, status)
+            code = self.code_of(status)
             if code:
-                raise errors_impl.exception_type_from_error_code(code)(None, None, message_of(status).decode(errors="replace"))
+                raise self.error_type(code)(None, None, self.message_of(status).decode(errors="replace"))
         finally:
-            delete_status(status)
+            self.delete_status(status)
+
+
+def _function_pointer(c_func: Any) -> int:
+    """The ``TF_Function*`` a pybind11 ``TF_Function`` object holds: the first word after the object's header."""
+    return ctypes.c_void_p.from_address(id(c_func) + object.__basicsize__).value or 0
+
+
+def _probe_function_layout(api: _CApi) -> type:
+    """Confirm ``_function_pointer`` on a function made for the purpose (its name read back through the C API);
+    return the pybind11 type it holds for. ``LookupError`` when it does not."""
+    from tensorflow.python.client import pywrap_tf_session
+    from tensorflow.python.framework import ops
+
+    name_of = api.eager.TF_FunctionName
+    name_of.argtypes, name_of.restype = [ctypes.c_void_p], ctypes.c_char_p
+    with ops.Graph()._c_graph.get() as c_graph:
+        probe = pywrap_tf_session.TF_GraphToFunction_wrapper(c_graph, "workbench_layout_probe", False, [], [], [], [],
+                                                             [], [], None, "")
+    try:
+        pointer = _function_pointer(probe)
+        if not pointer or name_of(pointer) != b"workbench_layout_probe":
+            raise LookupError("a TF_Function object does not hold its pointer where pybind11's simple layout puts it")
+        return type(probe)
+    finally:
+        pywrap_tf_session.TF_DeleteFunction(probe)
+
+
+def _install_registration(api: _CApi) -> None:
+    context = _context_module()
+    add = api.eager.TFE_ContextAddFunction
+    add.argtypes, add.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], None
+    function_type = _probe_function_layout(api)
+    original = context.Context.add_c_function
+
+    def add_c_function(self, c_func) -> None:  # TensorFlow's Context.add_c_function, the GIL released
+        if type(c_func) is not function_type:
+            with _CONTEXT_CHANGE:
+                return original(self, c_func)
+        return api.call(add, self, _function_pointer(c_func))
+
+    add_c_function.__doc__ = original.__doc__
+    context.Context.add_c_function = add_c_function
+
+
+def _install_removal(api: _CApi) -> None:
+    context = _context_module()
+    remove = api.eager.TFE_ContextRemoveFunction
+    remove.argtypes, remove.restype = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p], None
+
+    def remove_function(self, name) -> None:  # TensorFlow's Context.remove_function, the GIL released
+        api.call(remove, self, name.encode() if isinstance(name, str) else name)
 
     remove_function.__doc__ = context.Context.remove_function.__doc__
     context.Context.remove_function = remove_function

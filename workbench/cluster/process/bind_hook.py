@@ -31,6 +31,10 @@ _RELA = [("offset", "<u8"), ("info", "<u8"), ("addend", "<i8")]  # Elf64_Rela
 _SYM = [("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")]  # Elf64_Sym
 _LOCK = threading.Lock()
 _PATCHED: dict[int, str] = {}  # GOT slot address -> the library it belongs to
+# (path, load base) -> its bind slots: a library's tables are read once per process. Reading them takes 0.3 s
+# with the GIL held (copies of TensorFlow's string tables, searched), and the kernel connects again each time
+# its jobs change between strategies: read every time, a job's start stalled the kernel (3.6 s with busy cores).
+_SLOTS: dict[tuple[str, int], list[int]] = {}
 
 
 class _ObjectInfo(ctypes.Structure):  # struct dl_phdr_info, the fields used here
@@ -141,9 +145,9 @@ def _write_slot(slot: int, value: int) -> None:
 def protect_tensorflow() -> list[str]:
     """Point the ``bind`` of every loaded TensorFlow library at the shim's; return the libraries patched.
 
-    Idempotent. Raises ``ContainmentError`` (saying why) where it cannot: not Linux/ELF, no C compiler
-    for the shim, or no TensorFlow library that calls ``bind`` (TensorFlow not imported yet, or built
-    another way).
+    Idempotent: each library's tables are read once, later calls check its slots. Raises ``ContainmentError``
+    (saying why) where it cannot: not Linux/ELF, no C compiler for the shim, or no TensorFlow library that calls
+    ``bind`` (TensorFlow not imported yet, or built another way).
     """
     if not sys.platform.startswith("linux") or platform.machine() not in _RELOCATIONS:
         raise ContainmentError(f"re-pointing bind in a running process needs Linux on x86_64 or aarch64 "
@@ -155,7 +159,9 @@ def protect_tensorflow() -> list[str]:
         for path, base, dynamic in loaded_objects():
             if "tensorflow" not in path:
                 continue
-            for slot in got_slots(base, dynamic, b"bind"):
+            if (path, base) not in _SLOTS:
+                _SLOTS[(path, base)] = got_slots(base, dynamic, b"bind")
+            for slot in _SLOTS[(path, base)]:
                 if ctypes.c_void_p.from_address(slot).value != target:
                     _write_slot(slot, target)
                 _PATCHED[slot] = path
