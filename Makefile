@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # a command's environment with the bind shim preloaded (its TensorFlow ports, and its children's, on loopback)
 WITH_SHIM = LD_PRELOAD="$$($(VENV)/bin/jupyter-tf-workbench bind-shim)$${LD_PRELOAD:+ $$LD_PRELOAD}"
 
-.PHONY: install chromium lab test check docs dist screenshots bench bench-training bench-tta bench-gpu bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak bench-elastic bench-threads demo clean
+.PHONY: install chromium lab test check docs dist screenshots bench bench-training bench-tta bench-gpu bench-dashboard bench-memory bench-controller bench-launchers bench-transfers bench-network bench-soak bench-stalls bench-elastic bench-threads demo clean
 
 EXTENSION_SOURCES := $(wildcard extension/src/*.ts extension/style/*) extension/package.json extension/yarn.lock
 # the editable build compiles the bind shim into workbench/cluster/ (hatch_build.py)
@@ -100,6 +100,9 @@ bench-threads: install
 
 bench-soak: install
 	$(PY) bench/soak.py
+
+bench-stalls: install
+	$(PY) bench/stalls.py
 
 bench-elastic: install
 	$(WITH_SHIM) $(PY) bench/elastic.py

@@ -2,13 +2,14 @@
 
 A job's remote calls and another job's set-up do not mix in one TensorFlow client. Measured with
 TF 2.21 (1 ps + 2 workers, an async-ps job running, a second one submitted): the second job's
-``tf.function`` is registered on every task by ``TFE_ContextAddFunction``, which holds the GIL
+``tf.function`` is registered on every task by TensorFlow's binding of ``TFE_ContextAddFunction``, which holds the GIL
 while it waits for each task to answer a blocking Enqueue RPC (the client's non-streaming enqueue,
 ``TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE=False``), while the first job's finished calls waited for
 that GIL and its other calls for their tasks: the whole process froze (in other runs every remote call
-of both jobs stopped answering, with no thread holding the GIL).
-So a cluster runs one job at a time; a job submitted while another runs waits in ``queued`` and
-starts when the cluster is free (``wb.train(..., queue=False)`` refuses instead).
+of both jobs stopped answering, with no thread holding the GIL). The kernel now registers functions
+with the GIL released (``compat.tensorflow.guard_context_changes``), and a job's set-up still waits on
+tasks busy with another job's calls. So a cluster runs one job at a time; a job submitted while another
+runs waits in ``queued`` and starts when the cluster is free (``wb.train(..., queue=False)`` refuses instead).
 
 This module knows nothing of training: a job is anything with ``name``, ``state``, ``describe()``,
 ``on_turn()`` (start running, in a thread of its own, ``_thread``, which calls ``ended(job)`` last) and
