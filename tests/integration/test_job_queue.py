@@ -28,7 +28,7 @@ STRATEGIES = ["async-ps", "sync-ps", "allreduce"]
 # the bind hook reading TensorFlow's libraries again at each new connection (3.6 s with two busy cores; now once
 # per process); and the kernel's one full collection before freezing its long-lived objects (now at the
 # cluster's start). Alone, no case stalls 0.2 s; with both cores kept busy by two other processes most stay
-# under 0.2 s and about one in fifteen still stalls for seconds, no thread then in a call known to hold the GIL
+# under 0.2 s and a few in fifty still stalled for seconds, no thread then in a call known to hold the GIL
 # (docs/benchmarks-history.md, the test suite).
 RESPONSIVE = 1.0
 STALLS = ARTIFACTS / "responsiveness.txt"  # each case's longest stall, for the record
