@@ -1,12 +1,13 @@
 """How long the kernel goes without running Python while jobs come and go, and where it was when it did.
 
 Each round runs, per strategy, what ``tests/integration/test_job_queue.py``'s interrupt case does: a 600-step job,
-the wait on it interrupted as Jupyter's stop button does, a 100-step job queued behind it, both waited for. A
-watchdog thread ticks every 50 ms and records its longest gap: the longest time no thread of the process ran
-Python. Each tick also re-arms ``faulthandler.dump_traceback_later``, whose own C thread needs no GIL: when the
-ticks stop for ``--dump-after`` seconds, every thread's Python stack is written at that moment (``--stacks``,
-default ``bench/results/stalls-stacks.txt``); the thread in a C call that holds the GIL is the one to read.
-``--busy N`` keeps N busy-loop processes beside it (the suite's other half, a loaded CI machine).
+the wait on it interrupted as Jupyter's stop button does, a 100-step job queued behind it, both waited for (the
+suite's job and watchdog, ``tests/training_helpers.py``). The watchdog's thread ticks every 50 ms and records its
+longest gap: the longest time no thread of the process ran Python. Each tick also re-arms
+``faulthandler.dump_traceback_later``, whose own C thread needs no GIL: when the ticks stop for ``--dump-after``
+seconds, every thread's Python stack is written at that moment (``--stacks``, default
+``bench/results/stalls-stacks.txt``); the thread in a C call that holds the GIL is the one to read. ``--busy N``
+keeps N busy-loop processes beside it (the suite's other half, a loaded CI machine).
 
     python bench/stalls.py [--rounds 5] [--strategies async-ps,sync-ps,allreduce] [--busy 0]
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import _thread
 import argparse
-import faulthandler
 import json
 import signal
 import subprocess
@@ -24,65 +24,29 @@ import threading
 import time
 from pathlib import Path
 
-import keras
-
 import workbench as wb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from training_helpers import Watchdog, train  # the suite's own watchdog and job
 
 TIMEOUT = 300.0  # seconds any one job may take
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-class Watchdog:
-    """Ticks every 50 ms; ``longest`` is its longest gap; a stop of ``dump_after`` s writes every thread's stack."""
-
-    TICK = 0.05
-
-    def __init__(self, dump_after: float, stacks) -> None:
-        self.longest, self.dump_after, self.stacks = 0.0, dump_after, stacks
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._tick, name="bench-watchdog", daemon=True)
-
-    def _tick(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(self.TICK):
-            faulthandler.dump_traceback_later(self.dump_after, file=self.stacks)
-            now = time.monotonic()
-            self.longest = max(self.longest, now - last - self.TICK)
-            last = now
-        faulthandler.cancel_dump_traceback_later()
-
-    def __enter__(self) -> Watchdog:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
-def make_model():
-    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
-
-
-def train(cluster, strategy: str, steps: int):
-    return wb.train(cluster, make_model, wb.datasets.digits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    strategy=strategy, steps=steps, batch_size=64, seed=7)
-
-
 def interrupted_then_queued(cluster, strategy: str, dump_after: float, stacks) -> float:
     """One case: the longest stall from the interrupt until the queued job ended."""
-    job = train(cluster, strategy, 600)
+    job = train(cluster, strategy=strategy, steps=600)
     deadline = time.monotonic() + TIMEOUT
     while job.steps_done < 20 and job.state == "running" and time.monotonic() < deadline:
         time.sleep(0.05)
     timer = threading.Timer(0.5, lambda: _thread.interrupt_main(signal.SIGINT))
-    with Watchdog(dump_after, stacks) as dog:
+    with Watchdog(stacks, dump_after) as dog:
         timer.start()
         try:
             job.wait(TIMEOUT)
         except KeyboardInterrupt:
             pass
-        after = train(cluster, strategy, 100)
+        after = train(cluster, strategy=strategy, steps=100)
         after.wait(TIMEOUT)
         job.wait(TIMEOUT)
     if (job.state, after.state) != ("finished", "finished"):

@@ -1,5 +1,6 @@
 """Model, loss and data shared by the training tests (small, real: scikit-learn's digits)."""
 
+import faulthandler
 import math
 import os
 import signal
@@ -128,21 +129,29 @@ class Watchdog:
 
     A thread holding the GIL (TensorFlow registering a function while it waits on the network) or a
     frozen process shows as a long gap; ``with Watchdog() as dog: ...`` then ``dog.longest``.
+
+    With ``stacks`` (an open file), each tick re-arms ``faulthandler.dump_traceback_later(dump_after)``, whose own
+    thread needs no GIL: ticks stopped that long write every thread's stack at that moment (``bench/stalls.py``).
+    faulthandler has one such timer per process: not in a test, where ``stuck_tests`` arms it.
     """
 
     TICK = 0.05
 
-    def __init__(self):
-        self.longest = 0.0
+    def __init__(self, stacks=None, dump_after: float = 0.3):
+        self.longest, self.stacks, self.dump_after = 0.0, stacks, dump_after
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._tick, name="test-watchdog", daemon=True)
 
     def _tick(self) -> None:
         last = time.monotonic()
         while not self._stop.wait(self.TICK):
+            if self.stacks is not None:
+                faulthandler.dump_traceback_later(self.dump_after, file=self.stacks)
             now = time.monotonic()
             self.longest = max(self.longest, now - last - self.TICK)
             last = now
+        if self.stacks is not None:
+            faulthandler.cancel_dump_traceback_later()
 
     def __enter__(self):
         self._thread.start()

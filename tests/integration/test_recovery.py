@@ -312,6 +312,26 @@ def test_a_steps_scalar_made_for_a_stopped_worker_does_not_freeze_the_kernel(no_
         assert int(made.numpy()) == 7 and made.device.startswith("/job:localhost/")
 
 
+def _started_while_stopped(pid: int, thread: threading.Thread) -> tuple[float, bool]:
+    """Start ``thread`` while the task process ``pid`` is stopped; give it 3 s; continue the task. Returns the
+    longest time no thread of the kernel ran Python meanwhile, and whether ``thread`` was still waiting then
+    (on the stopped task, as TensorFlow does)."""
+    from training_helpers import Watchdog
+
+    signal_process(pid, signal.SIGSTOP)
+    # Resumed from outside after 10 s whatever happens here: a frozen kernel runs no `finally`.
+    rescue = subprocess.Popen(["sh", "-c", f"sleep 10; kill -CONT {pid}"])
+    try:
+        with Watchdog() as dog:
+            thread.start()
+            thread.join(3)
+        return dog.longest, thread.is_alive()
+    finally:
+        signal_process(pid, signal.SIGCONT)
+        rescue.kill()
+        rescue.wait(10)
+
+
 def test_a_function_freed_while_a_task_is_stopped_does_not_freeze_the_kernel(no_leftover_processes):
     """Freeing a ``tf.function`` removes it from every task. TensorFlow's own binding waits for their answers
     holding the GIL: a job's functions, freed at its end, stalled the kernel behind a busy task (2.4 s seen)
@@ -320,30 +340,17 @@ def test_a_function_freed_while_a_task_is_stopped_does_not_freeze_the_kernel(no_
 
     import tensorflow as tf
     from tensorflow.python.eager import context
-    from training_helpers import Watchdog
 
     with wb.Cluster(ps=0, workers=1, name="wb-test-removal", progress=False) as cluster:
         held = [tf.function(lambda x: x * 2)]
         with cluster.device("worker:0"):
             assert int(held[0](tf.constant(2)).numpy()) == 4  # registered on the task, run there
         name = held[0].get_concrete_function(tf.TensorSpec([], tf.int32)).name
-        stopped = cluster.task("worker:0")
-        signal_process(stopped.pid, signal.SIGSTOP)
-        # Resumed from outside after 10 s whatever happens here: a frozen kernel runs no `finally`.
-        rescue = subprocess.Popen(["sh", "-c", f"sleep 10; kill -CONT {stopped.pid}"])
         # the thread lets go of the function's last reference, so the removal runs there, as at a job's end
         collector = threading.Thread(target=lambda: (held.clear(), gc.collect()), name="test-collector", daemon=True)
-        try:
-            with Watchdog() as dog:
-                collector.start()
-                collector.join(3)
-            waited = collector.is_alive()  # on the stopped task, as TensorFlow does
-        finally:
-            signal_process(stopped.pid, signal.SIGCONT)
-            rescue.kill()
-            rescue.wait(10)
+        longest, waited = _started_while_stopped(cluster.task("worker:0").pid, collector)
         collector.join(30)
-        assert dog.longest < 1.0, f"no thread of the kernel ran Python for {dog.longest:.2f} s"
+        assert longest < 1.0, f"no thread of the kernel ran Python for {longest:.2f} s"
         assert waited, "the removal came back within 3 s although the task it goes to was stopped"
         assert not collector.is_alive(), "the removal had not come back 30 s after the task was continued"
         assert not context.context().has_function(name)
@@ -355,30 +362,17 @@ def test_a_function_traced_while_a_task_is_stopped_does_not_freeze_the_kernel(no
     a busy task stalled the kernel (2 s seen here, 4.2 s on CI). The registration now waits with the GIL released."""
     import tensorflow as tf
     from tensorflow.python.eager import context
-    from training_helpers import Watchdog
 
     with wb.Cluster(ps=0, workers=1, name="wb-test-registration", progress=False) as cluster:
         with cluster.device("worker:0"):
             assert int(tf.identity(tf.constant(1)).numpy()) == 1  # connected, the task answers
-        stopped = cluster.task("worker:0")
-        signal_process(stopped.pid, signal.SIGSTOP)
-        # Resumed from outside after 10 s whatever happens here: a frozen kernel runs no `finally`.
-        rescue = subprocess.Popen(["sh", "-c", f"sleep 10; kill -CONT {stopped.pid}"])
         traced = []
         tracer = threading.Thread(target=lambda: traced.append(
             tf.function(lambda x: x * 3, autograph=False).get_concrete_function(tf.TensorSpec([], tf.int32))),
             name="test-tracer", daemon=True)
-        try:
-            with Watchdog() as dog:
-                tracer.start()
-                tracer.join(3)
-            waited = tracer.is_alive()  # on the stopped task, as TensorFlow does
-        finally:
-            signal_process(stopped.pid, signal.SIGCONT)
-            rescue.kill()
-            rescue.wait(10)
+        longest, waited = _started_while_stopped(cluster.task("worker:0").pid, tracer)
         tracer.join(30)
-        assert dog.longest < 1.0, f"no thread of the kernel ran Python for {dog.longest:.2f} s"
+        assert longest < 1.0, f"no thread of the kernel ran Python for {longest:.2f} s"
         assert waited, "the registration came back within 3 s although the task it goes to was stopped"
         assert not tracer.is_alive() and traced, "the registration had not come back 30 s after the task was continued"
         assert context.context().has_function(traced[0].name)
