@@ -67,6 +67,7 @@ class Lab:
     root_dir: Path
     log_path: Path
     pid: int
+    registry: Path  # its kernels' clusters (WORKBENCH_REGISTRY_DIR): another process here that attaches uses it too
 
     def url_for(self, path: str = "", **query: str) -> str:
         """The full URL of ``path`` on this server, token included: ``lab.url_for("lab/tree/a.ipynb")``."""
@@ -96,7 +97,8 @@ def _free_port() -> int:
 
 
 def _lab_dirs(base: Path) -> dict[str, Path]:
-    dirs = {name: base / name for name in ("root", "settings", "workspaces", "runtime", "config", "data", "ipython")}
+    dirs = {name: base / name for name in ("root", "settings", "workspaces", "runtime", "config", "data", "ipython",
+                                           "registry")}
     for path in dirs.values():
         path.mkdir()
     for name, values in LAB_SETTINGS.items():
@@ -118,17 +120,18 @@ def _start_lab(dirs: dict[str, Path], log_path: Path, token: str, python: str | 
     ]
     if os.getuid() == 0:
         command.append("--allow-root")
-    # Private Jupyter/IPython dirs: no user config, kernels or startup files leak into the test.
+    # Private Jupyter/IPython dirs: no user config, kernels or startup files leak into the test. A private registry:
+    # the panel lists the clusters of this server's kernels, not those the test process runs (its session cluster).
     env = {**(os.environ if base_env is None else base_env),
            "PATH": f"{Path(python).parent}{os.pathsep}{os.environ['PATH']}",  # its own scripts first
            "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
            "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"]), "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
            "JUPYTER_CONFIG_DIR": str(dirs["config"]), "JUPYTER_DATA_DIR": str(dirs["data"]),
-           "IPYTHONDIR": str(dirs["ipython"])}
+           "IPYTHONDIR": str(dirs["ipython"]), "WORKBENCH_REGISTRY_DIR": str(dirs["registry"])}
     with open(log_path, "ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=env, cwd=dirs["root"], start_new_session=True)
-    return process, Lab(f"http://127.0.0.1:{port}", token, dirs["root"], log_path, process.pid)
+    return process, Lab(f"http://127.0.0.1:{port}", token, dirs["root"], log_path, process.pid, dirs["registry"])
 
 
 def _wait_until_serving(lab: Lab, process: subprocess.Popen, timeout: float) -> bool:

@@ -7,6 +7,7 @@ after a reload; and forgets the kernel's cluster once the kernel restarts.
 """
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -120,7 +121,8 @@ def test_the_panel_manages_clusters_and_opens_live_dashboards(jupyter_lab, page)
 
     # a second kernel attached to the cluster trains too: the panel shows both jobs, with their numbers
     attached = subprocess.Popen([sys.executable, "-c", attached_trainer(KERNEL_CLUSTER)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "WORKBENCH_REGISTRY_DIR": str(jupyter_lab.registry)})
     try:
         theirs = read_line(attached, 180, "its job's name").strip()
         assert theirs.endswith(f"(pid {attached.pid})"), theirs
