@@ -6,9 +6,10 @@ import subprocess
 import sys
 import time
 
+import psutil
 from conftest import wait_gone
 
-from workbench.cluster.launch.reaper import Reaper
+from workbench.cluster.launch.reaper import Reaper, started_at
 
 
 def _sleeper():
@@ -168,3 +169,11 @@ def test_a_client_that_reads_no_events_does_not_stall_the_reaper(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
         proc.wait(timeout=10)
+
+
+def test_a_process_is_known_by_its_create_time_read_a_second_apart_but_not_by_a_younger_ones():
+    # psutil's create time moves with /proc/stat's btime (whole seconds, from the wall clock)
+    me = psutil.Process()
+    created = me.create_time()
+    assert started_at(me, created) and started_at(me, created - 1.0) and started_at(me, created + 1.0)
+    assert not started_at(me, created + 5.0)  # a process started later, now holding the pid

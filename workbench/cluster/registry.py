@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from .launch.reaper import started_at
 from .status import TaskRecord
 
 REGISTRY_VERSION = 2
@@ -114,7 +115,7 @@ class ClusterRecord:
             proc = psutil.Process(int(self.client_pid))
         except (psutil.Error, ValueError):
             return False
-        return not self.client_created or abs(proc.create_time() - float(self.client_created)) < 1.0
+        return not self.client_created or started_at(proc, float(self.client_created))
 
 
 def _private_dir() -> Path:

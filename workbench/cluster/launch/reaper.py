@@ -42,6 +42,14 @@ import psutil
 KILL_GRACE_SECONDS = 5.0
 PING_SECONDS = 0.5  # how often the reaper pings each engine over its lifeline
 SILENT_SECONDS = 3.0  # an engine that has not answered for this long is reported silent
+# psutil's create time adds /proc/stat's btime, whole seconds the kernel derives from the wall clock: two readings
+# of one process's can differ by a second when the clock is adjusted between them. A reused pid is younger.
+CREATED_SLACK = 2.0
+
+
+def started_at(proc: psutil.Process, created: float) -> bool:
+    """Whether ``proc`` is the process whose create time was read as ``created`` (not a later one with its pid)."""
+    return abs(proc.create_time() - created) <= CREATED_SLACK
 
 
 def kill_process_trees(pids: list[tuple[int, float]], grace: float = KILL_GRACE_SECONDS) -> None:
@@ -51,7 +59,7 @@ def kill_process_trees(pids: list[tuple[int, float]], grace: float = KILL_GRACE_
     for pid, created in pids:
         try:
             proc = psutil.Process(pid)
-            if created and abs(proc.create_time() - created) > 1.0:
+            if created and not started_at(proc, created):
                 continue  # the pid was reused by an unrelated process
             for member in [proc, *proc.children(recursive=True)]:
                 procs[member.pid] = member
