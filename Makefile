@@ -42,7 +42,7 @@ lab: install
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
 # The suite runs as a `make lab` kernel does, with the bind shim: its own TensorFlow ports stay on loopback.
-# Three pytest processes side by side (tests/run_suite.py says which tests each runs, and why).
+# Two pytest processes side by side (tests/run_suite.py says which tests each runs, and why).
 test: install chromium
 	$(PY) -m ruff check .
 	$(WITH_SHIM) $(PY) tests/run_suite.py $(PYTEST_ARGS)

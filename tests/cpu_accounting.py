@@ -8,10 +8,6 @@ and after each test says what that test cost. Module and session fixtures count 
 
 The report, ``test-artifacts/cpu-<part>.tsv``: one line a test (its id, wall seconds, CPU seconds), then one
 line a file, costliest first. Nothing is written when the process is not in a cgroup of its own.
-
-A part run by pytest-xdist workers: each worker moves into a cgroup of its own inside the part's (named after the
-worker: ``gw0``...), so that a test's counter holds only what its worker ran; each writes its lines beside the
-report (``cpu-<part>-gw0.tsv``...), and the controller joins them into the part's report once they are done.
 """
 
 from __future__ import annotations
@@ -63,61 +59,13 @@ class _Accounts:
 
 
 _accounts: _Accounts | None = None
-WORKER_ENV = "PYTEST_XDIST_WORKER"  # set by pytest-xdist in each of its workers: gw0, gw1...
 
 
 def pytest_configure(config) -> None:
     global _accounts
-    report, cgroup, worker = os.environ.get(REPORT_ENV), own_cgroup(), os.environ.get(WORKER_ENV)
-    if not report or cgroup is None:
-        return
-    if worker:
-        cgroup = _worker_cgroup(cgroup, worker)
-        if cgroup is None:
-            return
-        report = str(_worker_report(Path(report), worker))
-    _accounts = _Accounts(cgroup, Path(report))
-
-
-def _worker_cgroup(part: Path, worker: str) -> Path | None:
-    """A cgroup for this worker inside its part's, this process moved into it (None where that is refused)."""
-    own = part / worker
-    try:
-        own.mkdir(exist_ok=True)
-        (own / "cgroup.procs").write_text(str(os.getpid()))
-    except OSError:
-        return None
-    return own
-
-
-def _worker_report(report: Path, worker: str) -> Path:
-    return report.with_name(f"{report.stem}-{worker}{report.suffix}")
-
-
-def _rows(report: Path) -> list[tuple[str, float, float]]:
-    """A report's test lines."""
-    rows = []
-    for line in report.read_text().splitlines()[1:]:
-        if not line:
-            break
-        nodeid, wall, cpu = line.split("\t")
-        rows.append((nodeid, float(wall), float(cpu)))
-    return rows
-
-
-def _join_workers(report: Path, cgroup: Path) -> None:
-    """The controller: the workers' reports joined into the part's, and their cgroups removed (as they end)."""
-    joined = _Accounts(cgroup, report)
-    for part in sorted(report.parent.glob(f"{report.stem}-gw*{report.suffix}")):
-        joined.rows.extend(_rows(part))
-        part.unlink()
-    if joined.rows:
-        joined.write()
-    for child in cgroup.glob("gw*"):
-        try:
-            child.rmdir()
-        except OSError:  # a process of it still runs: the part's cgroup is left too, run_suite says so
-            pass
+    report, cgroup = os.environ.get(REPORT_ENV), own_cgroup()
+    if report and cgroup is not None:
+        _accounts = _Accounts(cgroup, Path(report))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -133,6 +81,3 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_unconfigure(config) -> None:
     if _accounts is not None and _accounts.rows:
         _accounts.write()
-    report, cgroup = os.environ.get(REPORT_ENV), own_cgroup()
-    if report and cgroup is not None and not os.environ.get(WORKER_ENV) and getattr(config, "workerinput", None) is None:
-        _join_workers(Path(report), cgroup)

@@ -1,33 +1,27 @@
-"""The whole suite as three pytest processes side by side, then one alone: what ``make test`` runs.
+"""The whole suite as two pytest processes side by side, then one alone: what ``make test`` runs.
 
-The suite's tests wait a good deal (on Slurm and sshd, on browsers and Jupyter servers, on training steps and
-their remote calls): one pytest process kept this 2-core machine about a third busy, two about 1.6 cores. So it
-runs as two halves, the second on two pytest-xdist workers:
+The suite mostly waits (on Slurm and sshd, on browsers and Jupyter servers, on training steps and their
+remote calls): one pytest process kept this 2-core machine about a third busy. So it runs as two halves:
 
-- ``environment``: the tests that need the machine's environment, one after the other: the Binder environment
-  and what runs in it (the tutorials, Binder in JupyterLab, the Binder hub's exposure), network namespaces,
-  emulated hosts over SSH, Slurm, MPI (the Debian packages some of them install on the fly are installed by this
-  half alone);
-- ``core``: everything else (clusters, training, recovery, the server, the browser tests, the unit tests), on
-  ``CORE_WORKERS`` workers that take its files in turn as each finishes its last (``--dist loadfile``: a file's
-  module fixtures, its shared cluster among them, stay in one process). Measured on the 2-core machine: core on
-  one process 21 min 55 s beside the environment's 20 min 50 s; on two workers 15 min 34 s, the environment
-  then the longer at 22 min 45 s, which is why the browser tests but Binder's are in core;
+- ``environment``: the tests that need the machine's environment: the browser, the Binder environment
+  and the tutorials run in it, network namespaces, emulated hosts over SSH, Slurm, MPI (the Debian
+  packages some of them install on the fly are installed by this half alone);
+- ``core``: everything else: clusters, training, recovery, the server, the unit tests (the two halves take
+  about as long: 15 to 16 minutes each of test time);
 
 then, alone, ``quiet``: the tests whose assertions bound how long the process may go without running
 Python (``test_job_queue.py``'s watchdog). Beside the other half they measured stalls three times as long
 (1.0 and 1.7 s, against 0.14 to 0.59 s alone), TensorFlow holding the GIL through RPCs to busier tasks.
 
-The processes share nothing they could trip over: each pytest process has its own registry directory, its own
-session clusters (named with its pid) and its own warm process; their namespaces and links are named with their
-pid. Every part gets the given pytest arguments, after its own (``-n 0`` runs core in one process). Each line a
-part prints is printed as it comes, prefixed with its part's name; each part's whole output is kept in
-``test-artifacts/pytest-<part>.log`` and its JUnit report in ``test-artifacts/junit-<part>.xml``; the last lines
-name every failed test of every part, read from those reports, so that a log cut to its tail still says what
-failed. As root, each part runs in a CPU-accounting cgroup of its own (each xdist worker in one inside its part's)
-and ``test-artifacts/cpu-<part>.tsv`` says what each test and each file cost in CPU-seconds, everything it started
-included (``tests/cpu_accounting.py``): on two cores that, more than wall time, is what one test takes from the
-others. Given test paths, one pytest runs just those.
+The halves share nothing they could trip over: each pytest process has its own registry directory, its own
+session clusters (named with its pid) and its own warm process; their namespaces and links are named with
+their pid. Both halves get the given pytest arguments. Each line either half prints is printed as it
+comes, prefixed with its part's name; each part's whole output is kept in ``test-artifacts/pytest-<part>.log``
+and its JUnit report in ``test-artifacts/junit-<part>.xml``; the last lines name every failed test of every
+part, read from those reports, so that a log cut to its tail still says what failed. As root, each part runs in a
+CPU-accounting cgroup of its own and ``test-artifacts/cpu-<part>.tsv`` says what each test and each file cost in
+CPU-seconds, everything it started included (``tests/cpu_accounting.py``): on two cores that, more than wall
+time, is what one test takes from the others. Given test paths, one pytest runs just those.
 
     python tests/run_suite.py [pytest arguments...]
 
@@ -48,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 ENVIRONMENT = [
-    "tests/browser/test_binder_lab.py",
+    "tests/browser",
     *(f"tests/integration/test_{name}.py" for name in ("tutorials", "exposure", "hosts", "network", "mpi", "slurm", "ssh")),
 ]
 QUIET = ["tests/integration/test_job_queue.py"]
@@ -59,14 +53,9 @@ NO_TESTS = 5  # pytest's exit status when a selection is empty
 INTERRUPTED = 2  # pytest's exit status when interrupted (Ctrl-C): the quiet part is not started then
 
 
-CORE_WORKERS = 2  # pytest-xdist workers of the core half
-
-
 def halves() -> dict[str, list[str]]:
-    """Each half's pytest arguments that choose its tests (and core's workers: a later ``-n`` in the arguments
-    given to every part wins)."""
-    core = ["tests", *(f"--ignore={path}" for path in [*ENVIRONMENT, *QUIET]), "-n", str(CORE_WORKERS), "--dist", "loadfile"]
-    return {"environment": list(ENVIRONMENT), "core": core}
+    """Each half's pytest arguments that choose its tests."""
+    return {"environment": list(ENVIRONMENT), "core": ["tests", *(f"--ignore={path}" for path in [*ENVIRONMENT, *QUIET])]}
 
 
 def _forward(name: str, stream, log) -> None:
@@ -95,8 +84,8 @@ def _accounting_cgroup(name: str) -> Path | None:
 
 def _start(name: str, selection: list[str], args: list[str]) -> tuple[subprocess.Popen, threading.Thread, object]:
     log = (ARTIFACTS / f"pytest-{name}.log").open("w")
-    for stale in (f"junit-{name}.xml", f"cpu-{name}.tsv", *(p.name for p in ARTIFACTS.glob(f"cpu-{name}-gw*.tsv"))):
-        (ARTIFACTS / stale).unlink(missing_ok=True)  # no earlier run's report read as this one's
+    for stale in (f"junit-{name}.xml", f"cpu-{name}.tsv"):  # no earlier run's report read as this one's
+        (ARTIFACTS / stale).unlink(missing_ok=True)
     command = [sys.executable, "-m", "pytest", *selection, f"--junitxml={ARTIFACTS / f'junit-{name}.xml'}", *args]
     cgroup = _accounting_cgroup(name)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WORKBENCH_TEST_CPU_REPORT": str(ARTIFACTS / f"cpu-{name}.tsv")}
