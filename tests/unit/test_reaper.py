@@ -9,7 +9,8 @@ import time
 import psutil
 from conftest import wait_gone
 
-from workbench.cluster.launch.reaper import Reaper, started_at
+from workbench.cluster.launch.reaper import Reaper
+from workbench.cluster.machine.processes import started_at
 
 
 def _sleeper():

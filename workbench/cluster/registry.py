@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from .launch.reaper import started_at
+from .machine.processes import started_at
 from .status import TaskRecord
 
 REGISTRY_VERSION = 2

@@ -39,17 +39,11 @@ from pathlib import Path
 
 import psutil
 
+from ..machine.processes import CREATED_SLACK, started_at
+
 KILL_GRACE_SECONDS = 5.0
 PING_SECONDS = 0.5  # how often the reaper pings each engine over its lifeline
 SILENT_SECONDS = 3.0  # an engine that has not answered for this long is reported silent
-# psutil's create time adds /proc/stat's btime, whole seconds the kernel derives from the wall clock: two readings
-# of one process's can differ by a second when the clock is adjusted between them. A reused pid is younger.
-CREATED_SLACK = 2.0
-
-
-def started_at(proc: psutil.Process, created: float) -> bool:
-    """Whether ``proc`` is the process whose create time was read as ``created`` (not a later one with its pid)."""
-    return abs(proc.create_time() - created) <= CREATED_SLACK
 
 
 def kill_process_trees(pids: list[tuple[int, float]], grace: float = KILL_GRACE_SECONDS) -> None:
@@ -97,7 +91,7 @@ def _left_in_groups(leaders: dict[int, float]) -> list[psutil.Process]:
             group = os.getpgid(proc.pid)
         except OSError:
             continue
-        if group in leaders and group != own and proc.pid != group and proc.info["create_time"] >= leaders[group] - 1.0:
+        if group in leaders and group != own and proc.pid != group and proc.info["create_time"] >= leaders[group] - CREATED_SLACK:
             left.append(proc)
     return left
 

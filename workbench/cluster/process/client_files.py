@@ -29,6 +29,7 @@ from pathlib import Path
 import psutil
 
 from ...compat import tensorflow as tf_compat
+from ..machine.processes import CREATED_SLACK
 
 PREFIX = "workbench-client-"
 _LOCK = threading.Lock()
@@ -103,7 +104,7 @@ def _owner_gone(path: Path) -> bool:
     except OSError:
         return False
     try:
-        return psutil.Process(pid).create_time() > made + 1.0  # a newer process took the pid
+        return psutil.Process(pid).create_time() > made + CREATED_SLACK  # a newer process took the pid
     except psutil.NoSuchProcess:
         return True
     except psutil.Error:
