@@ -6,6 +6,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+UV = $(VENV)/bin/uv pip
 EXTRAS ?= cpu,notebook
 # pyproject.toml's dependency groups (not published extras): test tools, and the docs' (included by test)
 GROUPS ?= test
@@ -23,11 +24,12 @@ BUILD_SOURCES := hatch_build.py workbench/cluster/process/bind_shim.c
 $(VENV)/.installed: pyproject.toml $(EXTENSION_SOURCES) $(BUILD_SOURCES)
 	.ci/ensure-compiler
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	# uv resolves and installs the same packages as pip in a fraction of its time (about a minute, panel built)
+	$(PY) -m pip install --quiet 'uv>=0.9'
 	# the build hook rebuilds the panel only when extension/src changed: a changed style sheet counts too
 	rm -rf workbench/labextension
-	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]' $(foreach group,$(GROUPS),--group $(group))
-	$(PY) -m pip check
+	$(UV) install --python $(PY) --quiet -e '.[$(EXTRAS)]' $(foreach group,$(GROUPS),--group $(group))
+	$(UV) check --python $(PY) --quiet
 	touch $@
 
 install: $(VENV)/.installed
