@@ -375,6 +375,7 @@ class StepFunctions:
         ``make_dataset()`` (built inside it, so that it runs where the function is called)."""
         import tensorflow as tf
 
+        quiet_retracing_of(*OWN_STEP_FUNCTIONS)  # every strategy validates through it, sync-ps's own steps or not
         n_metrics = len(self.metric_fns)
 
         @tf.function
