@@ -93,3 +93,21 @@ def test_a_local_cluster_that_cannot_fit_warns_before_anything_starts(no_leftove
         with pytest.raises(wb.ClusterStartError, match=rf"starting {too_many} engine\(s\) needs about"):
             cluster.start()
     assert cluster.state == "failed"
+
+
+def test_what_a_job_leaves_as_garbage_is_collected_and_handed_back_to_the_system():
+    from workbench.cluster.process import connection
+
+    class Held:  # a reference cycle, as a traced loop's functions are: only the collector frees it
+        pass
+
+    held = Held()
+    held.me, held.chunks = held, [bytearray(64 * 1024) for _ in range(3000)]  # ~190 MiB below the mmap threshold
+    for chunk in held.chunks:
+        chunk[0] = 1
+    pinned = bytearray(64 * 1024)  # a live chunk above them: glibc keeps the freed pages under it until a trim
+    del held
+    before = psutil.Process().memory_info().rss
+    connection.free_garbage()  # what a job's thread calls as the job ends
+    assert psutil.Process().memory_info().rss < before - 100 * MiB
+    assert pinned[0] == 0

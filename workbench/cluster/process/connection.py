@@ -27,7 +27,7 @@ import weakref
 from ... import native_logs
 from ...compat import tensorflow as tf_compat
 from ...errors import ClusterStateError, ExposedPortsWarning
-from ..machine import threads
+from ..machine import memory, threads
 from . import bind_hook, client_files, containment
 
 _LOCK = threading.Lock()
@@ -221,14 +221,19 @@ def prepare_process() -> None:
 
 
 def free_garbage() -> None:
-    """Collect what is garbage now, in the calling thread.
+    """Collect what is garbage now, in the calling thread, and give the memory it held back to the system.
 
     A freed TensorFlow function is removed from every task, one RPC each with the GIL held, and the functions of a
     traced loop (``while`` bodies) sit in reference cycles that only the collector frees: collected here, at a
     moment chosen by the caller (a job's end, in its own thread), not wherever the collector runs next (a cell, a
     callback, while a task is blocked). The caller makes sure no task is silent: an RPC to it would block.
+
+    What a job freed would otherwise stay with the allocator (glibc keeps freed heap pages for reuse), and a
+    long-lived kernel's resident memory would carry it from job to job (``bench/soak.py`` measures the slope).
+    The trim takes well under a millisecond.
     """
     gc.collect()
+    memory.trim_memory()
 
 
 def release(cluster) -> None:
