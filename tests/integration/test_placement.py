@@ -1,5 +1,8 @@
 """Interactive placement and model parallelism on a real cluster: cluster.connect/device, wb.place, wb.placement."""
 
+import socket
+import threading
+
 import keras
 import numpy as np
 import pytest
@@ -76,3 +79,39 @@ def test_placement_of_a_ps_job_and_bad_layouts(cluster):
         wb.place(two_layer_model, {"hidden": "worker:9"})
     with pytest.raises(wb.ConfigurationError, match="needs a placed model"):
         wb.train(cluster, two_layer_model, wb.datasets.digits, LOSS, strategy="model-parallel")
+
+
+def test_an_update_that_fails_on_a_task_says_the_kernel_lost_its_devices_and_the_next_update_restores_them(cluster):
+    """A re-hosted task whose new server closes every connection: TensorFlow's update of the kernel's connection
+    removes that task and fails to add it back. The error names the task whose devices the connection lost, and the
+    next update, with the task's real address, brings them back."""
+    from workbench.cluster.process import connection
+
+    cluster.connect()
+    record = cluster.task("worker:1")
+    address = record.address
+    refusing = socket.create_server(("127.0.0.1", 0))
+    refusing.settimeout(0.2)
+    done = threading.Event()
+
+    def close_each() -> None:  # accepts (so the task looks up), then closes: no TensorFlow server there
+        while not done.is_set():
+            try:
+                refusing.accept()[0].close()
+            except OSError:
+                pass
+
+    closer = threading.Thread(target=close_each, daemon=True)
+    closer.start()
+    try:
+        record.address = f"127.0.0.1:{refusing.getsockname()[1]}"
+        with pytest.raises(wb.ClusterStateError, match=r"left without the devices of worker:1: an op placed there"):
+            connection.refresh(cluster, "worker:1", timeout=30)
+    finally:
+        record.address = address
+        done.set()
+        closer.join(5)
+        refusing.close()
+    assert connection.refresh(cluster, "worker:1", timeout=60)
+    with cluster.device("worker:1"):
+        assert (tf.ones([2]) * 2).numpy().tolist() == [2.0, 2.0]

@@ -4,6 +4,9 @@
   in place when a cluster is scaled or a task re-hosted (``get_server_def``/``update_server_def``), its config
   (``_config``), which the tasks' thread pools follow, and its device scope (``device_name``).
 - ``context_created()``: whether that context exists yet (TensorFlow's runtime started), without importing it.
+- ``connected_tasks(context)``: the tasks of which the context's runtime knows a device now (``pywrap_tfe``'s
+  device list), read afresh: the context's own ``devices()`` is a copy taken at its last successful change, and an
+  update that failed midway may have removed a task's devices since.
 - ``run_on_own_executor(work)``: a thread's ops on a synchronous executor of its own (``pywrap_tfe`` and the
   context's ``_context_handle``), so that a stalled task's calls do not block the other threads'.
 - ``sharded_variable(shards, name)``: a variable split over the ps tasks (``ShardedVariable``).
@@ -89,6 +92,18 @@ def context_created() -> bool:
     """Whether this process's eager context exists (its runtime started); imports nothing."""
     context = sys.modules.get("tensorflow.python.eager.context")
     return context is not None and getattr(context, "_context", None) is not None
+
+
+def connected_tasks(context: Any) -> set[str]:
+    """``/job:<job>/replica:0/task:<i>`` of every task (this process's own included) ``context`` knows a device of now."""
+    from tensorflow.python import pywrap_tfe
+
+    devices = pywrap_tfe.TFE_ContextListDevices(context._handle)
+    try:
+        count = pywrap_tfe.TF_DeviceListCount(devices)
+        return {pywrap_tfe.TF_DeviceListName(devices, i).split("/device:")[0] for i in range(count)}
+    finally:
+        pywrap_tfe.TF_DeleteDeviceList(devices)
 
 
 def context_config(context: Any) -> Any:

@@ -107,13 +107,12 @@ def connect(cluster, timeout: float = 60.0, holder=None) -> int:
 def resize(cluster, leaving: tuple[str, ...] = (), timeout: float = 60.0) -> bool:
     """The cluster's worker tasks changed (``cluster.scale``): update this process's connection in place.
 
-    Workers added since the connection join it, and those named in ``leaving`` (the highest indices,
-    as ``scale`` removes them) leave it, with TensorFlow's ``update_server_def``: what this process made
-    on the other tasks (the ps tasks' variables, a job's functions) stays valid, as after a re-hosting.
-    Call it with no remote op in flight (a job does, at a step boundary). Returns False, doing nothing,
-    when this process is not connected to ``cluster`` or more than the workers changed (the next
-    ``connect()`` then connects anew), or when a task does not answer (one lost, its re-hosting yet to
-    come: the re-hosting, or the next ``connect()``, updates the connection to the cluster's tasks then).
+    Workers added since the connection join it, and those named in ``leaving`` (the highest indices, as ``scale``
+    removes them) leave it, with TensorFlow's ``update_server_def``: what this process made on the other tasks (the ps
+    tasks' variables, a job's functions) stays valid, as after a re-hosting. Call it with no remote op in flight (a job
+    does, at a step boundary). Returns False, doing nothing, when this process is not connected to ``cluster`` or more
+    than the workers changed (the next ``connect()`` then connects anew), or when a task does not answer (one lost, its
+    re-hosting yet to come: the re-hosting, or the next ``connect()``, updates the connection to the cluster's tasks).
     """
     spec = cluster.spec_dict
     if leaving:
@@ -166,7 +165,16 @@ def _apply_spec(spec: dict, deadline: float, what: str) -> None:
             job.tasks.clear()
             for index, address in enumerate(spec[job.name]):
                 job.tasks[index] = address
-    bounded(lambda: _update_server_def(context, server_def, deadline), max(1.0, deadline - time.monotonic()), what)
+    try:
+        bounded(lambda: _update_server_def(context, server_def, deadline), max(1.0, deadline - time.monotonic()), what)
+    except ClusterStateError as exc:  # TensorFlow removes a task it cannot reach, then adds it back: did that fail?
+        known = set() if _STATE.get("broken") else tf_compat.connected_tasks(context)
+        missing = [f"{job}:{i}" for job, addresses in spec.items() for i in range(len(addresses))
+                   if known and f"/job:{job}/replica:0/task:{i}" not in known]
+        if missing:
+            exc.args = (f"{exc.args[0]} This kernel's connection is left without the devices of {', '.join(missing)}: an op "
+                        "placed there fails ('unknown device') until its next update (a re-hosting, a scale, the next job).",)
+        raise
     _STATE["spec"] = spec
 
 
@@ -226,11 +234,9 @@ def free_garbage() -> None:
     A freed TensorFlow function is removed from every task, one RPC each with the GIL held, and the functions of a
     traced loop (``while`` bodies) sit in reference cycles that only the collector frees: collected here, at a
     moment chosen by the caller (a job's end, in its own thread), not wherever the collector runs next (a cell, a
-    callback, while a task is blocked). The caller makes sure no task is silent: an RPC to it would block.
-
-    What a job freed would otherwise stay with the allocator (glibc keeps freed heap pages for reuse), and a
-    long-lived kernel's resident memory would carry it from job to job (``bench/soak.py`` measures the slope).
-    The trim takes well under a millisecond.
+    callback, while a task is blocked). The caller makes sure no task is silent: an RPC to it would block. Then what
+    was freed goes back to the system (glibc keeps freed heap pages for reuse: a long-lived kernel's resident memory
+    carried it from job to job; ``bench/soak.py``); the trim takes well under a millisecond.
     """
     gc.collect()
     memory.trim_memory()
