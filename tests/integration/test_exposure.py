@@ -22,7 +22,7 @@ import psutil
 import pytest
 from conftest import ARTIFACTS, read_line
 from jupyter_client import KernelManager
-from jupyter_helpers import stop_server, wait_for_server
+from jupyter_helpers import start_kernel, stop_server, wait_for_server
 
 import workbench as wb
 from workbench.cluster.process import containment
@@ -148,10 +148,7 @@ def contained_kernel(request):
     if kernel_name == "script":
         yield from _script(env)
         return
-    manager = KernelManager(kernel_name=kernel_name)
-    manager.start_kernel(env=env)
-    client = manager.client()
-    client.start_channels()
+    manager, client = start_kernel(lambda: KernelManager(kernel_name=kernel_name), env=env)
     try:
         _run_kernel_code(client)
         yield manager.provisioner.pid
@@ -163,7 +160,6 @@ def contained_kernel(request):
 
 def _run_kernel_code(client) -> None:
     """KERNEL_CODE in the kernel behind ``client``: a cluster that used every kind of port."""
-    client.wait_for_ready(timeout=120)
     outputs = []
     reply = client.execute_interactive(KERNEL_CODE, timeout=400, output_hook=lambda m: outputs.append(m["content"]))
     assert reply["content"]["status"] == "ok", (reply["content"], outputs)

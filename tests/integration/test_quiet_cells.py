@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from jupyter_client import KernelManager
+from jupyter_helpers import start_kernel
 
 pytestmark = pytest.mark.cluster
 
@@ -43,15 +44,12 @@ CELLS = [
 ])
 def test_a_kernels_cells_get_no_native_log_line_and_the_log_file_gets_them(kernel, first_cell, tmp_path,
                                                                            no_leftover_processes):
-    manager = KernelManager(kernel_name=kernel)
     # as users have it: the suite quiets TensorFlow itself, and ipykernel does not capture descriptor 2 under pytest
     as_users_have_it = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "PYTEST_CURRENT_TEST")}
-    manager.start_kernel(env={**as_users_have_it, "WORKBENCH_CACHE_DIR": str(tmp_path)})
-    client = manager.client()
-    client.start_channels()
+    manager, client = start_kernel(lambda: KernelManager(kernel_name=kernel),
+                                   env={**as_users_have_it, "WORKBENCH_CACHE_DIR": str(tmp_path)})
     stderr, stdout, results = [], [], []
     try:
-        client.wait_for_ready(timeout=120)
         for cell in [first_cell, *CELLS[1:]]:
             outputs = []
             reply = client.execute_interactive(cell, timeout=400, output_hook=outputs.append)

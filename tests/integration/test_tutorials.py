@@ -25,7 +25,7 @@ import slurm
 from conftest import ARTIFACTS, ROOT
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_helpers import stop_server, wait_for_server
+from jupyter_helpers import start_kernel, stop_server, wait_for_server
 from memory_cap import MemoryCap
 from nbclient import NotebookClient
 
@@ -79,15 +79,18 @@ def _execute(binder_env, capped, name: str) -> list:
     """
     notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     kernel_name, kernel_dirs = ("binder-capped", capped.kernels) if capped else ("binder", binder_env.kernels)
-    manager = KernelManager(kernel_name=kernel_name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dirs)]))
-    client = _SectionClient(notebook, km=manager, timeout=CELL_TIMEOUT, resources={"metadata": {"path": str(ROOT / "notebooks")}})
     kills = capped.cap.oom_kills() if capped else 0
-    sampler = _Sampler(capped.cap) if capped else None
     # the kernel's environment as a user's: the suite's own TF log level off, and ipykernel shows what C++
     # writes to stderr in the cells (it does not under pytest)
     as_users_have_it = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "PYTEST_CURRENT_TEST")}
+    specs = KernelSpecManager(kernel_dirs=[str(kernel_dirs)])
+    manager, started = start_kernel(lambda: KernelManager(kernel_name=kernel_name, kernel_spec_manager=specs),
+                                    env=as_users_have_it, cwd=str(ROOT / "notebooks"))
+    started.stop_channels()  # the notebook client opens its own on the kernel
+    sampler = _Sampler(capped.cap) if capped else None
+    client = _SectionClient(notebook, km=manager, timeout=CELL_TIMEOUT, resources={"metadata": {"path": str(ROOT / "notebooks")}})
     try:
-        client.execute(env=as_users_have_it)
+        client.execute()
     finally:
         if sampler:
             sampler.stop()
