@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -129,3 +130,21 @@ def test_the_tasks_thread_pools_sleep_when_out_of_work_and_share_the_machines_co
     assert engines.pull("_pools", block=True) == [(True, share) for share in shares]
     cluster.connect()
     assert context.context().get_server_def().default_session_config.experimental.disable_thread_spinning
+
+
+def test_a_call_on_the_engines_returns_with_the_last_answer_not_at_its_next_look(cluster):
+    from workbench.cluster.launch.calls import Deadline, RemoteCallsTimedOut, run_on_engines
+
+    engines = [r.engine_id for r in cluster.tasks]
+    slow = {e: (subprocess.getoutput, f"sleep {0.2 * i}; echo {i * i}") for i, e in enumerate(engines)}
+    looks = []
+    started = time.monotonic()
+    # one look an hour between answers: the call still returns when the engines answer, and sees each answer
+    results = run_on_engines(cluster.client, slow, Deadline(120), on_progress=lambda done, total: looks.append(done), poll=3600)
+    assert results == {e: str(i * i) for i, e in enumerate(engines)}
+    assert time.monotonic() - started < 60, "it waited for its next look, not for the answers"
+    assert looks[-1] == len(engines) and len(looks) <= 2 * len(engines), looks
+    # and the deadline still bounds a wait longer than it
+    with pytest.raises(RemoteCallsTimedOut) as raised:
+        run_on_engines(cluster.client, {engines[0]: (subprocess.getoutput, "sleep 1")}, Deadline(0.3), poll=3600)
+    assert raised.value.pending == [engines[0]]

@@ -66,7 +66,7 @@ class TaskHosting:
         """Run ``{engine_id: (function, *args)}`` on the engines in parallel; results by engine id."""
         try:
             return run_on_engines(self.cluster.pool.client, calls, deadline,
-                                  lambda done, total: progress.update(phase, done, total), 0.005)
+                                  lambda done, total: progress.update(phase, done, total))
         except RemoteCallFailed as exc:
             raise ClusterStartError(f"engine {exc.engine} failed while {phase}: {exc.reason}") from None
         except RemoteCallsTimedOut as exc:

@@ -45,12 +45,14 @@ class RemoteCallsTimedOut(Exception):
         super().__init__(f"engines {pending} did not answer")
 
 
-def run_on_engines(client, calls: dict[int, tuple], deadline: Deadline, on_progress=None, poll: float = 0.01) -> dict:
+def run_on_engines(client, calls: dict[int, tuple], deadline: Deadline, on_progress=None, poll: float = 0.05) -> dict:
     """Run ``{engine_id: (function, *args)}`` on the engines at once; results by engine id.
 
     The one way the workbench calls its engines: raises ``RemoteCallFailed`` for the first engine
     that fails and ``RemoteCallsTimedOut`` when the deadline passes; callers turn those into
-    messages about what they were doing.
+    messages about what they were doing. It returns as soon as the last engine answers (waiting on an
+    answer wakes on its arrival); ``on_progress(done, total)`` and the deadline are looked at on each
+    answer and every ``poll`` seconds between.
     """
     pending = {eid: client[eid].apply_async(fn, *args) for eid, (fn, *args) in calls.items()}
     results: dict = {}
@@ -65,7 +67,7 @@ def run_on_engines(client, calls: dict[int, tuple], deadline: Deadline, on_progr
         if pending and deadline.expired:
             raise RemoteCallsTimedOut(sorted(pending))
         if pending:
-            time.sleep(poll)
+            next(iter(pending.values())).wait(min(poll, deadline.remaining()))
     return results
 
 

@@ -118,7 +118,7 @@ class WorkerGroup:
         ``check()`` runs while waiting, and may raise to stop waiting (the calls are then left to fail).
         """
         try:
-            return run_on_engines(self.client, calls, Deadline(timeout), poll=0.005,
+            return run_on_engines(self.client, calls, Deadline(timeout),
                                   on_progress=(lambda _done, _total: check()) if check else None)
         except RemoteCallFailed as exc:
             raise TrainingError(f"{self.name(exc.engine)} failed while {what}: {exc.reason}") from None
