@@ -142,14 +142,15 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
         mark = stamp_after([loss_value, *grads])  # gradients ready here; all-reduce and apply follow
         with tf.control_dependencies([mark]):
             opt.apply_gradients(zip(grads, model.trainable_variables))
-        context = tf.distribute.get_replica_context()  # report the global mean, the same on every worker
-        return context.all_reduce("MEAN", loss_value), context.all_reduce(
-            "MEAN", tf.stack(metric_values) if metric_values else tf.zeros([0])), mark
+        return loss_value, tf.stack(metric_values) if metric_values else tf.zeros([0]), mark
 
     def one_step(x, y, state):  # no state of a worker's own: every replica's variables are the strategy's
         loss_value, metric_value, mark = strategy.run(replica_step, args=(x, y))
-        first = strategy.experimental_local_results
-        return first(loss_value)[0], first(metric_value)[0], [], first(mark)[0], None
+        local = strategy.experimental_local_results
+        # this worker's mean over its replicas: the kernel averages the workers' (equal batches), so the steps
+        # need no collective beyond the gradients' all-reduce
+        return (tf.reduce_mean(tf.stack(local(loss_value))), tf.reduce_mean(tf.stack(local(metric_value)), axis=0), [],
+                local(mark)[0], None)
 
     train_steps = steps_in_one_call(one_step, n_metrics)
 
@@ -169,7 +170,8 @@ def replica_device(strategy) -> str:
 
 
 def run_steps(run_id: str, n: int) -> dict:
-    """Run ``n`` synchronous steps; every worker of the group must run the same call."""
+    """Run ``n`` synchronous steps; every worker of the group must run the same call. Its losses and metrics are
+    this worker's (the mean over its replicas); the kernel averages the workers'."""
     import tensorflow as tf
 
     run = _run(run_id)

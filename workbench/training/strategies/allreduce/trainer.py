@@ -29,6 +29,17 @@ HEALTH_POLL_SECONDS = 0.1  # how often a waiting call looks at the workers' heal
 LOSS_GRACE = 3.0  # seconds a failed call waits for the health monitor to say whether a worker was lost
 
 
+def global_means(results) -> tuple[list[float], list[list[float]]]:
+    """Each step's loss and metrics over the global batch: the mean of the workers' ``run_steps`` results (each
+    worker's mean over its equal share of the batch)."""
+    import numpy as np
+
+    results = list(results)
+    losses = np.mean([r["losses"] for r in results], axis=0)
+    metrics = np.mean([np.reshape(r["metrics"], (len(r["losses"]), -1)) for r in results], axis=0)
+    return losses.tolist(), metrics.tolist()
+
+
 class CallbackMirror:
     """The callbacks' model of an all-reduce job: a local copy of the model, compiled like the job.
 
@@ -224,10 +235,10 @@ class AllReduceTrainer(HeldByJob):
                                     f"(limit {loop.limit}); please report this.")
             n = min(chunk, loop.limit - first)
             results = self._run_steps(first, n)
-            ours = results[self.engines[0]]  # loss and metrics are already averaged over the workers
+            losses, metrics = global_means(results.values())
             starts = [min(r["stamps"][i] for r in results.values()) for i in range(n)]
             ends = [max(r["stamps"][i + 1] for r in results.values()) for i in range(n)]
-            job.record_call([job.step_record(first + i, ours["losses"][i], ours["metrics"][i], names, starts[i], ends[i],
+            job.record_call([job.step_record(first + i, losses[i], metrics[i], names, starts[i], ends[i],
                                              self.options.batch_size, aggregated=len(self.engines))
                              for i in range(n)])  # and a checkpoint, if one is due
             done += n
