@@ -25,6 +25,10 @@ kernel's first job of a kind connects, and traces the step function later async-
 time from the call is reported beside the medians; a baseline's run is a fresh process each time, its own set-up
 counted from its call). Within each repeat the sides alternate, the order reversed
 every other repeat; figures are medians over ``--repeats`` (at least 5 for a reported figure), with min-max.
+Repeat r trains every side with seed ``--seed`` + r: the epochs a run needs to reach the target depend on its
+initial weights and the order of its data (on the MLP, 5 to 7 epochs over seeds 0 to 3 for each of all-reduce,
+MultiWorkerMirroredStrategy and one process, measured 2026-12-05), and a seed shared by all repeats would measure
+one draw of that luck.
 Ratios: baseline / workbench (> 1: the workbench is sooner), side / one process (> 1: slower than one process).
 
     python bench/time_to_accuracy.py [--workloads mlp,cnn] [--repeats 5] [--target 0.95] [--sides ...]
@@ -146,12 +150,14 @@ def measure(cluster, args: argparse.Namespace, cases: list[tuple[str, float]], s
             raw[case]["first_job"][side] = record
             print(f"  {case} first job: {side:18s} {_brief({**record, 'error': None})}", flush=True)
         for repeat in range(args.repeats):
+            seeded = {**config, "seed": args.seed + repeat}  # one draw of weights and data order per repeat, every side's
             for side in (sides if repeat % 2 == 0 else list(reversed(sides))):
                 try:
-                    record = {**time_to_target(run_side(cluster, side, config), args.target), "error": None}
+                    record = {**time_to_target(run_side(cluster, side, seeded), args.target), "error": None}
                 except Exception as exc:  # noqa: BLE001 - a failed side is reported and left out
                     record = {"from_call": None, "from_first": None, "epochs": 0, "accuracy": 0.0,
                               "error": f"{type(exc).__name__}: {exc}"[:2000]}
+                record["seed"] = seeded["seed"]
                 raw[case][side].append(record)
                 print(f"  {case} repeat {repeat + 1}: {side:18s} {_brief(record)}", flush=True)
     return raw
