@@ -127,7 +127,7 @@ def main(args: list[str]) -> int:
     codes = _run_together(halves(), args, started)
     if INTERRUPTED not in codes.values():
         codes.update(_run_together({"quiet": list(QUIET)}, args, started))
-    minutes, seconds = divmod(time.monotonic() - started, 60)
+    minutes, seconds = divmod(round(time.monotonic() - started), 60)
     for line in failures(codes):
         print(line, flush=True)
     print(f"\nrun_suite: {', '.join(f'{name} exit status {code}' for name, code in codes.items())} "
