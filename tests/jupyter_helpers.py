@@ -72,8 +72,10 @@ def _answered(manager: KernelManager, timeout: float, start: dict) -> tuple[Bloc
         try:
             client.wait_for_ready(timeout=timeout)
             return client, ""
-        except RuntimeError:
+        except BaseException as exc:  # dead, silent, or an interrupt: the kernel goes either way
             client.stop_channels()
             manager.shutdown_kernel(now=True)
+            if not isinstance(exc, RuntimeError):
+                raise
             stderr.seek(0)
             return None, stderr.read().decode(errors="replace").strip()

@@ -83,12 +83,12 @@ def _execute(binder_env, capped, name: str) -> list:
     # the kernel's environment as a user's: the suite's own TF log level off, and ipykernel shows what C++
     # writes to stderr in the cells (it does not under pytest)
     as_users_have_it = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "PYTEST_CURRENT_TEST")}
-    specs = KernelSpecManager(kernel_dirs=[str(kernel_dirs)])
+    specs, where = KernelSpecManager(kernel_dirs=[str(kernel_dirs)]), str(ROOT / "notebooks")
     manager, started = start_kernel(lambda: KernelManager(kernel_name=kernel_name, kernel_spec_manager=specs),
-                                    env=as_users_have_it, cwd=str(ROOT / "notebooks"))
+                                    env=as_users_have_it, cwd=where)
     started.stop_channels()  # the notebook client opens its own on the kernel
     sampler = _Sampler(capped.cap) if capped else None
-    client = _SectionClient(notebook, km=manager, timeout=CELL_TIMEOUT, resources={"metadata": {"path": str(ROOT / "notebooks")}})
+    client = _SectionClient(notebook, km=manager, timeout=CELL_TIMEOUT, resources={"metadata": {"path": where}})
     try:
         client.execute()
     finally:

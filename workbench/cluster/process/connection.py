@@ -170,7 +170,7 @@ def _apply_spec(spec: dict, deadline: float, what: str) -> None:
     except ClusterStateError as exc:  # TensorFlow removes a task it cannot reach, then adds it back: did that fail?
         known = set() if _STATE.get("broken") else tf_compat.connected_tasks(context)
         missing = [f"{job}:{i}" for job, addresses in spec.items() for i in range(len(addresses))
-                   if known and f"/job:{job}/replica:0/task:{i}" not in known]
+                   if f"/job:{job}/replica:0/task:{i}" not in known] if known else []
         if missing:
             exc.args = (f"{exc.args[0]} This kernel's connection is left without the devices of {', '.join(missing)}: an op "
                         "placed there fails ('unknown device') until its next update (a re-hosting, a scale, the next job).",)
