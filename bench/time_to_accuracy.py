@@ -123,13 +123,17 @@ def run_side(cluster, side: str, config: dict) -> dict:
 
 
 def estimates(cluster, sides: list[str], config: dict) -> dict:
-    """``wb.estimate`` of each ps side (profiled on this cluster's unshaped links with the side's epochs, as a user
-    would call it; a link of 100 Gbit/s adds next to nothing to what the profile measured on loopback)."""
+    """``wb.estimate`` of each ps side, as a user would call it: profiled on this cluster's unshaped links with the
+    side's epochs, its data and its loss (a link of 100 Gbit/s adds next to nothing to what the profile measured on
+    loopback)."""
+    import keras
+
     import workbench as wb
 
     return {side: wb.estimate(model_fn(config["workload"], config["width"]), cluster, config["global_batch"],
                               strategy_of(side, config["steps_per_call"]), link="100gbit",
-                              steps_per_epoch=config["epoch_steps"])
+                              steps_per_epoch=config["epoch_steps"], data=DATA[config["workload"]],
+                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
             for side in sides if side in ESTIMATED}
 
 

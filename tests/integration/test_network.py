@@ -391,6 +391,9 @@ def test_estimate_profiles_once_and_predicts_links(linked):
     assert 0.9 * 1e6 / 8 / parameters <= slow.steps_per_s < 1e6 / 8 / parameters  # the link, the workers add a little
     more = wb.estimate(make_model, linked, 64, strategy=overlapped, link="10gbit", profile=fast.profile, workers=8)
     assert more.workers == 8 and more.batch_size == 256 and "limited by" in str(more)
+    own = wb.estimate(make_model, linked, 64, link="10gbit", profile_steps=100, data=wb.datasets.digits, loss=LOSS)
+    assert own.profile.own_data and not fast.profile.own_data  # the job's pipelines, set up and run, are in its figures
+    assert (own.parameter_bytes, own.gradient_bytes) == (parameters, parameters) and 0 < own.profile.setup_seconds < 30
     for other in (wb.AsyncPS(transfer="bf16", overlap=True), wb.AsyncPS()):  # another precision; reads after updates
         with pytest.raises(ConfigurationError, match=rf"measured for wb.AsyncPS\(overlap=True\); this estimate asks for "
                                                      rf"{re.escape(other.spelled())}: measure again"):

@@ -92,3 +92,18 @@ def test_a_profile_serves_the_epochs_it_ran():
         wb.estimate(None, None, 64, profile=measured, steps_per_epoch=50)
     with pytest.raises(wb.ConfigurationError, match="steps_per_epoch=0: pass a whole number of steps >= 1"):
         wb.estimate(None, None, 64, profile=measured, steps_per_epoch=0)
+
+
+def test_the_jobs_own_data_comes_with_its_loss_for_a_new_profile():
+    def data(ctx):
+        return ctx
+
+    with pytest.raises(wb.ConfigurationError, match="loss= is missing: .* pass both"):
+        wb.estimate(None, None, 64, data=data)
+    with pytest.raises(wb.ConfigurationError, match="data= is missing"):
+        wb.estimate(None, None, 64, loss="mse")
+    with pytest.raises(wb.ConfigurationError, match=r"data=3: pass the job's data function, data\(ctx\)"):
+        wb.estimate(None, None, 64, data=3, loss="mse")
+    measured = Profile(wb.AsyncPS(), 64, 2, 1, 0.010, 0.005, 4 * MB, 4 * MB, False, setup_seconds=2.5)
+    with pytest.raises(wb.ConfigurationError, match="profile= was measured already"):
+        wb.estimate(None, None, 64, profile=measured, data=data, loss="mse")

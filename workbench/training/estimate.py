@@ -19,6 +19,9 @@ The link then adds its transfer times, in the shape of the strategy:
 ``Estimate.seconds_for(steps)`` adds the profile's set-up (from the training call to the first step's end, in a
 kernel that trained before) to the steps at the predicted rate: the time a user waits for that many steps. How
 many steps a strategy needs to reach an accuracy is not predicted (``bench/time_to_accuracy.py`` measures it).
+Synthetic data has no input pipeline to make: given the job's own ``data`` and ``loss``, the profile trains on
+them, and its set-up and rate include what the job's pipelines cost (a dataset's arrays sent to every worker,
+its shuffling and batching).
 
 Each task is one host with one network card of the link's rate (``cluster.shape`` emulates exactly
 that). ``workers=`` extends the estimate to more workers than the cluster has: their compute is
@@ -59,6 +62,7 @@ class Profile:
     overlap: bool
     setup_seconds: float = 0.0  # from the training call to the end of the job's first step (warm: not the kernel's first)
     steps_per_epoch: int | None = None  # the epochs the profile ran (their ends wait for every call: a rate sees them)
+    own_data: bool = False  # trained on the job's data and loss (else synthetic data of the model's shapes)
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ def predict(profile: Profile, link_bits: float, workers: int | None = None) -> t
 @refusing_moved_arguments("wb.estimate")
 def estimate(model: Any, cluster, batch_size: int = 64, strategy: Any = "async-ps", link: Any = "1gbit", *,
              workers: int | None = None, profile: Profile | None = None, profile_steps: int = PROFILE_STEPS,
-             steps_per_epoch: int | None = None) -> Estimate:
+             steps_per_epoch: int | None = None, data: Any = None, loss: Any = None) -> Estimate:
     """Predict bytes and time per step of ``wb.train(cluster, model, ..., strategy=strategy)`` on ``link``.
 
     ``model``: as for ``wb.train`` (a function returning a Keras model). ``link``: a rate as
@@ -140,6 +144,9 @@ def estimate(model: Any, cluster, batch_size: int = 64, strategy: Any = "async-p
     ``steps_per_epoch``: the job's epochs, for the profile to run them too (an epoch's end waits for every
     call in flight, which a short epoch pays often). ``Estimate.seconds_for(steps)`` gives the time from the
     training call to the end of that many steps, set-up included.
+    ``data``, ``loss``: the job's own data function and loss (as ``wb.train`` takes them), given together, for the
+    profile to train on instead of synthetic data: its set-up then includes making the job's input pipelines, and
+    its rate their cost per step, which ``seconds_for`` needs to predict a real job's time.
     Strategies: the ps ones, ``wb.AsyncPS(...)`` and ``wb.SyncPS(...)`` (or their names); a ``profile=`` serves
     the strategy it was measured with, options included.
     """
@@ -155,8 +162,17 @@ def estimate(model: Any, cluster, batch_size: int = 64, strategy: Any = "async-p
                                         or steps_per_epoch < 1):
         raise ConfigurationError(f"steps_per_epoch={steps_per_epoch!r}: pass a whole number of steps >= 1, or "
                                  "leave it out (one epoch).")
+    if (data is None) != (loss is None):
+        raise ConfigurationError(f"{'loss' if loss is None else 'data'}= is missing: the profile trains on the job's own "
+                                 "data with its loss, so pass both (or neither, for synthetic data).")
+    if data is not None and not callable(data):
+        raise ConfigurationError(f"data={data!r}: pass the job's data function, data(ctx) -> tf.data.Dataset, as "
+                                 "wb.train takes it.")
     if profile is None:
-        profile = measure_profile(model, cluster, batch_size, strategy, profile_steps, steps_per_epoch)
+        profile = measure_profile(model, cluster, batch_size, strategy, profile_steps, steps_per_epoch, data, loss)
+    elif data is not None:
+        raise ConfigurationError("data= and loss= are what a new profile trains on; profile= was measured already: "
+                                 "leave them out, or leave profile= out to measure on them.")
     elif profile.strategy != strategy:  # transfer, overlap, steps a call: each changes what a step costs
         raise ConfigurationError(
             f"profile= was measured for {profile.strategy.spelled()}; this estimate asks for {strategy.spelled()}: "
@@ -174,8 +190,9 @@ def estimate(model: Any, cluster, batch_size: int = 64, strategy: Any = "async-p
 
 
 def measure_profile(model: Any, cluster, batch_size: int, strategy: Strategy, steps: int,
-                    steps_per_epoch: int | None = None) -> Profile:
-    """Run the short profile job on ``cluster`` (unshaped links) and read its set-up, step times and bytes.
+                    steps_per_epoch: int | None = None, data: Any = None, loss: Any = None) -> Profile:
+    """Run the short profile job on ``cluster`` (unshaped links) and read its set-up, step times and bytes: on
+    ``data`` with ``loss`` where given, else on synthetic data of the model's shapes.
 
     Where no job of this process finished on ``cluster`` yet, a warm-up job of one call per worker runs first, so
     that the set-up measured is that of a job in a kernel that has trained before (connected), as every job after
@@ -185,11 +202,14 @@ def measure_profile(model: Any, cluster, batch_size: int, strategy: Strategy, st
         raise ConfigurationError(
             f"cluster {cluster.name!r} has shaped links ({cluster.network}): the profile measures compute on "
             "unshaped ones. Call cluster.shape(None) first, or pass profile= from an earlier estimate.")
-    shapes = _shapes(model)
+    own = data is not None
+    if not own:
+        shapes = _shapes(model)
+        data, loss = (lambda ctx: _synthetic(shapes, ctx)), "mse"
     if not any(job.state == "finished" for job in cluster.jobs):  # the kernel's first job connects: not a job's set-up
         workers = sum(1 for task in cluster.tasks if task.job == "worker")
-        _profile_job(model, shapes, cluster, batch_size, strategy, strategy.steps_per_call * max(1, workers), None)
-    job, called = _profile_job(model, shapes, cluster, batch_size, strategy, steps, steps_per_epoch)
+        _profile_job(model, data, loss, cluster, batch_size, strategy, strategy.steps_per_call * max(1, workers), None)
+    job, called = _profile_job(model, data, loss, cluster, batch_size, strategy, steps, steps_per_epoch)
     history = sorted(job.history, key=lambda r: r["end"])
     steady = history[int(STEADY[0] * len(history)):int(STEADY[1] * len(history))]
     if len(steady) < 10:
@@ -204,18 +224,18 @@ def measure_profile(model: Any, cluster, batch_size: int, strategy: Strategy, st
     first = history[0]  # its end is on its worker's host clock: the kernel's, less that host's offset
     setup = first["end"] - cluster.clock_offsets().get(first["worker"], 0.0) - called
     return Profile(strategy, batch_size, len(info["workers"]), len(info["ps_bytes"]) or 1, per_step,
-                   1 / rate, moved["parameters"], moved["gradients"], overlap, max(0.0, setup), steps_per_epoch)
+                   1 / rate, moved["parameters"], moved["gradients"], overlap, max(0.0, setup), steps_per_epoch, own)
 
 
-def _profile_job(model: Any, shapes: tuple, cluster, batch_size: int, strategy: Strategy, steps: int,
+def _profile_job(model: Any, data: Any, loss: Any, cluster, batch_size: int, strategy: Strategy, steps: int,
                  steps_per_epoch: int | None):
-    """One finished job of ``model`` on synthetic data; and when it was called (the kernel's clock)."""
+    """One finished job of ``model`` on ``data`` with ``loss``; and when it was called (the kernel's clock)."""
     from . import api
 
     length = ({"epochs": -(-steps // steps_per_epoch), "steps_per_epoch": steps_per_epoch} if steps_per_epoch
               else {"steps": steps})
     called = time.time()
-    job = api.train(cluster, model, lambda ctx: _synthetic(shapes, ctx), "mse", "adam", strategy=strategy, metrics=(),
+    job = api.train(cluster, model, data, loss, "adam", strategy=strategy, metrics=(),
                     batch_size=batch_size, telemetry=False, seed=0, **length)
     try:
         job.wait(600)
