@@ -5,6 +5,13 @@ deterministic order (shuffle with ``seed=ctx.seed``). The workbench repeats it, 
 the per-worker batch, and gives worker ``w`` batches ``w, w+N, w+2N, ...``: one synchronous step
 over N workers then sees exactly the global batch a single worker would see, so sync strategies
 follow the same loss curve whatever the number of workers.
+
+tf.data's autotuning is off in these pipelines unless the dataset's own options set
+``autotune.enabled``: its model thread sleeps between rounds of tuning without waking when the
+pipeline goes, and the deletion of a job's iterator on a worker waited for it, up to about a
+second, holding the worker's queue of remote operations, so the next job's first call there
+waited too. Pipelines that tune (``num_parallel_calls=tf.data.AUTOTUNE``) keep it by setting the
+option themselves; without it, an ``AUTOTUNE`` parallelism is tf.data's fixed default.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ def training_dataset(data: Callable[[DataContext], Any], ctx: DataContext):
     dataset = dataset.repeat().batch(ctx.per_worker_batch_size, drop_remainder=True)
     if ctx.num_workers > 1:
         dataset = dataset.shard(ctx.num_workers, ctx.worker_index)
-    return dataset.prefetch(2)
+    return _quick_to_delete(dataset.prefetch(2))
 
 
 def validation_dataset(data: Callable[[DataContext], Any], ctx: DataContext, steps: int | None = None):
@@ -45,7 +52,18 @@ def validation_dataset(data: Callable[[DataContext], Any], ctx: DataContext, ste
         dataset = dataset.shard(ctx.num_workers, ctx.worker_index)
     if steps is not None:
         dataset = dataset.take(steps)
-    return dataset
+    return _quick_to_delete(dataset)
+
+
+def _quick_to_delete(dataset):
+    """``dataset`` without tf.data's autotuning, unless its options say otherwise (see the module's docstring)."""
+    import tensorflow as tf
+
+    if dataset.options().autotune.enabled is not None:
+        return dataset
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def evaluation_dataset(data: Callable[[DataContext], Any], batch_size: int, seed: int):
