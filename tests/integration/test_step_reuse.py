@@ -31,10 +31,16 @@ def test_a_second_job_of_the_same_program_calls_the_first_ones_step_function_on_
     assert first.evaluate() == before
 
 
+def own_program():
+    """A model no other test trains: this module's first sync-ps job is the first of its program on the connection,
+    whichever tests ran before it in the process."""
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(37, activation="relu"), keras.layers.Dense(10)])
+
+
 def test_a_sync_ps_job_run_again_reuses_the_barriers_functions_and_computes_the_same_steps(cluster):
-    first = train(cluster, steps=STEPS, strategy="sync-ps").wait(300)
+    first = train(cluster, steps=STEPS, strategy="sync-ps", model=own_program).wait(300)
     kept = weights(first)
-    again = train(cluster, steps=STEPS, strategy="sync-ps").wait(300)  # the same seed: sync-ps is exact
+    again = train(cluster, steps=STEPS, strategy="sync-ps", model=own_program).wait(300)  # the same seed: exact
     assert first.state == again.state == "finished"
     assert not first.info["reused_step_function"] and first.trainer.fns.traced >= 2  # a worker's and the ps's
     assert again.info["reused_step_function"] and again.trainer.fns.traced == 0
@@ -43,7 +49,7 @@ def test_a_sync_ps_job_run_again_reuses_the_barriers_functions_and_computes_the_
     for a, b in zip(weights(again), kept):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert all(np.array_equal(a, b) for a, b in zip(weights(first), kept))  # two models, each its own
-    backup = train(cluster, steps=20, strategy=wb.SyncPS(backup_workers=1)).wait(300)  # one gradient a step
+    backup = train(cluster, steps=20, strategy=wb.SyncPS(backup_workers=1), model=own_program).wait(300)  # one a step
     assert backup.info["reused_step_function"] and [r["aggregated"] for r in backup.history] == [1] * 20
 
 
