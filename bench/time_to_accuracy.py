@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 import tta_baselines
-from tta_workloads import DATA, WORKLOADS, TargetClock, model_fn, time_to_target
+from tta_workloads import DATA, WORKLOADS, TargetClock, loss, model_fn, time_to_target
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 TIMEOUT = 600.0  # seconds any one run may take
@@ -96,8 +96,7 @@ def workbench_side(cluster, side: str, config: dict) -> dict:
     callback = clock.keras_callback()
     clock.call = time.time()
     job = wb.train(cluster, model_fn(config["workload"], config["width"]), DATA[config["workload"]],
-                   keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                   keras.optimizers.Adam(config["learning_rate"]), strategy=strategy, epochs=config["max_epochs"],
+                   loss(), keras.optimizers.Adam(config["learning_rate"]), strategy=strategy, epochs=config["max_epochs"],
                    steps_per_epoch=config["epoch_steps"], batch_size=config["global_batch"], seed=config["seed"],
                    callbacks=[callback])
     try:
@@ -126,14 +125,12 @@ def estimates(cluster, sides: list[str], config: dict) -> dict:
     """``wb.estimate`` of each ps side, as a user would call it: profiled on this cluster's unshaped links with the
     side's epochs, its data and its loss (a link of 100 Gbit/s adds next to nothing to what the profile measured on
     loopback)."""
-    import keras
-
     import workbench as wb
 
     return {side: wb.estimate(model_fn(config["workload"], config["width"]), cluster, config["global_batch"],
                               strategy_of(side, config["steps_per_call"]), link="100gbit",
                               steps_per_epoch=config["epoch_steps"], data=DATA[config["workload"]],
-                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                              loss=loss())
             for side in sides if side in ESTIMATED}
 
 

@@ -80,6 +80,13 @@ def cnn_data(ctx=None):
 DATA = {"mlp": mlp_data, "cnn": cnn_data}
 
 
+def loss():
+    """The loss every workload trains with (both models end in logits)."""
+    import keras
+
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
 # ---------------------------------------------------------------- the judge, in NumPy
 
 
