@@ -30,3 +30,23 @@ def test_pipelines_leave_autotuning_off_unless_the_data_function_turned_it_on():
     kept = training_dataset(tuned, DataContext(0, 1, 4, 0))
     assert kept.options().autotune.enabled is True
     assert next(iter(kept))[0].numpy().tolist() == [0, 2, 4, 6]
+
+
+def test_pipelines_made_while_a_function_is_traced_say_nothing_and_keep_the_same_options():
+    # a job makes its workers' pipelines inside a traced function, where Dataset.options() warns on every call
+    import warnings
+
+    from workbench.compat.tensorflow import dataset_options
+
+    seen = []
+
+    def make(data):
+        made = training_dataset(data, DataContext(0, 2, 4, 0))
+        seen.append(dataset_options(made).autotune.enabled)
+        return tf.data.experimental.to_variant(made)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for data in (examples, tuned):
+            tf.function(lambda data=data: make(data), autograph=False).get_concrete_function()
+    assert seen == [False, True]

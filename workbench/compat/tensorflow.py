@@ -10,6 +10,8 @@
 - ``run_on_own_executor(work)``: a thread's ops on a synchronous executor of its own (``pywrap_tfe`` and the
   context's ``_context_handle``), so that a stalled task's calls do not block the other threads'.
 - ``sharded_variable(shards, name)``: a variable split over the ps tasks (``ShardedVariable``).
+- ``dataset_options(dataset)``: a dataset's options, also while a function is traced (a job's input pipelines are
+  made inside one), where ``Dataset.options()`` warns that its value is the one kept in Python (``_options_attr``).
 - ``xspace()``: an empty profiler capture message (``tensorflow.tsl``'s ``XSpace``), to parse a task's trace.
 - ``autograph_loader()``: the module whose temporary files autograph writes (pointed at a directory of the process).
 - ``guard_context_changes()``: a function's registration and removal take turns with a change of the context's
@@ -153,6 +155,15 @@ def sharded_variable(shards: list, name: str) -> Any:
     from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
     return ShardedVariable(shards, name=name)
+
+
+def dataset_options(dataset: Any) -> Any:
+    """``dataset``'s ``tf.data.Options``: in a traced function, those set in Python on it and its inputs."""
+    from tensorflow.python.eager import context
+
+    if context.executing_eagerly() or not hasattr(dataset, "_options_attr"):
+        return dataset.options()
+    return dataset._options_attr
 
 
 def xspace() -> Any:

@@ -59,7 +59,9 @@ def _quick_to_delete(dataset):
     """``dataset`` without tf.data's autotuning, unless its options say otherwise (see the module's docstring)."""
     import tensorflow as tf
 
-    if dataset.options().autotune.enabled is not None:
+    from ..compat import tensorflow as tf_compat
+
+    if tf_compat.dataset_options(dataset).autotune.enabled is not None:
         return dataset
     options = tf.data.Options()
     options.autotune.enabled = False
