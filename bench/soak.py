@@ -4,7 +4,7 @@ One 1 ps + 2 worker cluster; jobs of 60 steps cycle through async-ps, sync-ps an
 digits MLP, global batch 64). Every 10th job has ``worker:1``'s engine killed (SIGKILL) after its
 first step; recovery re-hosts it and the job finishes. For each job: time to first step (from the
 ``wb.train`` call to the first step in ``job.history``, polled every 10 ms), the job's wall time, the
-client's RSS and its thread count (Python threads and OS threads) after the job. With ``--keep-jobs``
+client's RSS, its thread count (Python threads and OS threads) and its malloc heaps after the job. With ``--keep-jobs``
 every ``Job`` stays referenced, as a user collecting a sweep's results keeps them. At the end,
 ``cluster.stop()`` is timed while a watchdog thread records the longest time no Python ran.
 
@@ -46,6 +46,7 @@ def one_job(cluster, index: int, steps: int, kill: bool):
     import psutil
 
     import workbench as wb
+    from workbench.cluster.machine.memory import malloc_arenas
 
     def make_model():
         return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
@@ -66,7 +67,7 @@ def one_job(cluster, index: int, steps: int, kill: bool):
                  "first_step_s": first_step, "wall_s": time.monotonic() - called, "killed_worker": kill,
                  "faults": [f"{f['task']} {f['kind']} -> {f['action']}" for f in job.faults],
                  "rss_mib": me.memory_info().rss / 2**20, "python_threads": threading.active_count(),
-                 "os_threads": me.num_threads()}
+                 "os_threads": me.num_threads(), "malloc_arenas": malloc_arenas()}
 
 
 def slope(points: list[tuple[float, float]]) -> float:
@@ -97,6 +98,7 @@ def summarize(runs: list[dict], keep: bool, stop_s: float, stop_stall_s: float, 
         "python_threads_flat_between_kills": threads_flat_between_kills(runs),
         "python_threads_range": [min(r["python_threads"] for r in runs), max(r["python_threads"] for r in runs)],
         "stop_s": stop_s, "stop_longest_stall_s": stop_stall_s, "soak_longest_stall_s": soak_stall_s,
+        "malloc_arenas_range": [min(r["malloc_arenas"] or 0 for r in runs), max(r["malloc_arenas"] or 0 for r in runs)],
         "goals": {"first_step_max_s": GOAL_MAX_FIRST_STEP_S, "rss_slope_mib_per_job": GOAL_RSS_SLOPE_MIB[keep],
                   "stop_s": GOAL_STOP_S, "stall_s": GOAL_STALL_S},
     }
@@ -106,7 +108,7 @@ def line(run: dict) -> str:
     killed = f"  killed worker:1: {run['faults']}" if run["killed_worker"] else ""
     return (f"job {run['job']:3d} {run['strategy']:9s} {run['state']:9s} {run['steps']:3d} steps  first step "
             f"{run['first_step_s']:5.2f} s  wall {run['wall_s']:5.2f} s  rss {run['rss_mib']:7.1f} MiB  threads "
-            f"{run['python_threads']}/{run['os_threads']}{killed}")
+            f"{run['python_threads']}/{run['os_threads']}  heaps {run['malloc_arenas']}{killed}")
 
 
 def report(summary: dict) -> str:
@@ -118,7 +120,7 @@ def report(summary: dict) -> str:
             f"client RSS slope from job {SLOPE_FROM_JOB}: {summary['rss_slope_mib_per_job']:+.3f} MiB a job "
             f"(goal <= {goals['rss_slope_mib_per_job']}; {summary['rss_from_job_10_mib']})\n"
             f"Python threads flat between kills: {summary['python_threads_flat_between_kills']} "
-            f"(range {summary['python_threads_range']})\n"
+            f"(range {summary['python_threads_range']}); the client's malloc heaps {summary['malloc_arenas_range']}\n"
             f"cluster.stop(): {summary['stop_s']:.2f} s (goal <= {goals['stop_s']}), longest stall "
             f"{summary['stop_longest_stall_s']:.2f} s (goal <= {goals['stall_s']}); longest stall over the soak "
             f"{summary['soak_longest_stall_s']:.2f} s")

@@ -93,7 +93,8 @@ SCRIPT = textwrap.dedent("""\
     cluster.scale(workers=2)
     job.stop()
     cluster.stop()
-    print(job.state, len(job.events), cluster.log_path)
+    from workbench.cluster.machine.memory import malloc_arenas
+    print(job.state, len(job.events), cluster.log_path, malloc_arenas())
 """)
 
 
@@ -106,8 +107,9 @@ def test_a_plain_script_that_loses_and_scales_a_task_prints_only_the_workbenchs_
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "WORKBENCH_NATIVE_LOGS")}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    state, events, log = done.stdout.split()[-3:]
+    state, events, log, heaps = done.stdout.split()[-4:]
     assert state == "cancelled" and events == "1", done.stdout
+    assert int(heaps) <= 3, heaps  # the client's threads shared the heaps made before the import (16 without the cap)
     after = done.stderr.split("CONNECTED\n", 1)[1].splitlines()
     assert not [line for line in after if NATIVE.search(line)], after  # the lost task's and the scale's lines went...
     assert any("re-hosting" in line for line in after), after  # ...while the workbench's own notices stay

@@ -111,3 +111,38 @@ def test_what_a_job_leaves_as_garbage_is_collected_and_handed_back_to_the_system
     connection.free_garbage()  # what a job's thread calls as the job ends
     assert psutil.Process().memory_info().rss < before - 100 * MiB
     assert pinned[0] == 0
+
+
+ARENAS_PROBE = """
+import sys, threading
+from workbench.cluster.machine import memory
+
+capped = memory.cap_malloc_arenas()
+ready, done = threading.Barrier(13), threading.Event()
+
+def allocate():  # each thread's first allocations, while all 12 are alive: glibc would give each a heap
+    kept = [bytearray(1000) for _ in range(1000)]
+    ready.wait()
+    done.wait()
+
+threads = [threading.Thread(target=allocate) for _ in range(12)]
+for thread in threads:
+    thread.start()
+ready.wait()
+print(capped, memory.malloc_arenas())
+done.set()
+"""
+
+
+@pytest.mark.parametrize("environment, capped, most", [({}, "True", 2), ({"MALLOC_ARENA_MAX": "4"}, "False", 4)])
+def test_a_clients_threads_share_two_heaps_unless_the_environment_says_how_many(environment, capped, most):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | environment
+    done = subprocess.run([sys.executable, "-c", ARENAS_PROBE], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    said, arenas = done.stdout.split()
+    assert said == capped
+    assert 1 <= int(arenas) <= most, arenas  # uncapped, glibc made 13 heaps for these threads here

@@ -13,6 +13,9 @@ kernel enforces, by killing the largest process.
 from __future__ import annotations
 
 import ctypes
+import os
+import re
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -22,6 +25,9 @@ GiB = 2**30
 ENGINE_BYTES = 420 * MiB
 WARM_BYTES = 450 * MiB
 FORKED_ENGINE_BYTES = 160 * MiB
+# A TensorFlow client's heap arenas (glibc's default: 8 per core, one per thread up to that): bench/soak.py
+CLIENT_MALLOC_ARENAS = 2
+M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 # (directory under the mount, limit, usage, memory.stat key of reclaimable page cache): cgroup v2, then v1
 _LAYOUTS = (("", "memory.max", "memory.current", "inactive_file"),
@@ -128,3 +134,40 @@ def trim_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(malloc_trim(0))
+
+
+def cap_malloc_arenas(arenas: int = CLIENT_MALLOC_ARENAS) -> bool:
+    """Have glibc's allocator share at most ``arenas`` heaps between this process's threads from now on; False
+    where it was not changed: ``MALLOC_ARENA_MAX`` set in the environment (the user's choice, which glibc read at
+    start), or no glibc (musl, macOS).
+
+    A TensorFlow client runs a hundred and more native threads (gRPC's, the eager executors'), and glibc gives
+    threads heaps of their own up to 8 per core. Each heap keeps its own freed, fragmented memory, so a kernel
+    that ran many jobs grew by several tenths of a MiB a job; with two heaps, by about a tenth, and no job ran
+    slower (``bench/soak.py``; the benchmarks page). Heaps made before the call stay in use.
+    """
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_ARENA_MAX, arenas))
+
+
+def malloc_arenas() -> int | None:
+    """How many heaps glibc's allocator has made in this process (``malloc_info``), or None without glibc."""
+    libc = ctypes.CDLL(None)
+    try:
+        malloc_info, fopen, fclose = libc.malloc_info, libc.fopen, libc.fclose
+    except AttributeError:
+        return None
+    fopen.restype, fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+    malloc_info.argtypes, fclose.argtypes = [ctypes.c_int, ctypes.c_void_p], [ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile("r", suffix=".xml") as report:
+        stream = fopen(report.name.encode(), b"w")
+        if not stream:
+            return None
+        malloc_info(0, stream)
+        fclose(stream)
+        return len(re.findall(r"<heap nr=", report.read()))
