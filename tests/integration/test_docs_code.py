@@ -1,8 +1,12 @@
-"""The docs' code runs as written: every Python block of README and the user guide, page by page in a fresh
-IPython process (as a notebook runs its cells), and every ``%wb`` line anywhere in the docs and tutorials
-parses. A block that cannot run here (it needs a Slurm site, other hosts...) starts with ``# not run:`` and
-says why; its ``%wb`` lines are still parsed. Getting started's blocks run in JupyterLab
-(tests/browser/test_docs_screenshots.py).
+"""The docs' code runs as written: every Python block of README and the user guide, page by page in an IPython
+shell (as a notebook runs its cells), and every ``%wb`` line anywhere in the docs and tutorials parses. A block
+that cannot run here (it needs a Slurm site, other hosts...) starts with ``# not run:`` and says why; its ``%wb``
+lines are still parsed. Getting started's blocks run in JupyterLab (tests/browser/test_docs_screenshots.py).
+
+The pages run one after another in one process, as a reader who goes through them in one kernel: each page in
+a namespace of its own (reset before it: a name another page defined is a NameError), its clusters stopped
+after it and checked gone. One process spares five imports of TensorFlow, in it and in the warm process its
+clusters fork from. A page that kills the process fails alone: the next one gets a new process.
 """
 
 from __future__ import annotations
@@ -13,37 +17,124 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
+import psutil
 import pytest
-from conftest import ARTIFACTS, ROOT
+from conftest import ARTIFACTS, ROOT, wait_gone
 
 from workbench.magic_args import parser
 
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "guide").glob("*.md"))]
 NOT_RUN = "# not run:"
 RUNNER = """
-import json, sys, time, traceback
+import json, os, sys, time
 from IPython.core.interactiveshell import InteractiveShell
 
 shell = InteractiveShell.instance()
-seconds = []  # each block's, then the stop's: where a page's time goes (test-artifacts/docs-pages.json)
-for number, block in enumerate(json.load(open(sys.argv[1]))):
+for request in sys.stdin:  # one page a line: its directory and its blocks
+    page = json.loads(request)
+    os.chdir(page["cwd"])  # the files a page writes (checkpoints, a tracking store) are its own
+    shell.reset(new_session=False)  # the page's names only, as in a notebook of its own
+    seconds, failed = [], None  # each block's, then the stop's: where a page's time goes (docs-pages.json)
+    for number, block in enumerate(page["blocks"]):
+        began = time.monotonic()
+        result = shell.run_cell(block, store_history=False)
+        seconds.append(round(time.monotonic() - began, 1))
+        if not result.success:
+            failed = number
+            break
+    # the reader is done with the page: as closing its notebook would, stop what it left running (a job a block
+    # started and did not wait for ends with its cluster, instead of training to its last step)
+    import workbench as wb
     began = time.monotonic()
-    result = shell.run_cell(block, store_history=False)
+    for cluster in wb.running_clusters():
+        cluster.stop()
+    if "wandb" in sys.modules:  # and W&B's service process, which lives as long as its kernel
+        sys.modules["wandb"].teardown()
     seconds.append(round(time.monotonic() - began, 1))
-    if not result.success:
-        print(f"block {number} failed after {seconds}:\\n{block}", file=sys.stderr)
-        sys.exit(1)
-# the reader is done with the page: as closing its notebook would, stop what it left running (a job a block
-# started and did not wait for ends with its cluster, instead of training to its last step before the exit)
-import workbench as wb
-began = time.monotonic()
-for cluster in wb.running_clusters():
-    cluster.stop()
-seconds.append(round(time.monotonic() - began, 1))
-print("SECONDS " + json.dumps(seconds))
+    print("PAGE-DONE " + json.dumps({"failed": failed, "seconds": seconds}), flush=True)
 """
+
+
+class PageRunner:
+    """The RUNNER process: ``run(blocks)`` runs a page in it, returns (its stdout, its stderr, its result)."""
+
+    def __init__(self):
+        env = {**os.environ, "WORKBENCH_NATIVE_LOGS": "stderr"}
+        self.proc = subprocess.Popen([sys.executable, "-c", RUNNER], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.stderr: list[str] = []
+        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
+
+    def run(self, blocks: list[str], cwd: Path, timeout: float) -> tuple[str, str, dict | None]:
+        """The page's output, and its result (None: the process ended, or the page outlasted ``timeout`` and the
+        process was killed: its clusters' engines go with their client)."""
+        errors_before = len(self.stderr)
+        self.proc.stdin.write(json.dumps({"cwd": str(cwd), "blocks": blocks}) + "\n")
+        self.proc.stdin.flush()
+        lines, result = [], None
+        reader = threading.Thread(target=self._read_page, args=(lines,), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if lines and lines[-1].startswith("PAGE-DONE "):
+            result = json.loads(lines.pop().split(" ", 1)[1])
+        elif self.alive():
+            self.proc.kill()
+            self.proc.wait(10)
+        return "".join(lines), "".join(self.stderr[errors_before:]), result
+
+    def _read_page(self, lines: list[str]) -> None:
+        for line in self.proc.stdout:
+            lines.append(line)
+            if line.startswith("PAGE-DONE "):
+                return
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def processes(self) -> set[int]:
+        try:
+            return {p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)}
+        except psutil.Error:
+            return set()
+
+    def kept_warm(self) -> set[int]:
+        """The warm process the last page's clusters forked from, kept for the next page's."""
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.Error:
+            return set()
+        return {p.pid for p in children if "workbench.cluster.launch.warm" in " ".join(p.cmdline())}
+
+    def close(self) -> set[int]:
+        """End the process; return what it started that still runs 30 s later."""
+        started = self.processes()
+        self.proc.stdin.close()  # the loop ends; the warm process it kept exits with its client
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        return wait_gone(started, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def page_runner():
+    """The process the pages run in, one after another; a page that ended it gets the next page a new one. At the
+    end, nothing it started runs on (its kept warm process exits with it)."""
+    runners = [PageRunner()]
+
+    def current() -> PageRunner:
+        if not runners[-1].alive():
+            runners.append(PageRunner())
+        return runners[-1]
+
+    yield current
+    leftover = set().union(*(runner.close() for runner in runners))
+    assert not leftover, f"the pages' process left {[psutil.Process(p).cmdline() for p in leftover if psutil.pid_exists(p)]}"
 
 
 def python_blocks(text: str) -> list[str]:
@@ -88,18 +179,18 @@ def test_every_wb_line_in_the_docs_and_tutorials_parses():
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if runnable(p)])
-def test_the_code_of_a_page_runs_as_written(page, tmp_path, no_leftover_processes):
-    blocks = ["%load_ext workbench", *runnable(page)]
-    (tmp_path / "blocks.json").write_text(json.dumps(blocks))
-    env = {**os.environ, "WORKBENCH_NATIVE_LOGS": "stderr"}
+def test_the_code_of_a_page_runs_as_written(page, page_runner, tmp_path):
+    runner = page_runner()
+    before = runner.processes()
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", RUNNER, str(tmp_path / "blocks.json")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{page}: {done.stderr[-6000:]}\n{done.stdout[-3000:]}"
-    assert "Traceback" not in done.stdout, done.stdout[-6000:]
-    timed = [line for line in done.stdout.splitlines() if line.startswith("SECONDS ")]
-    assert timed, done.stdout[-3000:]
-    _keep_seconds(page, time.monotonic() - started, json.loads(timed[-1].split(" ", 1)[1]))
+    out, err, result = runner.run(["%load_ext workbench", *runnable(page)], tmp_path, timeout=600)
+    assert result is not None, f"{page}: the page did not end (the process ended: {not runner.alive()}):\n{err[-6000:]}\n{out[-3000:]}"
+    assert result["failed"] is None, f"{page}: block {result['failed']} failed:\n{err[-6000:]}\n{out[-3000:]}"
+    assert "Traceback" not in out, out[-6000:]
+    # what the page started stopped with its clusters: only the warm process they forked from may stay for the next
+    leftover = wait_gone(runner.processes() - before - runner.kept_warm(), timeout=20)
+    assert not leftover, f"{page} left processes running: {[psutil.Process(p).cmdline() for p in leftover if psutil.pid_exists(p)]}"
+    _keep_seconds(page, time.monotonic() - started, result["seconds"])
 
 
 def _keep_seconds(page: str, total: float, seconds: list[float]) -> None:
