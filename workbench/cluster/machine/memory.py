@@ -8,6 +8,9 @@ and its nanny's (6 MiB). An engine started as a new process (no fork) imports Te
 ``ENGINE_BYTES``. Figures from ``bench/tutorial_memory.py`` (TF 2.21 on CPU). A container (Binder,
 Docker, a batch job's cgroup) can have far less memory than its host, and its limit is what the
 kernel enforces, by killing the largest process.
+
+A process's own heap: ``trim_memory`` gives what it freed back to the system, ``cap_malloc_arenas`` keeps its
+threads to two heaps (``import workbench`` calls it), ``malloc_arenas`` counts them.
 """
 
 from __future__ import annotations
@@ -143,8 +146,8 @@ def cap_malloc_arenas(arenas: int = CLIENT_MALLOC_ARENAS) -> bool:
 
     A TensorFlow client runs a hundred and more native threads (gRPC's, the eager executors'), and glibc gives
     threads heaps of their own up to 8 per core. Each heap keeps its own freed, fragmented memory, so a kernel
-    that ran many jobs grew by several tenths of a MiB a job; with two heaps, by about a tenth, and no job ran
-    slower (``bench/soak.py``; the benchmarks page). Heaps made before the call stay in use.
+    grew by about a third of a MiB a job; with two heaps, by 0.15, and no job ran slower (``bench/soak.py``; the
+    benchmarks page). Heaps made before the call stay in use.
     """
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
