@@ -183,9 +183,11 @@ def test_the_code_of_a_page_runs_as_written(page, page_runner, tmp_path):
     runner = page_runner()
     before = runner.processes()
     started = time.monotonic()
-    out, err, result = runner.run(["%load_ext workbench", *runnable(page)], tmp_path, timeout=600)
+    blocks = ["%load_ext workbench", *runnable(page)]
+    out, err, result = runner.run(blocks, tmp_path, timeout=600)
     assert result is not None, f"{page}: the page did not end (the process ended: {not runner.alive()}):\n{err[-6000:]}\n{out[-3000:]}"
-    assert result["failed"] is None, f"{page}: block {result['failed']} failed:\n{err[-6000:]}\n{out[-3000:]}"
+    assert result["failed"] is None, (f"{page}: block {result['failed']} failed:\n{blocks[result['failed'] or 0]}\n"
+                                      f"{err[-6000:]}\n{out[-3000:]}")
     assert "Traceback" not in out, out[-6000:]
     # what the page started stopped with its clusters: only the warm process they forked from may stay for the next
     leftover = wait_gone(runner.processes() - before - runner.kept_warm(), timeout=20)
