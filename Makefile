@@ -38,8 +38,9 @@ chromium:
 	.ci/ensure-chromium
 
 # Jupyter, and so every kernel, runs with the bind shim: a kernel's TensorFlow port listens on loopback only.
+# Kernels' threads share two malloc heaps, set before a kernel starts (it has a dozen before its first cell).
 lab: install
-	$(WITH_SHIM) \
+	MALLOC_ARENA_MAX=$${MALLOC_ARENA_MAX:-2} $(WITH_SHIM) \
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 

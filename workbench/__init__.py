@@ -41,7 +41,7 @@ from .cluster.machine.gpus import let_kernel_memory_grow  # noqa: E402
 from .cluster.machine.memory import cap_malloc_arenas  # noqa: E402
 
 let_kernel_memory_grow()  # before the user's first TensorFlow op: the kernel must not reserve its GPUs' memory
-cap_malloc_arenas()  # before a cluster's threads start: they share two heaps, so a kernel that runs many jobs stays lean
+cap_malloc_arenas()  # a script's threads share two heaps, so it stays lean job after job (a kernel: workbench.kernel)
 
 native_logs.route()  # in a notebook kernel, TensorFlow's and gRPC's C++ log lines go to a log file, not into cells
 

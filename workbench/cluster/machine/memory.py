@@ -31,6 +31,7 @@ FORKED_ENGINE_BYTES = 160 * MiB
 # A TensorFlow client's heap arenas (glibc's default: 8 per core, one per thread up to that): bench/soak.py
 CLIENT_MALLOC_ARENAS = 2
 M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
+GLIBC_ARENA_TEST = 8  # heaps after which glibc fixes its limit (64-bit): a later M_ARENA_MAX changes nothing
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 # (directory under the mount, limit, usage, memory.stat key of reclaimable page cache): cgroup v2, then v1
 _LAYOUTS = (("", "memory.max", "memory.current", "inactive_file"),
@@ -147,9 +148,11 @@ def cap_malloc_arenas(arenas: int = CLIENT_MALLOC_ARENAS) -> bool:
     A TensorFlow client runs a hundred and more native threads (gRPC's, the eager executors'), and glibc gives
     threads heaps of their own up to 8 per core. Each heap keeps its own freed, fragmented memory, so a kernel
     grew by about a third of a MiB a job; with two heaps, by 0.15, and no job ran slower (``bench/soak.py``; the
-    benchmarks page). Heaps made before the call stay in use.
+    benchmarks page). Heaps made before the call stay in use, and once a process has more than 8, glibc has fixed
+    its limit for good: a Jupyter kernel has a dozen before its first cell, so the workbench's kernel and ``make
+    lab`` set ``MALLOC_ARENA_MAX`` before the kernel starts instead.
     """
-    if "MALLOC_ARENA_MAX" in os.environ:
+    if "MALLOC_ARENA_MAX" in os.environ or (malloc_arenas() or 0) > GLIBC_ARENA_TEST:
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
