@@ -107,6 +107,26 @@ def _running(pid: int) -> bool:
         return False
 
 
+def commands(pids) -> list[list[str]]:
+    """The command lines of those of ``pids`` still running (what a leftover-process assertion shows)."""
+    found = []
+    for pid in pids:
+        try:
+            found.append(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            pass
+    return found
+
+
+def warm_children(pid: int | None = None) -> set[int]:
+    """The warm processes (``workbench.cluster.launch.warm``) that process ``pid`` (default: this one) started."""
+    try:
+        children = psutil.Process(pid).children()
+    except psutil.Error:
+        return set()
+    return {p.pid for p in children if "workbench.cluster.launch.warm" in " ".join(p.cmdline())}
+
+
 @pytest.fixture
 def no_leftover_processes():
     """Fails the test if it leaves any process it started (directly or not) running.
@@ -119,7 +139,7 @@ def no_leftover_processes():
     before = descendants()
     yield
     leftover = wait_gone(descendants() - before - {kept_warm.pid}, timeout=20)
-    assert not leftover, f"processes left running: {[psutil.Process(p).cmdline() for p in leftover if _running(p)]}"
+    assert not leftover, f"processes left running: {commands(leftover)}"
 
 
 def _running_cluster(workers: int, name: str, ps: int = 1):

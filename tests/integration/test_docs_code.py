@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ARTIFACTS, ROOT, wait_gone
+from conftest import ARTIFACTS, ROOT, commands, wait_gone, warm_children
 
 from workbench.magic_args import parser
 
@@ -101,14 +101,6 @@ class PageRunner:
         except psutil.Error:
             return set()
 
-    def kept_warm(self) -> set[int]:
-        """The warm process the last page's clusters forked from, kept for the next page's."""
-        try:
-            children = psutil.Process(self.proc.pid).children()
-        except psutil.Error:
-            return set()
-        return {p.pid for p in children if "workbench.cluster.launch.warm" in " ".join(p.cmdline())}
-
     def close(self) -> set[int]:
         """End the process; return what it started that still runs 30 s later."""
         started = self.processes()
@@ -134,7 +126,7 @@ def page_runner():
 
     yield current
     leftover = set().union(*(runner.close() for runner in runners))
-    assert not leftover, f"the pages' process left {[psutil.Process(p).cmdline() for p in leftover if psutil.pid_exists(p)]}"
+    assert not leftover, f"the pages' process left {commands(leftover)}"
 
 
 def python_blocks(text: str) -> list[str]:
@@ -190,8 +182,8 @@ def test_the_code_of_a_page_runs_as_written(page, page_runner, tmp_path):
                                       f"{err[-6000:]}\n{out[-3000:]}")
     assert "Traceback" not in out, out[-6000:]
     # what the page started stopped with its clusters: only the warm process they forked from may stay for the next
-    leftover = wait_gone(runner.processes() - before - runner.kept_warm(), timeout=20)
-    assert not leftover, f"{page} left processes running: {[psutil.Process(p).cmdline() for p in leftover if psutil.pid_exists(p)]}"
+    leftover = wait_gone(runner.processes() - before - warm_children(runner.proc.pid), timeout=20)
+    assert not leftover, f"{page} left processes running: {commands(leftover)}"
     _keep_seconds(page, time.monotonic() - started, result["seconds"])
 
 

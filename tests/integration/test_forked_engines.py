@@ -15,15 +15,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import run_tf_client, wait_gone
+from conftest import run_tf_client, wait_gone, warm_children
 
 import workbench as wb
 
 pytestmark = pytest.mark.cluster
-
-
-def _warm_processes() -> set[int]:
-    return {p.pid for p in psutil.Process().children() if "workbench.cluster.launch.warm" in " ".join(p.cmdline())}
 
 
 def _warm_of(cluster) -> psutil.Process:
@@ -163,13 +159,13 @@ def test_plain_ipyparallel_can_fork_engines_by_launcher_name(no_leftover_process
 
 
 def test_fork_false_starts_each_engine_as_a_new_python(no_leftover_processes):
-    warm_before = _warm_processes()  # the shared session cluster's, if it runs
+    warm_before = warm_children()  # the shared session cluster's, if it runs
     with warnings.catch_warnings():
         warnings.simplefilter("error", wb.EngineForkWarning)  # an explicit choice is no fallback: no notice
         with wb.Cluster(ps=0, workers=1, fork=False, name="wb-test-no-fork", progress=False) as cluster:
             engine = psutil.Process(cluster.tasks[0].pid)
             assert engine.ppid() == os.getpid()
-            assert _warm_processes() == warm_before  # no warm process was started
+            assert warm_children() == warm_before  # no warm process was started
 
 
 def _preload_module(tmp_path, name: str, body: str) -> dict:
@@ -178,7 +174,7 @@ def _preload_module(tmp_path, name: str, body: str) -> dict:
 
 
 def _starts_without_forking(options: dict, reason: str) -> None:
-    warm_before = _warm_processes()
+    warm_before = warm_children()
     with pytest.warns(wb.EngineForkWarning, match=reason) as caught:
         cluster = wb.Cluster(ps=0, workers=1, progress=False, **options).start()
     try:
@@ -186,7 +182,7 @@ def _starts_without_forking(options: dict, reason: str) -> None:
         (said,) = [str(w.message) for w in caught if issubclass(w.category, wb.EngineForkWarning)]
         assert "\n" not in said
         assert psutil.Process(cluster.tasks[0].pid).ppid() == os.getpid()  # a new process, not a fork
-        assert not _warm_processes() - warm_before  # the warm process that refused was stopped: its memory is back
+        assert not warm_children() - warm_before  # the warm process that refused was stopped: its memory is back
         assert cluster.tasks[0].state == "running"
         with warnings.catch_warnings():
             warnings.simplefilter("error", wb.EngineForkWarning)

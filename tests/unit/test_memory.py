@@ -170,17 +170,10 @@ def test_a_processs_threads_share_two_heaps_unless_it_is_too_late_or_the_environ
         assert int(arenas) > 8, arenas  # the probe's check: it had the heaps it meant to have
 
 
-def test_the_workbench_kernel_starts_with_two_heaps_unless_the_user_chose():
-    import os
-
+def test_the_workbench_kernel_starts_with_two_heaps_unless_the_user_chose(monkeypatch):
     from workbench.kernel import kernel_command
 
-    environ = dict(os.environ)
-    try:
-        os.environ.pop("MALLOC_ARENA_MAX", None)
-        assert kernel_command(["-f", "c.json"])[1]["MALLOC_ARENA_MAX"] == "2"  # glibc reads it as the kernel starts
-        os.environ["MALLOC_ARENA_MAX"] = "8"
-        assert kernel_command(["-f", "c.json"])[1]["MALLOC_ARENA_MAX"] == "8"
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert kernel_command(["-f", "c.json"])[1]["MALLOC_ARENA_MAX"] == "2"  # glibc reads it as the kernel starts
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
+    assert kernel_command(["-f", "c.json"])[1]["MALLOC_ARENA_MAX"] == "8"
