@@ -14,13 +14,17 @@ epoch's end. Written as TensorFlow's guides write them:
   every worker judges the same mirrored weights, so all stop at the same epoch;
 - ``sync-replicas``: TF1 between-graph replication with ``SyncReplicasOptimizer`` (``replicas_to_aggregate``
   N - k), one ``MonitoredTrainingSession`` client per worker task of the bench's cluster; the chief judges the
-  variables every ``epoch_steps`` global steps.
+  variables every ``epoch_steps`` global steps. With backup workers (k > 0) the others need no gradient of the
+  chief's to go on, so they would train on while the chief judges, off the clock: every side's other workers wait
+  during its judging (the workbench's at the epoch's end, PSS's at ``join()``, MWMS's in the next all-reduce), and
+  so do these, told by a file (``PausedPeers``). With k = 0 they wait for the chief's gradient anyway.
 
 The processes route TensorFlow's listening sockets through the workbench's bind shim (loopback only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -54,7 +58,8 @@ def run_sync_replicas(spec: dict, config: dict, backup_workers: int, timeout: fl
         tmp_path = Path(tmp)
         container = "tta" + os.urandom(6).hex()  # fresh queues and variables on the cluster's tasks
         configs = [{**config, "spec": spec, "index": index, "backup_workers": backup_workers, "container": container,
-                    "result": str(tmp_path / "result.json")} for index in range(len(spec["worker"]))]
+                    "result": str(tmp_path / "result.json"), "pause": str(tmp_path / "pause")}
+                   for index in range(len(spec["worker"]))]
         run_chief_first("sync-replicas", configs, tmp_path, timeout, grace=2.0, script=SCRIPT)
         return json.loads((tmp_path / "result.json").read_text())
 
@@ -253,9 +258,11 @@ def sync_replicas_main(config: dict) -> None:
         tf, config, arrays(workload, "train"), lambda inputs: graph_model(v1, tf, workload, inputs, config["width"]),
         config["learning_rate"])
     sess = tf1_session(v1, config, hooks)
+    peers = PausedPeers(config["pause"], len(config["spec"]["worker"]))
     if config["index"] != 0:
         try:
             while not sess.should_stop():  # until the chief has its answer and closes the token queue
+                peers.wait_while_paused(config["index"])
                 sess.run(train_op)
         except (tf.errors.OutOfRangeError, tf.errors.CancelledError):
             pass
@@ -266,10 +273,56 @@ def sync_replicas_main(config: dict) -> None:
         clock.batch_end()
         if step >= (epochs + 1) * epoch_steps:
             epochs += 1
-            if clock.epoch_end(lambda: sess.run(variables)):
+            with peers.paused(config["backup_workers"] > 0):
+                reached = clock.epoch_end(lambda: sess.run(variables))
+            if reached:
                 break
     _report(clock, config)
     sess.close()
+
+
+class PausedPeers:
+    """The chief's judging, with the other SyncReplicas clients waiting between their steps (a file says so).
+
+    A client that sees the ``pause`` file says it waits (``pause.<index>``) and waits until the file goes; the chief
+    judges once every other client waits (the step each had in flight is done by then, and applied).
+    """
+
+    POLL = 0.001  # seconds
+    LIMIT = 60.0  # seconds any wait here may take
+
+    def __init__(self, path: str, clients: int):
+        self.path, self.clients = Path(path), clients
+
+    @contextlib.contextmanager
+    def paused(self, needed: bool):
+        if not needed:
+            yield
+            return
+        self.path.touch()
+        try:
+            self._until(lambda: all(Path(f"{self.path}.{i}").exists() for i in range(1, self.clients)),
+                        "every other SyncReplicas client to pause")
+            yield
+        finally:
+            self.path.unlink()
+
+    def wait_while_paused(self, index: int) -> None:
+        if not self.path.exists():
+            return
+        waiting = Path(f"{self.path}.{index}")
+        waiting.touch()
+        try:
+            self._until(lambda: not self.path.exists(), "the chief to end its judging")
+        finally:
+            waiting.unlink()
+
+    def _until(self, done, what: str) -> None:
+        deadline = time.monotonic() + self.LIMIT
+        while not done():
+            if time.monotonic() > deadline:
+                raise BaselineError(f"waited {self.LIMIT:.0f} s for {what}")
+            time.sleep(self.POLL)
 
 
 def graph_model(v1, tf, workload: str, inputs, width: float):
