@@ -5,9 +5,11 @@ remote calls): one pytest process kept this 2-core machine about a third busy. S
 
 - ``environment``: the tests that need the machine's environment: the browser, the Binder environment
   and the tutorials run in it, network namespaces, emulated hosts over SSH, Slurm, MPI (the Debian
-  packages some of them install on the fly are installed by this half alone);
+  packages some of them install on the fly are installed by this half alone), and engines that
+  ipyparallel's own launcher starts as new processes (a user's pool borrowed);
 - ``core``: everything else: clusters, training, recovery, the server, the unit tests (the two halves take
-  about as long: 15 to 16 minutes each of test time);
+  about as long: each test file is in the half that evens them out, judged by its CPU-seconds in
+  ``test-artifacts/cpu-<part>.tsv``);
 
 then, alone, ``quiet``: the tests whose assertions bound how long the process may go without running
 Python (``test_job_queue.py``'s watchdog). Beside the other half they measured stalls three times as long
@@ -43,7 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 ENVIRONMENT = [
     "tests/browser",
-    *(f"tests/integration/test_{name}.py" for name in ("tutorials", "exposure", "hosts", "network", "mpi", "slurm", "ssh")),
+    *(f"tests/integration/test_{name}.py" for name in ("tutorials", "exposure", "hosts", "network", "mpi", "slurm", "ssh",
+                                                        "existing_and_gpus")),
 ]
 QUIET = ["tests/integration/test_job_queue.py"]
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
