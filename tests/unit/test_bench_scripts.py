@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 IMPORT_EACH = """
@@ -45,3 +47,52 @@ def test_time_to_accuracy_judges_as_keras_computes_and_keeps_judging_off_the_clo
     assert time_to_target(record, 0.95) == {"from_call": 3.5, "from_first": 2.5, "epochs": 3, "accuracy": 0.96}
     missed = time_to_target(record, 0.99)
     assert missed["from_call"] is None and missed["epochs"] == 3 and missed["accuracy"] == 0.96
+
+
+def test_syncreplicas_other_clients_wait_while_the_chief_judges(tmp_path):
+    """With backup workers the other SyncReplicas clients would train on during the chief's judging (off the clock):
+    they wait between their steps from the moment the chief asks until it is done; a client that never answers
+    fails the run within the bound instead of hanging it."""
+    import threading
+    import time
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        from tta_baselines import BaselineError, PausedPeers
+    finally:
+        sys.path.remove(str(BENCH))
+    chief, other = PausedPeers(str(tmp_path / "pause"), 2), PausedPeers(str(tmp_path / "pause"), 2)
+    steps: list[float] = []
+    stop = threading.Event()
+
+    def client() -> None:  # the other client's loop: a step is a short sleep
+        while not stop.is_set() and len(steps) < 100_000:
+            other.wait_while_paused(1)
+            steps.append(time.monotonic())
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(steps) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with chief.paused(True):
+            judged = time.monotonic()
+            time.sleep(0.2)  # the judging: no step of the other client starts meanwhile
+            done = len(steps)
+        assert [t for t in steps[:done] if t > judged] == []
+        deadline = time.monotonic() + 30
+        while len(steps) == done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(steps) > done, "the other client did not go on once the judging ended"
+        with chief.paused(False):  # k = 0: nothing to ask
+            assert not (tmp_path / "pause").exists()
+    finally:
+        stop.set()
+        thread.join(10)
+    chief.LIMIT = 0.2
+    with pytest.raises(BaselineError, match="every other SyncReplicas client to pause"):
+        with chief.paused(True):
+            pass
+    assert not (tmp_path / "pause").exists()  # asked no longer: a client started later does not wait
