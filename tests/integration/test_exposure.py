@@ -129,9 +129,9 @@ KERNEL_CODE = textwrap.dedent("""
 
 
 def _containment(text: str) -> dict:
-    """What KERNEL_CODE found about its own process (its CONTAINMENT line in ``text``)."""
+    """What a client found about its own process (its CONTAINMENT line in ``text``: KERNEL_CODE, KERNEL_CONNECTS)."""
     lines = [line for line in text.splitlines() if line.startswith("CONTAINMENT ")]
-    assert lines, f"KERNEL_CODE printed no CONTAINMENT line: {text[-2000:]}"
+    assert lines, f"the client printed no CONTAINMENT line: {text[-2000:]}"
     return json.loads(lines[-1][len("CONTAINMENT "):])
 
 
@@ -328,20 +328,18 @@ KERNEL_CONNECTS = """
         with wb.Cluster(ps=0, workers=1, progress=False) as cluster:
             cluster.connect()
             mine = containment.listeners()
+    import json
     from workbench.cluster.process import bind_hook
-    result = {"warnings": [str(w.message) for w in caught if w.category is wb.ExposedPortsWarning],
-              "exposed": containment.exposed(mine), "shim": containment.shim_loaded(),
-              "preloaded": "workbench-bind-shim" in __import__("os").environ.get("LD_PRELOAD", ""),
-              "hooked": bind_hook.patched_libraries()}
+    print("CONTAINMENT " + json.dumps({"warnings": [str(w.message) for w in caught if w.category is wb.ExposedPortsWarning],
+                                       "exposed": containment.exposed(mine), "hooked": bind_hook.patched_libraries()}))
 """
 
 
 def _kernel_like(env: dict) -> dict:
-    script = textwrap.dedent(KERNEL_CONNECTS) + "\nimport json; print('RESULT ' + json.dumps(result))\n"
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(KERNEL_CONNECTS)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return _containment(proc.stdout)
 
 
 def test_a_process_that_cannot_be_protected_is_told_which_port_is_open_and_why(tmp_path, no_leftover_processes):
