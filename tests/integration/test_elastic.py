@@ -147,8 +147,8 @@ def test_a_scale_in_the_jobs_last_steps_is_in_its_events(capsys, no_leftover_pro
         assert f"job {job.name}: 2 worker(s) after its last step (joined: worker:1)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("strategy", [wb.AsyncPS, wb.SyncPS], ids=["async-ps", "sync-ps"])
-def test_a_scale_right_after_a_worker_is_killed_goes_on_while_it_is_rehosted(strategy, no_leftover_processes):
+@pytest.mark.parametrize(("strategy", "workers"), [(wb.AsyncPS, 2), (wb.SyncPS, 4)], ids=["async-ps-down", "sync-ps-up"])
+def test_a_scale_right_after_a_worker_is_killed_goes_on_while_it_is_rehosted(strategy, workers, no_leftover_processes):
     import os
     import signal
     import time
@@ -158,14 +158,18 @@ def test_a_scale_right_after_a_worker_is_killed_goes_on_while_it_is_rehosted(str
         wait_for(lambda: job.steps_done >= 100 or job.state != "running", 120, "the job's first 100 steps")
         os.kill(cluster.task("worker:1").pid, signal.SIGKILL)
         started = time.monotonic()
-        cluster.scale(workers=2)  # before the loss is noticed: the scale and the re-hosting each wait for the other
+        cluster.scale(workers=workers)  # before the loss is noticed: the scale and the re-hosting each wait for the other
         # measured 0.3 s; the scale once held the cluster until its start timeout (300 s) while the re-hosting waited
         assert time.monotonic() - started < 60
         job.wait(600)
         assert job.state == "finished", job.error
         assert [r["step"] for r in job.history] == list(range(STEPS))
         (scale,) = [e for e in job.events if e["kind"] == "scale"]
-        assert scale["left"] == ["worker:2"] and scale["workers"] == ["worker:0", "worker:1"], scale
+        expected = [f"worker:{i}" for i in range(workers)]
+        assert scale["workers"] == expected and scale["left" if workers < 3 else "joined"] == ["worker:2" if workers < 3
+                                                                                             else "worker:3"], scale
+        if workers > 3:  # the new worker trains: this kernel's connection reached it although a task was down
+            assert any("worker:3" in r["worker"] for r in job.history if r["step"] > scale["step"])
         rehosted = cluster.task("worker:1")
         assert rehosted.state == "running" and rehosted.restarts == 1  # once: not again by the run after the scale
         (fault,) = [f for f in job.faults if f["task"] == "worker:1"]

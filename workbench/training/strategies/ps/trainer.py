@@ -9,12 +9,13 @@ loops that run the steps are ``async_ps.AsyncRun`` and ``sync_ps.SyncRun``. A pl
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from ....cluster.process import connection
-from ....errors import ConfigurationError
+from ....errors import ClusterStateError, ConfigurationError
 from ...data import DataContext, evaluation_dataset, example_spec, training_dataset
 from ...fit.evaluation import is_dataset, named_results
 from ...job.trainer import HeldByJob
@@ -288,6 +289,24 @@ class PsTrainer(HeldByJob):
         except ConfigurationError as exc:
             raise ConfigurationError(f"{self.job.describe()} cannot follow a scale to {workers} worker(s): {exc}") from None
 
+    def _resize_connection(self, leaving: tuple[str, ...], joining: list[str]) -> None:
+        """This kernel's connection takes the cluster's workers, less ``leaving``, before the job places anything on them.
+
+        It cannot while a task does not answer: a worker being re-hosted (its re-hosting brings the connection to the
+        cluster's tasks, new workers included), or one just lost. Workers ``joining`` are waited for, up to
+        ``step_timeout``; workers that only leave need no wait (they leave the connection with the next update).
+        """
+        cluster, timeout = self.job.cluster, self.options.recovery.step_timeout
+        deadline = time.monotonic() + timeout
+        while not connection.resize(cluster, leaving, timeout=max(1.0, deadline - time.monotonic())) and joining:
+            if time.monotonic() >= deadline:
+                silent = [r.name for r in cluster.tasks if connection.connect_problem(r.address, 1.0)]
+                raise ClusterStateError(
+                    f"{self.job.describe()} could not take {', '.join(joining)} within {timeout:.0f} s: this kernel's "
+                    f"connection cannot reach new workers while {', '.join(silent) or 'a task'} does not answer. Check "
+                    "cluster.status(), then train again.")
+            time.sleep(0.1)
+
     def follow_scale(self, leaving: set[str]) -> bool:
         """At a step boundary (no call in flight): the job's workers become the cluster's, less those leaving.
 
@@ -309,12 +328,14 @@ class PsTrainer(HeldByJob):
                 self.iterators[index] = None
         for device in set(self.worker_devices) - set(devices):
             self.fns.forget_worker(device)
-        connection.resize(job.cluster, tuple(sorted(leaving)), timeout=self.options.recovery.step_timeout)
+        known = {r.name for r in job.workers}
+        self._resize_connection(tuple(sorted(leaving)), [r.name for r in workers if r.name not in known])
         per_worker = self.options.per_worker_batch
         batch = per_worker * len(workers) if self.options.strategy.elastic_batch == "per-worker" else self.options.batch_size
         job.options = validate(replace(self.options, num_workers=len(workers), batch_size=batch))
-        job.workers, self.worker_devices = workers, devices
-        # a worker being re-hosted gets its pipeline when it is back (rebuild_worker): not on its lost server now
-        self.iterators = [self.iterators[i] if job.supervisor.rehosting(r.name) else self._make_iterator(i)
-                          for i, r in enumerate(workers)]
+        with self._pipelines:  # a re-hosting's new pipeline lands in the list the job goes on with, not in one it drops
+            job.workers, self.worker_devices = workers, devices
+            # a worker being re-hosted gets its pipeline when it is back (rebuild_worker): not on its lost server now
+            self.iterators = [self.iterators[i] if job.supervisor.rehosting(r.name) else self._make_iterator(i)
+                              for i, r in enumerate(workers)]
         return True
