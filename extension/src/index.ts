@@ -128,7 +128,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     app.commands.addCommand(CommandIDs.showPanel, {
       label: 'Show the Workbench panel',
-      execute: () => app.shell.activateById(panel.id)
+      // after the layout is restored: run while the page loads, the restored sidebar would hide the panel again
+      execute: async () => {
+        await app.restored;
+        app.shell.activateById(panel.id);
+      }
     });
     palette?.addItem({ command: CommandIDs.showPanel, category: 'Workbench' });
 
