@@ -299,6 +299,8 @@ class PsTrainer(HeldByJob):
         cluster, timeout = self.job.cluster, self.options.recovery.step_timeout
         deadline = time.monotonic() + timeout
         while not connection.resize(cluster, leaving, timeout=max(1.0, deadline - time.monotonic())) and joining:
+            if self.job.stop_requested:  # job.stop(): the wait ends with the job, cancelled
+                raise ClusterStateError(f"{self.job.describe()} was stopped while it waited for {', '.join(joining)}.")
             if time.monotonic() >= deadline:
                 silent = [r.name for r in cluster.tasks if connection.connect_problem(r.address, 1.0)]
                 raise ClusterStateError(
