@@ -15,6 +15,7 @@ from workbench.errors import ClusterStateError
 from workbench.training.strategies.ps.trainer import PsTrainer
 
 SILENT = "127.0.0.1:1"  # nothing listens on port 1: the task does not answer
+BOUND = 5.0  # seconds: each wait below measured 0.3-1.1 s here; the rest is room for a loaded machine
 
 
 class _Job:
@@ -37,7 +38,7 @@ def test_the_wait_for_a_joining_worker_ends_within_step_timeout_naming_the_silen
     started = time.monotonic()
     with pytest.raises(ClusterStateError, match=r"could not take worker:1 within 1 s: .* while worker:1 does not answer"):
         PsTrainer(job)._resize_connection((), ["worker:1"])
-    assert time.monotonic() - started < 5.0
+    assert time.monotonic() - started < BOUND
 
 
 def test_a_stop_ends_the_wait_at_once():
@@ -46,11 +47,11 @@ def test_a_stop_ends_the_wait_at_once():
     started = time.monotonic()
     with pytest.raises(ClusterStateError, match="was stopped while it waited for worker:1"):
         PsTrainer(job)._resize_connection((), ["worker:1"])
-    assert time.monotonic() - started < 5.0
+    assert time.monotonic() - started < BOUND
 
 
 def test_workers_that_only_leave_are_not_waited_for():
     job = _Job(step_timeout=300.0)
     started = time.monotonic()
     PsTrainer(job)._resize_connection(("worker:1",), [])
-    assert time.monotonic() - started < 5.0
+    assert time.monotonic() - started < BOUND
