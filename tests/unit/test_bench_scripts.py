@@ -2,6 +2,7 @@
 code runs, as under ``python bench/<script>.py``), their ``main`` not run. A rename the scripts missed fails here,
 not on the day someone measures."""
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,15 @@ for path in sys.argv[2:]:
 """
 
 
+def _bench(module: str):
+    """A module of ``bench/``, imported by its plain name (as the scripts import each other)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        return importlib.import_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+
+
 def test_every_benchmark_script_imports():
     scripts = sorted(str(p) for p in BENCH.glob("*.py"))
     done = subprocess.run([sys.executable, "-c", IMPORT_EACH, str(BENCH), *scripts], capture_output=True, text=True,
@@ -33,12 +43,11 @@ def test_every_benchmark_script_imports():
 
 def test_time_to_accuracy_judges_as_keras_computes_and_keeps_judging_off_the_clock():
     """The bench's NumPy judge gives Keras's logits for both workloads; its clock leaves the evaluations out."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        import numpy as np
-        from tta_workloads import WORKLOADS, arrays, keras_model, predict, time_to_target
-    finally:
-        sys.path.remove(str(BENCH))
+    import numpy as np
+
+    workloads = _bench("tta_workloads")
+    WORKLOADS, arrays, keras_model = workloads.WORKLOADS, workloads.arrays, workloads.keras_model
+    predict, time_to_target = workloads.predict, workloads.time_to_target
     for workload in WORKLOADS:
         model = keras_model(workload, 0.5)
         x, _ = arrays(workload, "test")
@@ -56,11 +65,8 @@ def test_syncreplicas_other_clients_wait_while_the_chief_judges(tmp_path):
     import threading
     import time
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        from tta_baselines import BaselineError, PausedPeers
-    finally:
-        sys.path.remove(str(BENCH))
+    baselines = _bench("tta_baselines")
+    BaselineError, PausedPeers = baselines.BaselineError, baselines.PausedPeers
     chief, other = PausedPeers(str(tmp_path / "pause"), 2), PausedPeers(str(tmp_path / "pause"), 2)
     steps: list[float] = []
     stop = threading.Event()
