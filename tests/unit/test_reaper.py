@@ -10,7 +10,7 @@ import psutil
 from conftest import wait_gone
 
 from workbench.cluster.launch.reaper import Reaper
-from workbench.cluster.machine.processes import started_at
+from workbench.cluster.machine.processes import find_process, started_at
 
 
 def _sleeper():
@@ -178,3 +178,40 @@ def test_a_process_is_known_by_its_create_time_read_a_second_apart_but_not_by_a_
     created = me.create_time()
     assert started_at(me, created) and started_at(me, created - 1.0) and started_at(me, created + 1.0)
     assert not started_at(me, created + 5.0)  # a process started later, now holding the pid
+
+
+def test_a_process_is_found_by_its_pid_and_create_time_and_never_a_thread_by_its_id():
+    me = psutil.Process()
+    assert find_process(os.getpid()).pid == os.getpid()
+    assert find_process(os.getpid(), me.create_time()).pid == os.getpid()
+    assert find_process(os.getpid(), me.create_time() + 5.0) is None  # a later process that took the pid
+    assert find_process(0) is None and find_process(-1) is None
+
+
+# A client whose engine died and whose own new thread then got that engine's number: killing "the engine" by
+# pid signalled the client itself (a thread's id names its whole process to kill(2)). In a child process, so
+# that a failure ends the child, not the test run.
+_KILLS_A_THREAD_ID = """
+import threading, time
+from workbench.cluster.launch.reaper import kill_process_trees
+from workbench.cluster.machine.processes import find_process
+ready, done = threading.Event(), threading.Event()
+ids = []
+def run():
+    ids.append(threading.get_native_id())
+    ready.set()
+    done.wait(30)
+thread = threading.Thread(target=run, daemon=True)
+thread.start()
+ready.wait(30)
+assert find_process(ids[0]) is None, "a thread's id was taken for a process"
+kill_process_trees([(ids[0], 0.0)], grace=0.0)
+time.sleep(0.5)  # a SIGTERM sent would have arrived by now
+print("the process lives on")
+done.set()
+"""
+
+
+def test_killing_by_a_pid_that_now_names_a_thread_of_another_process_signals_nothing():
+    ran = subprocess.run([sys.executable, "-c", _KILLS_A_THREAD_ID], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and "the process lives on" in ran.stdout, (ran.returncode, ran.stdout, ran.stderr[-2000:])

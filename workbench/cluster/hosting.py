@@ -244,7 +244,7 @@ class TaskHosting:
         """Mark ``lost`` the running tasks whose engine left the controller (or, local, whose process is gone)."""
         alive = set(self.cluster.pool.client.ids)
         for record in self.cluster.tasks:
-            gone = record.engine_id not in alive or (self.is_local(record) and not psutil.pid_exists(record.pid))
+            gone = record.engine_id not in alive or (self.is_local(record) and self.cluster.pool.process(record.pid) is None)
             if gone:
                 self.cluster.health.set_state(record, LOST, "its engine left the controller", only_from=(RUNNING, SILENT))
 
@@ -421,9 +421,10 @@ class TaskHosting:
         """Make sure the engine of ``record`` is gone (SIGKILL: a hung engine handles no gentler request)."""
         if self.is_local(record):
             try:
-                psutil.Process(record.pid).kill()
+                if (proc := self.cluster.pool.process(record.pid)) is not None:  # None: gone already
+                    proc.kill()
             except psutil.Error:
-                pass  # already gone
+                pass  # gone meanwhile
         elif record.engine_id in self.cluster.pool.client.ids:
             self.cluster.pool.client.send_signal(signal.SIGKILL, targets=[record.engine_id], block=False)  # through its nanny
         wait = Deadline(min(KILL_WAIT_SECONDS, deadline.remaining(1)))
@@ -438,7 +439,8 @@ class TaskHosting:
         if not self.is_local(record):
             return record.engine_id in self.cluster.pool.client.ids
         try:
-            return psutil.Process(record.pid).status() != psutil.STATUS_ZOMBIE
+            proc = self.cluster.pool.process(record.pid)
+            return proc is not None and proc.status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
             return False
 

@@ -10,7 +10,10 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import psutil
+
 from ...errors import ClusterStartError, ClusterStateError, ConfigurationError
+from ..machine.processes import find_process
 from .calls import Deadline
 from .pool import POLL_SECONDS
 
@@ -31,6 +34,10 @@ class AttachedPool:
 
     def watch(self, pids: Iterable[int]) -> None:
         pass
+
+    def process(self, pid: int) -> psutil.Process | None:
+        """The local process ``pid`` if it still runs (a borrowed engine's: started elsewhere, not watched here)."""
+        return find_process(pid)
 
     def remove_on_death(self, path: str) -> None:
         pass

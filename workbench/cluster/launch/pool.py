@@ -24,6 +24,7 @@ import psutil
 
 from ...compat import ipyparallel as ipp_compat
 from ...errors import ClusterStartError, EngineStartTimeout
+from ..machine.processes import find_process
 from ..process.containment import engine_environment
 from . import batch, mpi, placement_hosts
 from .calls import Deadline, LoopThread
@@ -67,11 +68,14 @@ def _live_controller(cluster_file: Path) -> int:
     return pid if "ipyparallel.controller" in cmdline or "ipcontroller" in cmdline else 0
 
 
-def _process_tree(pids: Iterable[int]) -> list[psutil.Process]:
+def _process_tree(pids: Mapping[int, float]) -> list[psutil.Process]:
+    """The processes ``pids`` (pid -> create time) that still run, and their descendants."""
     procs: dict[int, psutil.Process] = {}
-    for pid in pids:
+    for pid, created in pids.items():
+        proc = find_process(pid, created or None)
+        if proc is None:
+            continue
         try:
-            proc = psutil.Process(pid)
             for member in [proc, *proc.children(recursive=True)]:
                 procs[member.pid] = member
         except psutil.Error:
@@ -118,7 +122,7 @@ class OwnedPool:
         self._reaper: Reaper | None = None
         self._ipp: Any = None
         self.client: Any = None
-        self._watched: set[int] = set()
+        self._watched: dict[int, float] = {}  # the local processes this pool started: pid -> create time
         self._warm: Any = None  # the warm process engines are forked from (fork launcher only)
         self._files_ours = False  # ipyparallel's files for this cluster id: removed at close only if so
         self.scratch = ""  # local engines' temporary directory (autograph's generated files...), removed at close
@@ -139,9 +143,14 @@ class OwnedPool:
     def watch(self, pids: Iterable[int]) -> None:
         """Kill these local processes if the client dies; check them on close."""
         for pid in pids:
-            if pid not in self._watched and self._reaper:
-                self._watched.add(pid)
+            proc = find_process(pid)
+            if pid not in self._watched and proc is not None and self._reaper:
+                self._watched[pid] = proc.create_time()
                 self._reaper.watch(pid)
+
+    def process(self, pid: int) -> psutil.Process | None:
+        """The local process ``pid`` if it still runs: the one this pool watched, never a later one with its pid."""
+        return find_process(pid, self._watched.get(pid))
 
     def remove_on_death(self, path: str) -> None:
         if self._reaper:
@@ -327,9 +336,8 @@ class OwnedPool:
             self.client.shutdown(targets=engine_ids, hub=False, block=False)
         while set(engine_ids) & set(self.client.ids) and not deadline.expired:
             time.sleep(POLL_SECONDS)
-        local = [pid for pid in pids if psutil.pid_exists(pid)]
-        if local:
-            kill_process_trees([(pid, 0.0) for pid in local], grace=min(10.0, deadline.remaining(1)))
+        if pids:
+            kill_process_trees([(pid, self._watched.get(pid, 0.0)) for pid in pids], grace=min(10.0, deadline.remaining(1)))
 
     def close(self, timeout: float = 60.0) -> None:
         """Stop everything this pool started; leaves no process behind."""
@@ -349,11 +357,12 @@ class OwnedPool:
         # files: it gets a grace. The warm process goes after its forks: it reaps them as they die (orphans
         # wait for whatever init reaps them: a second and more here). The watched pids too, alive or not:
         # what a killed controller forked is left in its process group.
-        controller = {p.pid for p in _process_tree(self.controller_pids)}
-        later = controller | ({self._warm.pid} if self._warm is not None else set())
-        kill_process_trees([(p.pid, 0.0) for p in tree if p.pid not in later]
-                           + [(pid, 0.0) for pid in self._watched - later], grace=0.0)
-        kill_process_trees([(pid, 0.0) for pid in controller], grace=min(STOP_GRACE_SECONDS, deadline.remaining(1)))
+        controller_ids = {pid: self._watched.get(pid, 0.0) for pid in self.controller_pids}
+        controller = {p.pid: p.create_time() for p in _process_tree(controller_ids)}
+        later = set(controller) | ({self._warm.pid} if self._warm is not None else set())
+        kill_process_trees([(p.pid, p.create_time()) for p in tree if p.pid not in later]
+                           + [(pid, created) for pid, created in self._watched.items() if pid not in later], grace=0.0)
+        kill_process_trees(list(controller.items()), grace=min(STOP_GRACE_SECONDS, deadline.remaining(1)))
         if self._ipp is not None and self._loop is not None and self._files_ours:
             try:  # ipyparallel's bookkeeping: connection and cluster files, logs
                 self._loop.run(self._ipp.stop_cluster(), deadline.remaining(5))

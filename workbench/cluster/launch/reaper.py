@@ -39,7 +39,7 @@ from pathlib import Path
 
 import psutil
 
-from ..machine.processes import CREATED_SLACK, started_at
+from ..machine.processes import CREATED_SLACK, find_process
 
 KILL_GRACE_SECONDS = 5.0
 PING_SECONDS = 0.5  # how often the reaper pings each engine over its lifeline
@@ -48,13 +48,14 @@ SILENT_SECONDS = 3.0  # an engine that has not answered for this long is reporte
 
 def kill_process_trees(pids: list[tuple[int, float]], grace: float = KILL_GRACE_SECONDS) -> None:
     """Terminate (and continue, if stopped) each ``(pid, create_time)``, its descendants and the rest of the
-    process group it led; SIGKILL what remains after ``grace``."""
+    process group it led; SIGKILL what remains after ``grace``. A pid taken since by another process or by a
+    thread is left alone (``find_process``); a create time of 0 skips only the first check."""
     procs: dict[int, psutil.Process] = {}
     for pid, created in pids:
+        proc = find_process(pid, created or None)
+        if proc is None:
+            continue
         try:
-            proc = psutil.Process(pid)
-            if created and not started_at(proc, created):
-                continue  # the pid was reused by an unrelated process
             for member in [proc, *proc.children(recursive=True)]:
                 procs[member.pid] = member
         except psutil.Error:
@@ -238,8 +239,9 @@ def _tick(engines: dict[int, _Engine], health: set[int], report: _Reporter, now:
 
 
 def _running(pid: int) -> bool:
+    proc = find_process(pid)
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return proc is not None and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
@@ -282,11 +284,9 @@ class Reaper:
 
     def watch(self, pid: int) -> None:
         """Kill ``pid`` (and its descendants) if this client dies."""
-        try:
-            created = psutil.Process(pid).create_time()
-        except psutil.Error:
-            return
-        self._send({"watch": pid, "created": created})
+        proc = find_process(pid)
+        if proc is not None:  # psutil read its create time when it made proc
+            self._send({"watch": pid, "created": proc.create_time()})
 
     def remove_on_death(self, path: str | os.PathLike) -> None:
         self._send({"registry": os.fspath(path)})
