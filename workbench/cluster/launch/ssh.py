@@ -29,13 +29,25 @@ from ipyparallel.cluster.launcher import SSHEngineSetLauncher as _IPPEngineSetLa
 
 from ...errors import ClusterStartError
 
-# Run by the host's Python: signal the engine unless it is gone already.
+# Run by the host's Python: signal the engine unless it is gone already. Where the host has a /proc, only a
+# process whose command names the workbench: a dead engine's pid may name a thread of another process since
+# (a signal to it reaches that whole process), or a later process.
 _KILL_UNLESS_GONE = """
 import os
-try:
-    os.kill({pid}, {sig})
-except ProcessLookupError:
-    pass
+def still_the_engine(pid):
+    try:
+        with open("/proc/%d/status" % pid) as status:
+            tgid = [line.split()[1] for line in status if line.startswith("Tgid:")]
+        with open("/proc/%d/cmdline" % pid, "rb") as cmdline:
+            command = cmdline.read()
+    except OSError:
+        return not os.path.isdir("/proc")  # no procfs to ask (macOS): the pid is all there is
+    return tgid == [str(pid)] and b"workbench" in command
+if still_the_engine({pid}):
+    try:
+        os.kill({pid}, {sig})
+    except ProcessLookupError:
+        pass
 """
 
 
