@@ -20,9 +20,10 @@ session clusters (named with its pid) and its own warm process; their namespaces
 their pid. Both halves get the given pytest arguments. Each line either half prints is printed as it
 comes, prefixed with its part's name; each part's whole output is kept in ``test-artifacts/pytest-<part>.log``
 and its JUnit report in ``test-artifacts/junit-<part>.xml``; the last lines name every failed test of every
-part, read from those reports, so that a log cut to its tail still says what failed. As root, each part runs in a
-CPU-accounting cgroup of its own and ``test-artifacts/cpu-<part>.tsv`` says what each test and each file cost in
-CPU-seconds, everything it started included (``tests/cpu_accounting.py``): on two cores that, more than wall
+part, read from those reports (or, for a part a signal ended, which signal and where its log stopped), so that a
+log cut to its tail still says what failed. As root, each part runs in a CPU-accounting cgroup of its own and
+``test-artifacts/cpu-<part>.tsv`` says what each test and each file cost in CPU-seconds, everything it started
+included (``tests/cpu_accounting.py``): on two cores that, more than wall
 time, is what one test takes from the others. Given test paths, one pytest runs just those.
 
     python tests/run_suite.py [pytest arguments...]
@@ -54,6 +55,7 @@ SUITE_LIMIT = 90 * 60  # seconds: CI's limit; pytest-timeout bounds each test fa
 STOP_GRACE = 120  # seconds each half gets to stop its processes after an interrupt
 NO_TESTS = 5  # pytest's exit status when a selection is empty
 INTERRUPTED = 2  # pytest's exit status when interrupted (Ctrl-C): the quiet part is not started then
+LOG_LINES_SHOWN = 12  # of a part's log, after it ended by a signal: its test files' progress lines say where
 
 
 def halves() -> dict[str, list[str]]:
@@ -140,12 +142,15 @@ def main(args: list[str]) -> int:
     return 0 if all(code in (0, NO_TESTS) for code in codes.values()) else 1
 
 
-def failures(parts) -> list[str]:
-    """Every failed or erred test of these parts, one line each, read from their JUnit reports: the end of the
-    output names them all, whichever part printed them first (a CI log often keeps only its last lines)."""
+def failures(codes: dict[str, int], artifacts: Path = ARTIFACTS) -> list[str]:
+    """Every failed or erred test of these parts (name -> exit status), one line each, read from their JUnit
+    reports: the end of the output names them all, whichever part printed them first (a CI log often keeps only
+    its last lines). A part ended by a signal wrote no report: its signal and its log's last lines instead."""
     lines = []
-    for name in parts:
-        report = ARTIFACTS / f"junit-{name}.xml"
+    for name, code in codes.items():
+        if code is not None and code < 0:
+            lines.extend(_ended_by_signal(name, -code, artifacts / f"pytest-{name}.log"))
+        report = artifacts / f"junit-{name}.xml"
         if not report.exists():
             continue
         for case in ElementTree.parse(report).iter("testcase"):
@@ -156,6 +161,20 @@ def failures(parts) -> list[str]:
                 lines.append(f"run_suite: [{name}] {problem.tag.upper()} {case.get('classname')}::{case.get('name')}"
                              f" - {' / '.join(shown)[:500]}")
     return lines
+
+
+def _ended_by_signal(name: str, number: int, log: Path, shown: int = LOG_LINES_SHOWN) -> list[str]:
+    """What a part killed by a signal leaves to say: which signal, and where its log stopped (the file it was in)."""
+    try:
+        signal_name = signal.Signals(number).name
+    except ValueError:
+        signal_name = f"signal {number}"
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-shown:]
+    except OSError:
+        tail = ["(no log)"]
+    return [f"run_suite: [{name}] ENDED BY {signal_name} before it wrote its report; the last lines of {log.name}:",
+            *(f"run_suite: [{name}]   {line}" for line in tail)]
 
 
 def _run_together(parts: dict[str, list[str]], args: list[str], started: float) -> dict[str, int]:
