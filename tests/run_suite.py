@@ -5,8 +5,9 @@ remote calls): one pytest process kept this 2-core machine about a third busy. S
 
 - ``environment``: the tests that need the machine's environment: the browser, the Binder environment
   and the tutorials run in it, network namespaces, emulated hosts over SSH, Slurm, MPI (the Debian
-  packages some of them install on the fly are installed by this half alone), and engines that
-  ipyparallel's own launcher starts as new processes (a user's pool borrowed);
+  packages some of them install on the fly are installed by this half alone), engines that
+  ipyparallel's own launcher starts as new processes (a user's pool borrowed), and engines whose
+  environment fails them (no TensorFlow, another version, a death at start) or whose client is killed;
 - ``core``: everything else: clusters, training, recovery, the server, the unit tests (the two halves take
   about as long: each test file is in the half that evens them out, judged by its CPU-seconds in
   ``test-artifacts/cpu-<part>.tsv``);
@@ -47,7 +48,7 @@ ARTIFACTS = ROOT / "test-artifacts"
 ENVIRONMENT = [
     "tests/browser",
     *(f"tests/integration/test_{name}.py" for name in ("tutorials", "exposure", "hosts", "network", "mpi", "slurm", "ssh",
-                                                        "existing_and_gpus")),
+                                                        "existing_and_gpus", "failures")),
 ]
 QUIET = ["tests/integration/test_job_queue.py"]
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
