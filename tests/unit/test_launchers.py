@@ -33,9 +33,9 @@ def test_a_signal_is_taken_by_number_or_name_as_ipyparallel_passes_it(given):
     assert ssh._signal_number(given) == signal.SIGTERM
 
 
-# A process whose command names the workbench (as an engine's does), with a thread whose id it prints
+# A process with a thread whose id it prints
 _WITH_A_THREAD = ("import threading, time\nthreading.Thread(target=lambda: (print(threading.get_native_id(), flush=True), "
-                  "time.sleep(60)), daemon=True).start()\ntime.sleep(60)\n# workbench")
+                  "time.sleep(60)), daemon=True).start()\ntime.sleep(60)")
 
 
 def test_the_hosts_kill_signals_the_engine_but_never_a_process_through_one_of_its_threads():

@@ -144,9 +144,10 @@ class OwnedPool:
         """Kill these local processes if the client dies; check them on close."""
         for pid in pids:
             proc = find_process(pid)
-            if pid not in self._watched and proc is not None and self._reaper:
-                self._watched[pid] = proc.create_time()
-                self._reaper.watch(pid)
+            if proc is None or self._reaper is None or self._watched.get(pid) == proc.create_time():
+                continue  # gone already, nothing to tell, or watched already (a new engine may have a dead one's pid)
+            self._watched[pid] = proc.create_time()
+            self._reaper.watch(pid)
 
     def process(self, pid: int) -> psutil.Process | None:
         """The local process ``pid`` if it still runs: the one this pool watched, never a later one with its pid."""

@@ -29,21 +29,19 @@ from ipyparallel.cluster.launcher import SSHEngineSetLauncher as _IPPEngineSetLa
 
 from ...errors import ClusterStartError
 
-# Run by the host's Python: signal the engine unless it is gone already. Where the host has a /proc, only a
-# process whose command names the workbench: a dead engine's pid may name a thread of another process since
-# (a signal to it reaches that whole process), or a later process.
+# Run by the host's Python: signal the engine unless it is gone already, or unless its pid names a thread since: a
+# thread's id is a number of the same series, and a signal to it reaches the whole process the thread is in.
 _KILL_UNLESS_GONE = """
 import os
-def still_the_engine(pid):
+def names_a_process(pid):
     try:
         with open("/proc/%d/status" % pid) as status:
-            tgid = [line.split()[1] for line in status if line.startswith("Tgid:")]
-        with open("/proc/%d/cmdline" % pid, "rb") as cmdline:
-            command = cmdline.read()
-    except OSError:
+            return any(line.split() == ["Tgid:", str(pid)] for line in status)
+    except FileNotFoundError:
         return not os.path.isdir("/proc")  # no procfs to ask (macOS): the pid is all there is
-    return tgid == [str(pid)] and b"workbench" in command
-if still_the_engine({pid}):
+    except OSError:
+        return False
+if names_a_process({pid}):
     try:
         os.kill({pid}, {sig})
     except ProcessLookupError:
