@@ -9,7 +9,7 @@ shim's ``bind``: only TensorFlow's sockets are concerned, nothing else in the pr
 sockets, Jupyter's ZeroMQ ones) changes. Done before this process's first TensorFlow server starts
 (``connection.connect``); ``containment.listeners`` then checks what it listens on.
 
-Linux on x86_64 and aarch64 (ELF, glibc's ``dl_iterate_phdr``); elsewhere ``protect_tensorflow``
+Linux on x86_64 and aarch64 (ELF, glibc's ``dl_iterate_phdr``, called in the shim); elsewhere ``protect_tensorflow``
 says why it cannot, and the exposure warning names the open port.
 """
 
@@ -24,7 +24,6 @@ import threading
 from .containment import ContainmentError, shim_path
 
 _RELOCATIONS = {"x86_64": (7, 6), "aarch64": (1026, 1025)}  # (JUMP_SLOT, GLOB_DAT) relocation types
-_PT_DYNAMIC = 2
 _DT_NULL, _DT_PLTRELSZ, _DT_STRTAB, _DT_SYMTAB, _DT_RELA, _DT_RELASZ, _DT_STRSZ, _DT_JMPREL = 0, 2, 5, 6, 7, 8, 10, 23
 _PROT = {"r": mmap.PROT_READ, "w": mmap.PROT_WRITE, "x": mmap.PROT_EXEC}
 _RELA = [("offset", "<u8"), ("info", "<u8"), ("addend", "<i8")]  # Elf64_Rela
@@ -37,33 +36,32 @@ _PATCHED: dict[int, str] = {}  # GOT slot address -> the library it belongs to
 _SLOTS: dict[tuple[str, int], list[int]] = {}
 
 
-class _ObjectInfo(ctypes.Structure):  # struct dl_phdr_info, the fields used here
-    _fields_ = [("addr", ctypes.c_size_t), ("name", ctypes.c_char_p), ("phdr", ctypes.c_void_p),
-                ("phnum", ctypes.c_uint16)]
+class _LoadedObject(ctypes.Structure):  # struct workbench_object of bind_shim.c
+    _fields_ = [("name", ctypes.c_char_p), ("base", ctypes.c_size_t), ("dynamic", ctypes.c_size_t)]
 
 
-class _ProgramHeader(ctypes.Structure):  # Elf64_Phdr
-    _fields_ = [("type", ctypes.c_uint32), ("flags", ctypes.c_uint32), ("offset", ctypes.c_uint64),
-                ("vaddr", ctypes.c_uint64), ("paddr", ctypes.c_uint64), ("filesz", ctypes.c_uint64),
-                ("memsz", ctypes.c_uint64), ("align", ctypes.c_uint64)]
+def loaded_objects(shim: ctypes.CDLL) -> list[tuple[str, int, int]]:
+    """``(path, load base, address of its dynamic section)`` of every ELF object loaded in this process.
 
-
-def loaded_objects() -> list[tuple[str, int, int]]:
-    """``(path, load base, address of its dynamic section)`` of every ELF object loaded in this process."""
-    found: list[tuple[str, int, int]] = []
-    visitor_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_ObjectInfo), ctypes.c_size_t, ctypes.c_void_p)
-
-    def visit(info, _size, _data) -> int:
-        entry = info.contents
-        headers = ctypes.cast(entry.phdr, ctypes.POINTER(_ProgramHeader))
-        for i in range(entry.phnum):
-            if headers[i].type == _PT_DYNAMIC:
-                found.append(((entry.name or b"").decode(errors="replace"), entry.addr, entry.addr + headers[i].vaddr))
-        return 0
-
-    visitor = visitor_type(visit)
-    ctypes.CDLL(None).dl_iterate_phdr(visitor, None)
-    return found
+    The shim's ``workbench_loaded_objects`` walks them (``dl_iterate_phdr``) with the GIL released and calls no
+    Python: a Python callback there waited for the GIL while holding the loader's lock, and a thread importing an
+    extension module waited for that lock while holding the GIL, for ever.
+    """
+    try:
+        walk = shim.workbench_loaded_objects
+    except AttributeError:
+        raise ContainmentError("this process loaded an older bind shim, without workbench_loaded_objects (the package "
+                               "was upgraded while it ran): restart it") from None
+    walk.restype = ctypes.c_size_t
+    walk.argtypes = [ctypes.POINTER(_LoadedObject), ctypes.c_size_t]
+    size = 1024
+    for _ in range(8):  # more objects than room: again, with room for them (a library loaded meanwhile)
+        objects = (_LoadedObject * size)()
+        count = walk(objects, size)
+        if count <= size:
+            return [((o.name or b"").decode(errors="replace"), o.base, o.dynamic) for o in objects[:count]]
+        size = count + 64
+    raise ContainmentError("the process's loaded libraries kept changing while they were read: try again")
 
 
 def _dynamic_entries(address: int) -> dict[int, int]:
@@ -156,7 +154,7 @@ def protect_tensorflow() -> list[str]:
         shim = ctypes.CDLL(shim_path())
         target = ctypes.cast(shim.bind, ctypes.c_void_p).value
         patched = set()
-        for path, base, dynamic in loaded_objects():
+        for path, base, dynamic in loaded_objects(shim):
             if "tensorflow" not in path:
                 continue
             if (path, base) not in _SLOTS:

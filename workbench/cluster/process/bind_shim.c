@@ -15,7 +15,9 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <link.h>
 #include <netinet/in.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -71,4 +73,46 @@ int bind(int fd, const struct sockaddr *address, socklen_t length) {
         }
     }
     return next(fd, address, length);
+}
+
+/*
+ * The loaded objects, for bind_hook.loaded_objects: each one's name, load base and dynamic section. Gathered
+ * here, in C, because dl_iterate_phdr holds the loader's lock while it runs its callback: a callback written in
+ * Python takes the GIL there, and a thread that imports an extension module holds the GIL while its dlopen waits
+ * for that lock. Both would wait for ever (a kernel froze so, connecting while a thread imported yaml's).
+ * Returns how many there are; only the first `size` are written.
+ */
+struct workbench_object {
+    const char *name;
+    uintptr_t base;
+    uintptr_t dynamic;
+};
+
+struct gathered {
+    struct workbench_object *out;
+    size_t size;
+    size_t count;
+};
+
+static int gather(struct dl_phdr_info *info, size_t info_size, void *data) {
+    struct gathered *objects = data;
+    (void)info_size;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) {
+            if (objects->count < objects->size) {
+                struct workbench_object *object = &objects->out[objects->count];
+                object->name = info->dlpi_name;
+                object->base = (uintptr_t)info->dlpi_addr;
+                object->dynamic = (uintptr_t)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+            }
+            objects->count++;
+        }
+    }
+    return 0;
+}
+
+size_t workbench_loaded_objects(struct workbench_object *out, size_t size) {
+    struct gathered objects = {out, size, 0};
+    dl_iterate_phdr(gather, &objects);
+    return objects.count;
 }
