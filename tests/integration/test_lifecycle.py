@@ -1,6 +1,8 @@
 """Start, scale and stop own their processes: nothing is left behind."""
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -114,3 +116,35 @@ def test_ipyparallels_own_panel_does_not_list_a_workbench_cluster(no_leftover_pr
         recorded = registry.read_record(cluster.name).cluster_file
         assert Path(recorded).exists() and Path(recorded).name == "workbench-cluster-wb-test-hidden.json"
     assert not Path(recorded).exists()
+
+
+def _hold_the_controller(name: str, seconds: float, held: list) -> None:
+    """Stop this process's controller of cluster ``name`` once it has written its connection file (the client then
+    asks its hub), for ``seconds``: a controller slow to answer, as on a machine whose cores are all busy."""
+    from IPython.paths import get_ipython_dir
+
+    written = Path(get_ipython_dir(), "profile_default", "security", f"ipcontroller-{name}-client.json")
+    me = psutil.Process()
+    for _ in range(6000):  # bounded: 120 s at 0.01 s
+        if written.exists():
+            for child in me.children(recursive=True):
+                try:
+                    if any("ipyparallel.controller" in part for part in child.cmdline()):
+                        child.suspend()
+                        held.append(child.pid)
+                        time.sleep(seconds)
+                        child.resume()
+                        return
+                except psutil.Error:
+                    continue
+        time.sleep(0.01)
+
+
+def test_a_controller_slow_to_answer_gets_the_starts_time_not_ipyparallels_ten_seconds(no_leftover_processes):
+    held: list[int] = []
+    holder = threading.Thread(target=_hold_the_controller, args=("wb-test-slow-hub", 12.0, held), daemon=True)
+    holder.start()
+    with wb.Cluster(ps=1, workers=1, name="wb-test-slow-hub", progress=False, start_timeout=120) as cluster:
+        assert held, "the controller was never seen, so never held"
+        assert cluster.state == "running" and len(cluster.tasks) == 2
+    holder.join(timeout=30)

@@ -35,6 +35,7 @@ from .reaper import Reaper, kill_process_trees
 
 POLL_SECONDS = 0.02
 CLUSTER_FILE_PREFIX = "workbench-cluster-"  # ipyparallel's cluster file of a workbench cluster, in the profile's security/
+HUB_ANSWER_FLOOR = 10.0  # seconds the controller's hub always gets to answer the client (ipyparallel's default)
 STOP_GRACE_SECONDS = 1.0  # at stop, how long the controller gets to exit on SIGTERM before SIGKILL
 
 
@@ -209,7 +210,14 @@ class OwnedPool:
             self.remove_on_death(path)
         self.watch(_launcher_pids(self._ipp.controller))
         if self._warm is not None:  # connect while the warm process still imports
-            self.client = self._loop.run(self._ipp.connect_client(), deadline.remaining(1))
+            self.client = self._connect_client(deadline)
+
+    def _connect_client(self, deadline: Deadline) -> Any:
+        """ipyparallel's client of this cluster's controller. The hub gets what is left of the start's time to answer
+        its connection request: ipyparallel's default, 10 s, was too short for a controller just started on a busy
+        machine ("Hub connection request timed out", 11 s into a start with two test processes on two cores)."""
+        wait = deadline.remaining(HUB_ANSWER_FLOOR)
+        return self._loop.run(self._ipp.connect_client(timeout=wait), wait + 5.0)  # its own error first, if it times out
 
     def _start_warm(self) -> None:
         if self.launcher != FORK_LAUNCHER or not self._launcher_kwargs.get("fork", True):
@@ -292,7 +300,7 @@ class OwnedPool:
         self.watch(_launcher_pids(engine_set))
         self._after_fallback(getattr(engine_set, "fallback_reason", ""))
         if self.client is None:
-            self.client = self._loop.run(self._ipp.connect_client(), deadline.remaining(1))
+            self.client = self._connect_client(deadline)
         while True:
             new = sorted(set(self.client.ids) - before)
             on_progress(len(new), n)
