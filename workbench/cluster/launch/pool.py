@@ -24,7 +24,7 @@ import psutil
 
 from ...compat import ipyparallel as ipp_compat
 from ...errors import ClusterStartError, EngineStartTimeout
-from ..machine.processes import find_process
+from ..machine.processes import find_process, process_trees
 from ..process.containment import engine_environment
 from . import batch, mpi, placement_hosts
 from .calls import Deadline, LoopThread
@@ -67,21 +67,6 @@ def _live_controller(cluster_file: Path) -> int:
     except (OSError, ValueError, KeyError, TypeError, psutil.Error):
         return 0
     return pid if "ipyparallel.controller" in cmdline or "ipcontroller" in cmdline else 0
-
-
-def _process_tree(pids: Mapping[int, float]) -> list[psutil.Process]:
-    """The processes ``pids`` (pid -> create time) that still run, and their descendants."""
-    procs: dict[int, psutil.Process] = {}
-    for pid, created in pids.items():
-        proc = find_process(pid, created or None)
-        if proc is None:
-            continue
-        try:
-            for member in [proc, *proc.children(recursive=True)]:
-                procs[member.pid] = member
-        except psutil.Error:
-            continue
-    return list(procs.values())
 
 
 def _quiet_logger() -> logging.Logger:
@@ -353,7 +338,7 @@ class OwnedPool:
         deadline = Deadline(timeout)
         # Engines' nannies are their children; once an engine exits they are re-parented, so
         # collect the whole tree now and make sure all of it is gone at the end.
-        tree = _process_tree(self._watched)
+        tree = process_trees(self._watched.items())
         if self.client is not None:
             try:
                 self.client.close()
@@ -367,7 +352,7 @@ class OwnedPool:
         # wait for whatever init reaps them: a second and more here). The watched pids too, alive or not:
         # what a killed controller forked is left in its process group.
         controller_ids = {pid: self._watched.get(pid, 0.0) for pid in self.controller_pids}
-        controller = {p.pid: p.create_time() for p in _process_tree(controller_ids)}
+        controller = {p.pid: p.create_time() for p in process_trees(controller_ids.items())}
         later = set(controller) | ({self._warm.pid} if self._warm is not None else set())
         kill_process_trees([(p.pid, p.create_time()) for p in tree if p.pid not in later]
                            + [(pid, created) for pid, created in self._watched.items() if pid not in later], grace=0.0)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import psutil
 
-from ..machine.processes import CREATED_SLACK, find_process
+from ..machine.processes import CREATED_SLACK, find_process, process_trees
 
 KILL_GRACE_SECONDS = 5.0
 PING_SECONDS = 0.5  # how often the reaper pings each engine over its lifeline
@@ -50,16 +50,7 @@ def kill_process_trees(pids: list[tuple[int, float]], grace: float = KILL_GRACE_
     """Terminate (and continue, if stopped) each ``(pid, create_time)``, its descendants and the rest of the
     process group it led; SIGKILL what remains after ``grace``. A pid taken since by another process or by a
     thread is left alone (``find_process``); a create time of 0 skips only the first check."""
-    procs: dict[int, psutil.Process] = {}
-    for pid, created in pids:
-        proc = find_process(pid, created or None)
-        if proc is None:
-            continue
-        try:
-            for member in [proc, *proc.children(recursive=True)]:
-                procs[member.pid] = member
-        except psutil.Error:
-            continue
+    procs = {proc.pid: proc for proc in process_trees(pids)}
     for member in _left_in_groups(dict(pids)):
         procs.setdefault(member.pid, member)
     for proc in procs.values():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import psutil
 
 # psutil's create time adds /proc/stat's btime, whole seconds the kernel derives from the wall clock: two readings
@@ -30,3 +32,19 @@ def find_process(pid: int, created: float | None = None) -> psutil.Process | Non
     except psutil.Error:
         return None
     return proc
+
+
+def process_trees(pids: Iterable[tuple[int, float]]) -> list[psutil.Process]:
+    """Each ``(pid, create time)`` that still names its process (``find_process``; 0: no create time known), and
+    its descendants, once each."""
+    procs: dict[int, psutil.Process] = {}
+    for pid, created in pids:
+        proc = find_process(pid, created or None)
+        if proc is None:
+            continue
+        try:
+            for member in [proc, *proc.children(recursive=True)]:
+                procs[member.pid] = member
+        except psutil.Error:
+            continue
+    return list(procs.values())
