@@ -7,7 +7,9 @@ warm process kept from an earlier cluster). Then ``scale(workers=3)``: one more 
 serving; ``stop()``; and the next start in the same process, whose engines are forks of the warm
 process the stopped cluster kept. Runs alternate (floor, workbench, floor, ...) so both see the same
 machine load; the figures that matter are the ratio of medians (goal <= 0.6) and the median scale
-time (goal <= 1.5 s).
+time (goal <= 1.5 s). Beside them, one ``import tensorflow`` as a kernel makes it and as the warm process and
+engines make it (``lean_import``: Keras's dataframe and plotting companions left out), alternating: CPU
+seconds and peak memory of each.
 
     python bench/startup.py [--repeats 5] [--json bench/results/startup.json]
 """
@@ -38,6 +40,26 @@ def floor_seconds(processes: int = 3) -> float:
         if proc.wait(timeout=300) != 0:
             raise RuntimeError("import tensorflow failed")
     return time.perf_counter() - started
+
+
+IMPORT_COST = """
+import resource, sys, time
+began = time.process_time()
+if sys.argv[1] == "engine":
+    from workbench.cluster.launch.lean_import import import_tensorflow
+    import_tensorflow()
+else:
+    import tensorflow
+print(time.process_time() - began, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def import_cost(way: str) -> dict[str, float]:
+    """CPU seconds and peak MiB of one ``import tensorflow`` in a new Python, made ``way`` ("kernel" or "engine")."""
+    done = subprocess.run([sys.executable, "-c", IMPORT_COST, way], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, check=True)
+    cpu, peak = map(float, done.stdout.split())
+    return {"cpu_s": cpu, "peak_mib": peak}
 
 
 def workbench_seconds(**options) -> dict[str, float]:
@@ -74,6 +96,12 @@ def main() -> int:
               f"scale +1 {runs[-1]['scale']:.2f} s, stop {runs[-1]['stop']:.2f} s, next start and stop "
               f"{runs[-1]['next']:.2f} s", flush=True)
     median = {key: statistics.median(run[key] for run in runs) for key in ("start", "scale", "stop", "next")}
+    imports = {"kernel": [], "engine": []}
+    for _ in range(args.repeats):
+        for way in imports:
+            imports[way].append(import_cost(way))
+    imported = {way: {key: statistics.median(c[key] for c in costs) for key in ("cpu_s", "peak_mib")}
+                for way, costs in imports.items()}
     result = {
         "floor_median_s": statistics.median(floors),
         "workbench_start_median_s": median["start"],
@@ -83,6 +111,7 @@ def main() -> int:
         "ratio": median["start"] / statistics.median(floors),
         "goal_ratio": GOAL_RATIO,
         "goal_scale_s": GOAL_SCALE_S,
+        "import_tensorflow_median": imported,
         "floors_s": floors,
         "runs_s": runs,
         "cpus": os.cpu_count(),
@@ -93,7 +122,11 @@ def main() -> int:
         f"ratio: {result['ratio']:.2f} (goal <= {GOAL_RATIO})\n"
         f"scale(workers=3), one more worker:          {median['scale']:.2f} s median (goal <= {GOAL_SCALE_S} s)\n"
         f"stop():                                     {median['stop']:.2f} s median\n"
-        f"next start and stop (warm process kept):    {median['next']:.2f} s median"
+        f"next start and stop (warm process kept):    {median['next']:.2f} s median\n"
+        + "".join(f"import tensorflow as {'a ' + way + ' makes it:':18s}  {c['cpu_s']:.2f} CPU-seconds, {c['peak_mib']:.0f} MiB "
+                  f"peak (medians)\n" for way, c in imported.items())
+        + f"engine/kernel: {imported['engine']['cpu_s'] / imported['kernel']['cpu_s']:.2f} of the CPU, "
+        f"{imported['engine']['peak_mib'] / imported['kernel']['peak_mib']:.2f} of the memory"
     )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2))

@@ -13,7 +13,7 @@ process shares, what one more engine adds).
     python bench/tutorial_memory.py [--only 03] [--json bench/results/tutorial_memory.json]
     make bench-memory
 
-Goals (issue 14): every tutorial's peak <= 1.5 GiB with the server, and per-engine USS <= 80 MiB.
+Goals: every tutorial's peak <= 1.5 GiB with the server, and per-engine USS <= 80 MiB.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ import threading
 
 from ..machine.gpus import ORIGINAL_VISIBLE_ENV
 from ..process import client_files, containment
+from .lean_import import import_tensorflow
 from .lifeline import LIFELINE_ENV, PREIMPORT_ENV, hold_lifeline
 
 WARM_SOCKET_ENV = "WORKBENCH_WARM_SOCKET"
@@ -41,7 +42,7 @@ _PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HT
 
 def _preimport_tensorflow() -> None:
     try:
-        import tensorflow  # noqa: F401
+        import_tensorflow()  # as the warm process does: Keras's dataframe and plotting companions left out
     except BaseException:  # noqa: BLE001 - the client's own import on this engine reports it
         pass
 

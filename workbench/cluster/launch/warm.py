@@ -1,9 +1,10 @@
 """The warm process: imports TensorFlow once, then forks engines (and their nannies) on request.
 
 An engine that imports TensorFlow itself costs 300+ MiB of private memory and seconds of CPU. The
-warm process imports TensorFlow, Keras, ipyparallel's engine and the workbench's engine side once,
-freezes the garbage collector, and forks: each engine starts with all of that already in memory,
-shared copy-on-write, and only what it then does on its own is private.
+warm process imports TensorFlow, Keras (without its dataframe and plotting companions: ``lean_import``),
+ipyparallel's engine and the workbench's engine side once, freezes the garbage collector, and forks:
+each engine starts with all of that already in memory, shared copy-on-write, and only what it then
+does on its own is private.
 
 A fork is only safe from a process that has never run a TensorFlow op, started a server, created a
 zmq context or loaded a GPU driver, and that has one thread. This program does none of those, and
@@ -48,6 +49,7 @@ import traceback
 import types
 
 from ...compat import ipyparallel as ipp_compat
+from .lean_import import keras_companions_left_out
 from .warm_client import MAX_MESSAGE, REQUEST_TIMEOUT, WARM_LOG, fork_problem, import_time_mismatch
 
 # Modules every engine needs: imported here once, shared by every fork.
@@ -111,7 +113,7 @@ def _set_title(title: str) -> None:
 class WarmServer:
     """The request loop. Single-threaded: a fork happens between two requests, never during one."""
 
-    def __init__(self, path: str, modules: list[str]):
+    def __init__(self, path: str, modules: list[str]):  # modules: the user's, imported after PRELOAD
         self.path = path
         self.modules = modules
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -130,7 +132,9 @@ class WarmServer:
         # either. Frozen, those objects stay out of every later collection: an engine's collector
         # never touches, and so never copies, the pages they share with the warm process.
         gc.disable()
-        self.import_errors = preload(self.modules)
+        with keras_companions_left_out():  # an engine never hands Keras a DataFrame nor draws (lean_import)
+            self.import_errors = preload(PRELOAD)
+        self.import_errors.update(preload(self.modules))  # the user's own, as they are
         compact_module_strings()
         gc.freeze()
         os.set_blocking(self._wake_write, False)
@@ -298,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preload", action="append", default=[], help="one more module to import before forking")
     args = parser.parse_args(argv)
     _set_title(f"{sys.executable} -m workbench.cluster.launch.warm --socket {args.socket}")
-    server = WarmServer(args.socket, [*PRELOAD, *args.preload])
+    server = WarmServer(args.socket, args.preload)
     try:
         server.serve()
     finally:
