@@ -123,8 +123,8 @@ def main() -> int:
         f"scale(workers=3), one more worker:          {median['scale']:.2f} s median (goal <= {GOAL_SCALE_S} s)\n"
         f"stop():                                     {median['stop']:.2f} s median\n"
         f"next start and stop (warm process kept):    {median['next']:.2f} s median\n"
-        + "".join(f"import tensorflow as {'a ' + way + ' makes it:':18s}  {c['cpu_s']:.2f} CPU-seconds, {c['peak_mib']:.0f} MiB "
-                  f"peak (medians)\n" for way, c in imported.items())
+        + "".join(f"import tensorflow as {'an engine' if way == 'engine' else 'a kernel'} makes it:  {c['cpu_s']:.2f} "
+                  f"CPU-seconds, {c['peak_mib']:.0f} MiB peak (medians)\n" for way, c in imported.items())
         + f"engine/kernel: {imported['engine']['cpu_s'] / imported['kernel']['cpu_s']:.2f} of the CPU, "
         f"{imported['engine']['peak_mib'] / imported['kernel']['peak_mib']:.2f} of the memory"
     )

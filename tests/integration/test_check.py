@@ -16,11 +16,15 @@ pytestmark = [pytest.mark.cluster, pytest.mark.check]
 STEPS = 60
 
 
-def _check_job(job, workers: set[str]) -> None:
+def _check_job(job, workers: set[str], backup: bool = False) -> None:
     assert job.state == "finished", job.error
     history = job.history
     assert [r["step"] for r in history] == list(range(STEPS))  # every step once
-    assert {w for r in history for w in r["worker"].split(",")} == workers
+    took_part = {w for r in history for w in r["worker"].split(",")}
+    if backup:  # a step closes on the first gradients: a worker slower all job long (seen under load) gets none in
+        assert took_part and took_part <= workers, took_part
+    else:
+        assert took_part == workers
     # learned: well below a fresh model's loss. Not against the first steps': async-ps gets low within a few steps and
     # then varies (seen: first ten 0.62, last ten 0.67, under load), and its step 0 may follow the other worker's call
     assert late_loss(history) < 0.8 * UNTRAINED_LOSS, [r["loss"] for r in history]
@@ -32,7 +36,8 @@ def _check_job(job, workers: set[str]) -> None:
 @pytest.mark.parametrize("strategy", [wb.AsyncPS(), wb.SyncPS(backup_workers=1), wb.AllReduce(steps_per_call=20)],
                          ids=["async-ps", "sync-ps", "allreduce"])
 def test_a_short_job_of_each_data_parallel_strategy(cluster, strategy):
-    _check_job(train(cluster, strategy=strategy, steps=STEPS).wait(300), {"worker:0", "worker:1"})
+    backup = bool(getattr(strategy, "backup_workers", 0))
+    _check_job(train(cluster, strategy=strategy, steps=STEPS).wait(300), {"worker:0", "worker:1"}, backup)
 
 
 def _named_layers():

@@ -63,7 +63,7 @@ def test_engines_and_their_nannies_are_forks_of_one_warm_process(cluster):
     # TensorFlow came with the fork, and the frozen heap with it
     frozen = cluster.client[[r.engine_id for r in cluster.tasks]].apply_sync(gc.get_freeze_count)
     assert min(frozen) > 100_000
-    # without Keras's dataframe and plotting companions (lean_import): an engine uses neither
+    # without what Keras loads for a kernel's sake (lean_import): an engine uses none of it
     companions = _companions_loaded(cluster.client[[r.engine_id for r in cluster.tasks]])
     assert companions == [[]] * len(cluster.tasks), companions
     assert _sum_on_each_task(cluster) == {"ps:0": 55.0, "worker:0": 55.0, "worker:1": 55.0}
@@ -169,17 +169,18 @@ def test_fork_false_starts_each_engine_as_a_new_python(no_leftover_processes):
             engine = psutil.Process(cluster.tasks[0].pid)
             assert engine.ppid() == os.getpid()
             assert warm_children() == warm_before  # no warm process was started
-            # its own import of TensorFlow left Keras's companions out too; a user's code still imports them
+            # its own import of TensorFlow left them out too; a user's code still imports them
             view = cluster.client[cluster.tasks[0].engine_id]
             assert _companions_loaded(view) == []
-            view.execute("import pandas; found = pandas.__name__", block=True)
-            assert view.pull("found", block=True) == "pandas"
+            view.execute("import pandas, sklearn.preprocessing; found = [pandas.__name__, sklearn.__name__]", block=True)
+            assert view.pull("found", block=True) == ["pandas", "sklearn"]
 
 
 def _companions_loaded(view) -> list:
     """On each engine of ``view``, once it imported TensorFlow: which of Keras's optional companions it loaded."""
     view.execute("import sys, tensorflow\n"  # waits for an engine's own import in progress
-                 "companions = [name for name in ('pandas', 'matplotlib') if name in sys.modules]", block=True)
+                 "companions = [name for name in ('pandas', 'matplotlib', 'sklearn', 'scipy') if name in sys.modules]",
+                 block=True)
     return view.pull("companions", block=True)
 
 

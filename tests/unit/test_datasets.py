@@ -1,4 +1,7 @@
-"""The shipped digits: read once a process, and every caller gets arrays of its own."""
+"""The shipped digits: scikit-learn's, read without importing it, once a process; every caller gets arrays of its own."""
+
+import subprocess
+import sys
 
 import numpy as np
 
@@ -24,3 +27,20 @@ def test_the_two_splits_partition_the_digits():
     assert len(train_x) + len(test_x) == 1797 and len(test_y) == len(test_x)
     other_x, _ = wb.datasets.digits_arrays("test", seed=1)
     assert not np.array_equal(other_x, test_x)  # another seed, another split
+
+
+def test_the_digits_are_scikit_learns_read_without_importing_it():
+    from sklearn.datasets import load_digits
+
+    from workbench import datasets
+
+    data, target = datasets._digits()
+    shipped = load_digits()
+    np.testing.assert_array_equal(data, shipped.data)
+    np.testing.assert_array_equal(target, shipped.target)
+    assert target.dtype == shipped.target.dtype
+    # read from the file itself, not load_digits (an engine imports neither scikit-learn nor SciPy)
+    child = subprocess.run([sys.executable, "-c", "import sys\nfrom workbench import datasets\ndatasets._digits()\n"
+                            "print(sorted({'sklearn', 'scipy'} & set(sys.modules)))"], capture_output=True, text=True,
+                           timeout=120)
+    assert child.returncode == 0 and child.stdout.strip() == "[]", (child.stdout, child.stderr[-2000:])

@@ -42,7 +42,7 @@ _PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HT
 
 def _preimport_tensorflow() -> None:
     try:
-        import_tensorflow()  # as the warm process does: Keras's dataframe and plotting companions left out
+        import_tensorflow()  # as the warm process does: what Keras loads for a kernel's sake left out
     except BaseException:  # noqa: BLE001 - the client's own import on this engine reports it
         pass
 

@@ -1,7 +1,7 @@
 """The warm process: imports TensorFlow once, then forks engines (and their nannies) on request.
 
 An engine that imports TensorFlow itself costs 300+ MiB of private memory and seconds of CPU. The
-warm process imports TensorFlow, Keras (without its dataframe and plotting companions: ``lean_import``),
+warm process imports TensorFlow, Keras (without the libraries it loads for a kernel's sake: ``lean_import``),
 ipyparallel's engine and the workbench's engine side once, freezes the garbage collector, and forks:
 each engine starts with all of that already in memory, shared copy-on-write, and only what it then
 does on its own is private.
@@ -56,7 +56,6 @@ from .warm_client import MAX_MESSAGE, REQUEST_TIMEOUT, WARM_LOG, fork_problem, i
 PRELOAD = (
     "tensorflow",
     "keras",
-    "sklearn.datasets",
     "cloudpickle",
     "ipyparallel.engine.app",
     "ipyparallel.engine.nanny",
@@ -132,7 +131,7 @@ class WarmServer:
         # either. Frozen, those objects stay out of every later collection: an engine's collector
         # never touches, and so never copies, the pages they share with the warm process.
         gc.disable()
-        with keras_companions_left_out():  # an engine never hands Keras a DataFrame nor draws (lean_import)
+        with keras_companions_left_out():  # what Keras loads for a kernel's sake, an engine never uses (lean_import)
             self.import_errors = preload(PRELOAD)
         self.import_errors.update(preload(self.modules))  # the user's own, as they are
         compact_module_strings()
