@@ -424,6 +424,11 @@ def test_binder_serves_the_hub_and_keeps_its_kernels_ports_closed(peer, binder_e
     kernel = None
     try:
         deadline = time.monotonic() + 180
+        while not list(runtime.glob("jpserver-*.json")):
+            assert server.poll() is None and time.monotonic() < deadline, "binder/start jupyter lab did not start"
+            time.sleep(0.2)
+        # its own port: the one asked for, unless another process took it meanwhile (the server then takes the next)
+        port = int(json.loads(next(runtime.glob("jpserver-*.json")).read_text())["port"])
         while True:  # on 127.0.0.1, whatever address the server writes in its runtime file
             try:
                 __import__("socket").create_connection(("127.0.0.1", port), timeout=1).close()
@@ -449,7 +454,7 @@ def test_binder_serves_the_hub_and_keeps_its_kernels_ports_closed(peer, binder_e
         client.hb_channel.time_to_dead = 10.0
         client.start_channels()
         try:
-            _run_kernel_code(client)
+            _run_kernel_code(client, _kernel_code("workbench kernel"))
             kernels = [p for p in psutil.Process(server.pid).children() if "workbench.kernel" not in " ".join(p.cmdline())]
             assert any("workbench-bind-shim" in Path(f"/proc/{p.pid}/maps").read_text() for p in kernels), (
                 "the workbench kernel runs without the bind shim")
