@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.abc
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,17 +21,22 @@ LEFT_OUT = ("pandas", "matplotlib", "sklearn", "scipy")  # top-level packages Ke
 
 
 class _LeaveOut(importlib.abc.MetaPathFinder):
-    """Answers an import of a LEFT_OUT package as if it were not installed."""
+    """Answers an import of a LEFT_OUT package, made by the thread that made it, as if the package were not installed
+    (an engine's other threads, which may run a user's code while its first import goes on, import as usual)."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
 
     def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in LEFT_OUT:
+        if name.partition(".")[0] in LEFT_OUT and threading.get_ident() == self.thread:
             raise ModuleNotFoundError(f"No module named {name!r} (left out of an engine's TensorFlow import)", name=name)
         return None
 
 
 @contextmanager
 def keras_companions_left_out() -> Iterator[None]:
-    """Within the block, importing a LEFT_OUT package fails as if it were not installed (unless imported already)."""
+    """Within the block, this thread's import of a LEFT_OUT package fails as if it were not installed (unless it is
+    imported already)."""
     finder = _LeaveOut()
     sys.meta_path.insert(0, finder)
     try:
