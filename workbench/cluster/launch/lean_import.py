@@ -49,4 +49,3 @@ def import_tensorflow() -> None:
     """Import TensorFlow (and with it Keras) the engines' way: its optional companions left out."""
     with keras_companions_left_out():
         import tensorflow  # noqa: F401
-
