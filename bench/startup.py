@@ -8,7 +8,7 @@ serving; ``stop()``; and the next start in the same process, whose engines are f
 process the stopped cluster kept. Runs alternate (floor, workbench, floor, ...) so both see the same
 machine load; the figures that matter are the ratio of medians (goal <= 0.6) and the median scale
 time (goal <= 1.5 s). Beside them, one ``import tensorflow`` as a kernel makes it and as the warm process and
-engines make it (``lean_import``: Keras's dataframe and plotting companions left out), alternating: CPU
+engines make it (``lean_import``: what Keras loads only for a kernel's sake left out), alternating: CPU
 seconds and peak memory of each.
 
     python bench/startup.py [--repeats 5] [--json bench/results/startup.json]

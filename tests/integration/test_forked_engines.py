@@ -18,6 +18,7 @@ import pytest
 from conftest import run_tf_client, wait_gone, warm_children
 
 import workbench as wb
+from workbench.cluster.launch.lean_import import LEFT_OUT
 
 pytestmark = pytest.mark.cluster
 
@@ -179,8 +180,7 @@ def test_fork_false_starts_each_engine_as_a_new_python(no_leftover_processes):
 def _companions_loaded(view) -> list:
     """On each engine of ``view``, once it imported TensorFlow: which of Keras's optional companions it loaded."""
     view.execute("import sys, tensorflow\n"  # waits for an engine's own import in progress
-                 "companions = [name for name in ('pandas', 'matplotlib', 'sklearn', 'scipy') if name in sys.modules]",
-                 block=True)
+                 f"companions = [name for name in {LEFT_OUT!r} if name in sys.modules]", block=True)
     return view.pull("companions", block=True)
 
 

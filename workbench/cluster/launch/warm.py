@@ -110,9 +110,10 @@ def _set_title(title: str) -> None:
 
 
 class WarmServer:
-    """The request loop. Single-threaded: a fork happens between two requests, never during one."""
+    """The request loop. Single-threaded: a fork happens between two requests, never during one. ``modules``: the
+    user's own preloads, imported after PRELOAD."""
 
-    def __init__(self, path: str, modules: list[str]):  # modules: the user's, imported after PRELOAD
+    def __init__(self, path: str, modules: list[str]):
         self.path = path
         self.modules = modules
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
