@@ -200,6 +200,8 @@ class Job:
         return self
 
     def _interrupted(self) -> str:
+        if self.state in ENDED:  # the interrupt came as the job ended: nothing goes on
+            return f"{self.describe()} ended as the wait was interrupted"
         how = f"cluster.jobs[{self.name!r}].stop()"
         return f"{self.describe()} goes on in the background; {how} stops it"
 
