@@ -30,6 +30,9 @@ initial weights and the order of its data (on the MLP, 5 to 7 epochs over seeds 
 MultiWorkerMirroredStrategy and one process, measured 2026-12-05), and a seed shared by all repeats would measure
 one draw of that luck.
 Ratios: baseline / workbench (> 1: the workbench is sooner), side / one process (> 1: slower than one process).
+The async-ps sides also report their staleness: for each step, how many of the other worker's updates landed
+between its read of the parameters and its own update, over every step of every repeat (mean, 90th and 99th
+percentile, max).
 
     python bench/time_to_accuracy.py [--workloads mlp,cnn] [--repeats 5] [--target 0.95] [--sides ...]
 
@@ -90,6 +93,7 @@ def workbench_side(cluster, side: str, config: dict) -> dict:
     import keras
 
     import workbench as wb
+    from workbench.telemetry.job_scalars import step_staleness
 
     strategy = strategy_of(side, config["steps_per_call"])
     clock = TargetClock(config["workload"], config["target"])
@@ -106,7 +110,10 @@ def workbench_side(cluster, side: str, config: dict) -> dict:
         raise
     if job.state != "finished":
         raise RuntimeError(f"{side}: job {job.name} {job.state}: {job.error}")
-    return clock.result(steps=job.steps_done)
+    stale = None
+    if side.startswith("async-ps"):  # how many of the other worker's updates landed during each step
+        stale = [n for counts in step_staleness(job.history).values() for n in counts]
+    return clock.result(steps=job.steps_done, staleness=stale)
 
 
 def run_side(cluster, side: str, config: dict) -> dict:
@@ -154,7 +161,8 @@ def measure(cluster, args: argparse.Namespace, cases: list[tuple[str, float]], s
             seeded = {**config, "seed": args.seed + repeat}  # one draw of weights and data order per repeat, every side's
             for side in (sides if repeat % 2 == 0 else list(reversed(sides))):
                 try:
-                    record = {**time_to_target(run_side(cluster, side, seeded), args.target), "error": None}
+                    result = run_side(cluster, side, seeded)
+                    record = {**time_to_target(result, args.target), "error": None, "staleness": result.get("staleness")}
                 except Exception as exc:  # noqa: BLE001 - a failed side is reported and left out
                     record = {"from_call": None, "from_first": None, "epochs": 0, "accuracy": 0.0,
                               "error": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -194,6 +202,11 @@ def summarize(raw: dict, epoch_steps: int) -> dict:
                 for side, records in sides.items() if side not in ("estimates", "first_job")}
         for side, record in sides.get("first_job", {}).items():
             rows[side]["first_job_from_call"] = record["from_call"]
+        for side, records in sides.items():
+            counts = sorted(n for r in records if isinstance(r, dict) and r.get("staleness") for n in r["staleness"])
+            if counts:  # async-ps: the distribution over every step of every repeat
+                rows[side]["staleness"] = {"mean": statistics.mean(counts), "p90": counts[int(0.9 * len(counts))],
+                                           "p99": counts[int(0.99 * len(counts))], "max": counts[-1], "steps": len(counts)}
         for side, estimate in predicted.items():  # the estimate given the steps the side took (median epochs)
             seconds = estimate["setup_seconds"] + rows[side]["epochs"] * epoch_steps * estimate["step_seconds"]
             rows[side]["estimate"] = {**estimate, "from_call": seconds,
@@ -227,6 +240,10 @@ def print_report(summary: dict, target: float) -> None:
                     ratios.append(f"/local ({label}) {row[key]['over_local']:.2f}")
             if row.get("first_job_from_call") is not None:
                 ratios.append(f"the kernel's first job of it {row['first_job_from_call']:.2f} s from the call")
+            if "staleness" in row:
+                stale = row["staleness"]
+                ratios.append(f"staleness mean {stale['mean']:.2f}, p90 {stale['p90']}, p99 {stale['p99']}, "
+                              f"max {stale['max']} ({stale['steps']} steps)")
             if "estimate" in row:
                 ratios.append(f"wb.estimate {row['estimate']['from_call']:.2f} s from the call "
                               f"({row['estimate']['over_measured']:.2f} of measured)")

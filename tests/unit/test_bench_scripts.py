@@ -58,6 +58,17 @@ def test_time_to_accuracy_judges_as_keras_computes_and_keeps_judging_off_the_clo
     assert missed["from_call"] is None and missed["epochs"] == 3 and missed["accuracy"] == 0.96
 
 
+def test_time_to_accuracy_pools_the_async_sides_staleness_over_every_repeat():
+    summarize = _bench("time_to_accuracy").summarize
+    run = {"from_call": 1.0, "from_first": 0.5, "epochs": 7, "accuracy": 0.97, "error": None}
+    raw = {"mlp": {"async-ps": [{**run, "staleness": [0] * 80 + [1] * 10 + [2] * 9 + [10]},
+                                {**run, "staleness": [1] * 100}],
+                   "sync-ps k=0": [{**run, "staleness": None}], "first_job": {}}}
+    rows = summarize(raw, 20)["mlp"]
+    assert rows["async-ps"]["staleness"] == {"mean": 0.69, "p90": 1, "p99": 2, "max": 10, "steps": 200}
+    assert "staleness" not in rows["sync-ps k=0"]
+
+
 def test_syncreplicas_other_clients_wait_while_the_chief_judges(tmp_path):
     """With backup workers the other SyncReplicas clients would train on during the chief's judging (off the clock):
     they wait between their steps from the moment the chief asks until it is done; a client that never answers

@@ -6,7 +6,7 @@ import pytest
 
 from workbench.compat.keras import watch_model_reads
 from workbench.errors import ConfigurationError
-from workbench.telemetry.job_scalars import dropped_gradients, staleness, worker_rates
+from workbench.telemetry.job_scalars import dropped_gradients, staleness, step_staleness, worker_rates
 from workbench.telemetry.tensorboard import run_name
 from workbench.training.fit.loop import check_callbacks, epoch_averages, tensorboard_dir, validation_due
 from workbench.training.options import resolve_epochs
@@ -86,6 +86,7 @@ def _step(step, worker, start, end, examples=32):
 def test_staleness_counts_the_other_workers_updates_during_a_step():
     records = [_step(0, "w0", 0.0, 1.0), _step(1, "w1", 0.1, 0.5), _step(2, "w1", 0.5, 0.9), _step(3, "w1", 0.9, 1.3)]
     # w0's step ran 0..1 while w1 applied three updates (0.5, 0.9); w1's steps each saw none of w0's but the last
+    assert step_staleness(records) == {"w0": [2], "w1": [0, 0, 1]}
     assert staleness(records) == {"w0": 2.0, "w1": pytest.approx(1 / 3)}
 
 

@@ -53,9 +53,9 @@ def worker_rates(records: list[dict]) -> dict[str, dict[str, float]]:
             for name, (examples, seconds, steps) in sums.items()}
 
 
-def staleness(records: list[dict]) -> dict[str, float]:
-    """async-ps, per worker: the mean number of other workers' updates that landed while a step of its own ran
-    (between its read of the parameters, ``start``, and its update, ``end``), from the step records."""
+def step_staleness(records: list[dict]) -> dict[str, list[int]]:
+    """async-ps, per worker and in the records' order: for each step of its own, how many of the other workers'
+    updates landed while it ran (between its read of the parameters, ``start``, and its update, ``end``)."""
     ends: dict[str, list[float]] = defaultdict(list)
     for record in records:
         ends[record["worker"]].append(float(record["end"]))
@@ -66,7 +66,12 @@ def staleness(records: list[dict]) -> dict[str, float]:
         start, end = float(record["start"]), float(record["end"])
         counts[record["worker"]].append(sum(bisect.bisect_right(values, end) - bisect.bisect_right(values, start)
                                             for worker, values in ends.items() if worker != record["worker"]))
-    return {worker: sum(values) / len(values) for worker, values in counts.items()}
+    return dict(counts)
+
+
+def staleness(records: list[dict]) -> dict[str, float]:
+    """async-ps, per worker: the mean of ``step_staleness`` over its steps."""
+    return {worker: sum(values) / len(values) for worker, values in step_staleness(records).items()}
 
 
 def dropped_gradients(records: list[dict], workers: list[str]) -> dict[str, int]:
