@@ -202,8 +202,8 @@ def summarize(raw: dict, epoch_steps: int) -> dict:
                 for side, records in sides.items() if side not in ("estimates", "first_job")}
         for side, record in sides.get("first_job", {}).items():
             rows[side]["first_job_from_call"] = record["from_call"]
-        for side, records in sides.items():
-            counts = sorted(n for r in records if isinstance(r, dict) and r.get("staleness") for n in r["staleness"])
+        for side in rows:
+            counts = sorted(n for r in sides[side] if r.get("staleness") for n in r["staleness"])
             if counts:  # async-ps: the distribution over every step of every repeat
                 rows[side]["staleness"] = {"mean": statistics.mean(counts), "p90": counts[int(0.9 * len(counts))],
                                            "p99": counts[int(0.99 * len(counts))], "max": counts[-1], "steps": len(counts)}
