@@ -58,6 +58,34 @@ def test_time_to_accuracy_judges_as_keras_computes_and_keeps_judging_off_the_clo
     assert missed["from_call"] is None and missed["epochs"] == 3 and missed["accuracy"] == 0.96
 
 
+def test_time_to_accuracy_judges_on_one_blas_thread_with_the_weights_fetch_off_the_clock():
+    """An all-reduce job's callbacks' model fetches its weights when ``callback.model`` is read: the judge reads it
+    inside the judged seconds; and judges on one BLAS thread (OpenBLAS's spinning threads would take a core from the
+    steps after it)."""
+    import time
+
+    from threadpoolctl import threadpool_info
+
+    from workbench.compat.keras import watch_model_reads
+
+    workloads = _bench("tta_workloads")
+    model = workloads.keras_model("mlp", 0.5)
+    seen = {}
+
+    def fetch():  # what the all-reduce mirror does on a read: a round trip to worker 0
+        time.sleep(0.2)
+        seen["blas_threads"] = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+    clock = workloads.TargetClock("mlp", 0.99)
+    callback = clock.keras_callback()
+    callback.set_model(model)
+    watch_model_reads(callback, fetch)
+    callback.on_epoch_end(0)
+    (_when, accuracy, seconds), = clock.evals
+    assert seconds >= 0.2 and 0.0 <= accuracy < 0.99
+    assert seen["blas_threads"] and set(seen["blas_threads"]) == {1}
+
+
 def test_time_to_accuracy_pools_the_async_sides_staleness_over_every_repeat():
     summarize = _bench("time_to_accuracy").summarize
     run = {"from_call": 1.0, "from_first": 0.5, "epochs": 7, "accuracy": 0.97, "error": None}
