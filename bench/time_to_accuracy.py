@@ -8,7 +8,10 @@ global batch of 2 x ``--per-worker-batch`` (a worker's batch in the asynchronous
 the end of every epoch of ``--epoch-steps`` optimizer steps with the same NumPy evaluation of the held-out digits
 (``TargetClock``), whose seconds are kept off the clock. It stops at the first epoch end at ``--target``.
 
-Sides, on one ``wb.Cluster(ps=1, workers=2)`` (the baselines' processes use its tasks, or ports of their own):
+Sides, each on a 1 ps + 2 worker cluster: the workbench's on one ``wb.Cluster(ps=1, workers=2)``; PSS and SyncReplicas
+on the tasks of a second, alike (a TensorFlow client's contexts stay on the tasks it used for TensorFlow's keep-alive,
+10 minutes, after it exits, and PSS's slowed the set-up of the workbench's next job on the same tasks: its input
+pipelines 0.22 s -> 0.37-0.41 s on the CNN); MWMS on ports of its own:
 
 - ``async-ps``, ``sync-ps k=0``, ``sync-ps k=1`` (``backup_workers``), ``allreduce``: ``wb.train`` in this process
   (the kernel), the clock a Keras callback;
@@ -46,6 +49,7 @@ strategy's time to the target over one process's per width: where distributing s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -116,16 +120,18 @@ def workbench_side(cluster, side: str, config: dict) -> dict:
     return clock.result(steps=job.steps_done, staleness=stale)
 
 
-def run_side(cluster, side: str, config: dict) -> dict:
+def run_side(cluster, side: str, config: dict, baselines_cluster=None) -> dict:
+    """One run of ``side``: the workbench's sides on ``cluster``; PSS and SyncReplicas on ``baselines_cluster``'s tasks."""
+    tasks = (baselines_cluster or cluster).spec_dict
     if side in WORKBENCH_SIDES or side in VARIANTS:
         return workbench_side(cluster, side, config)
     if side == "local":
         return tta_baselines.run_local(config, TIMEOUT)
     if side == "pss":
-        return tta_baselines.run_pss(cluster.spec_dict, config, TIMEOUT)
+        return tta_baselines.run_pss(tasks, config, TIMEOUT)
     if side == "mwms":
         return tta_baselines.run_mwms(len(cluster.spec_dict["worker"]), config, TIMEOUT)
-    return tta_baselines.run_sync_replicas(cluster.spec_dict, config, int(side[-1]), TIMEOUT)
+    return tta_baselines.run_sync_replicas(tasks, config, int(side[-1]), TIMEOUT)
 
 
 def estimates(cluster, sides: list[str], config: dict) -> dict:
@@ -141,7 +147,8 @@ def estimates(cluster, sides: list[str], config: dict) -> dict:
             for side in sides if side in ESTIMATED}
 
 
-def measure(cluster, args: argparse.Namespace, cases: list[tuple[str, float]], sides: list[str]) -> dict:
+def measure(cluster, args: argparse.Namespace, cases: list[tuple[str, float]], sides: list[str],
+            baselines_cluster=None) -> dict:
     """``raw[case][side]``: one record per repeat (time to target from the call and from the first call, epochs);
     with ``--estimate``, ``raw[case]["estimates"]``: each ps side's predicted set-up and seconds a step."""
     raw: dict[str, dict[str, list]] = {}
@@ -161,7 +168,7 @@ def measure(cluster, args: argparse.Namespace, cases: list[tuple[str, float]], s
             seeded = {**config, "seed": args.seed + repeat}  # one draw of weights and data order per repeat, every side's
             for side in (sides if repeat % 2 == 0 else list(reversed(sides))):
                 try:
-                    result = run_side(cluster, side, seeded)
+                    result = run_side(cluster, side, seeded, baselines_cluster)
                     record = {**time_to_target(result, args.target), "error": None, "staleness": result.get("staleness")}
                 except Exception as exc:  # noqa: BLE001 - a failed side is reported and left out
                     record = {"from_call": None, "from_first": None, "epochs": 0, "accuracy": 0.0,
@@ -296,8 +303,12 @@ def main(argv: list[str] | None = None) -> int:
         cases = [(w, 1.0) for w in args.workloads.split(",")]
     sides = args.sides.split(",")
     started = time.time()
-    with wb.Cluster(ps=1, workers=2, name="wb-bench-tta", progress=False) as cluster:
-        raw = measure(cluster, args, cases, sides)
+    on_tasks = [s for s in sides if s == "pss" or s.startswith("sync-replicas")]  # the baselines that use a cluster's tasks
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(wb.Cluster(ps=1, workers=2, name="wb-bench-tta", progress=False))
+        baselines_cluster = stack.enter_context(wb.Cluster(ps=1, workers=2, name="wb-bench-tta-baselines",
+                                                           progress=False)) if on_tasks else None
+        raw = measure(cluster, args, cases, sides, baselines_cluster)
     summary = summarize(raw, args.epoch_steps)
     print_report(summary, args.target)
     print(f"\n({time.time() - started:.0f} s in all; python bench/time_to_accuracy.py {' '.join(sys.argv[1:])})")

@@ -6,14 +6,14 @@ each side runs as ``python bench/tta_baselines.py <kind> '<json config>'`` and h
 epoch's end. Written as TensorFlow's guides write them:
 
 - ``local``: one process, Keras ``compile`` (``steps_per_execution`` K) and ``fit``, the global batch;
-- ``pss``: ``ParameterServerStrategy`` + ``ClusterCoordinator`` on the bench's cluster, a ``tf.function`` of K steps
+- ``pss``: ``ParameterServerStrategy`` + ``ClusterCoordinator`` on the bench's baselines' cluster, a ``tf.function`` of K steps
   (a ``tf.range`` loop) scheduled per closure, ``coordinator.join()`` at each epoch's end; each worker reads its
   own shuffle of the data (unseeded, as the guide's ``dataset_fn``);
 - ``mwms``: ``MultiWorkerMirroredStrategy`` with a custom loop (K steps per ``tf.function``, the loss averaged over
   the global batch with ``tf.nn.compute_average_loss``), one process per worker on ports of its own (loopback);
   every worker judges the same mirrored weights, so all stop at the same epoch;
 - ``sync-replicas``: TF1 between-graph replication with ``SyncReplicasOptimizer`` (``replicas_to_aggregate``
-  N - k), one ``MonitoredTrainingSession`` client per worker task of the bench's cluster; the chief judges the
+  N - k), one ``MonitoredTrainingSession`` client per worker task of the bench's baselines' cluster; the chief judges the
   variables every ``epoch_steps`` global steps. With backup workers (k > 0) the others need no gradient of the
   chief's to go on, so they would train on while the chief judges, off the clock: every side's other workers wait
   during its judging (the workbench's at the epoch's end, PSS's at ``join()``, MWMS's in the next all-reduce), and
