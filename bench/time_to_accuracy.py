@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [(w, 1.0) for w in args.workloads.split(",")]
     sides = args.sides.split(",")
     started = time.time()
-    on_tasks = [s for s in sides if s == "pss" or s.startswith("sync-replicas")]  # the baselines that use a cluster's tasks
+    on_tasks = any(s == "pss" or s.startswith("sync-replicas") for s in sides)  # baselines that use a cluster's tasks
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(wb.Cluster(ps=1, workers=2, name="wb-bench-tta", progress=False))
         baselines_cluster = stack.enter_context(wb.Cluster(ps=1, workers=2, name="wb-bench-tta-baselines",
