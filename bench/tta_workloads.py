@@ -15,6 +15,7 @@ TensorFlow function: a function traced in a cluster's client is registered on ev
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -118,6 +119,14 @@ def _pool(x: np.ndarray) -> np.ndarray:
     return x[:, :2 * h, :2 * w].reshape(n, h, 2, w, 2, c).max(axis=(2, 4))
 
 
+@functools.cache
+def _blas_pools():
+    """This process's BLAS thread pools (NumPy's), found once: each search walks the loaded libraries."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
 class TargetClock:
     """When a run trained, and when its held-out accuracy reached ``target`` (host clock, evaluations off it).
 
@@ -139,12 +148,10 @@ class TargetClock:
 
     def epoch_end(self, get_weights) -> bool:
         """Judge the weights ``get_weights()`` returns now; True once the target is reached."""
-        from threadpoolctl import threadpool_limits
-
         now = time.time()
         # on one BLAS thread: OpenBLAS's threads spin for a while after a call, and took a core from the steps of
         # the next epoch (25 ms an epoch on the CNN, on every side) where this judging is meant to be off the clock
-        with threadpool_limits(1):
+        with _blas_pools().limit(limits=1, user_api="blas"):
             weights = [np.asarray(w, dtype=np.float32) for w in get_weights()]
             accuracy = float(np.mean(np.argmax(predict(self.workload, weights, self.x), axis=1) == self.y))
         self.evals.append([now, accuracy, time.time() - now])
