@@ -41,8 +41,11 @@ def test_a_job_with_a_fault_and_a_scale_is_one_run_with_its_events_series_and_ar
     with wb.Cluster(ps=1, workers=2, name=f"wb-test-tracking-{os.getpid()}", progress=False) as cluster:
         job = _train(cluster, tracked, checkpoint)
         wait_for(lambda: job.steps_done >= 40 or job.state != "running", WAIT, "40 steps")
-        cluster.scale(workers=3)  # returns once the job follows (a new worker joins its next run)
-        wait_for(lambda: job.steps_done >= 200 or job.state != "running", WAIT, "200 steps")
+        cluster.scale(workers=3)  # returns once the new engine serves; the job follows at its next step boundary
+        wait_for(lambda: job.events or job.state != "running", WAIT, "the job to follow the scale")
+        followed = job.events[0]["step"] if job.events else 0
+        # the kill comes steps after the scale, however long the new engine took to start
+        wait_for(lambda: job.steps_done >= max(200, followed + 20) or job.state != "running", WAIT, "200 steps")
         signal_process(cluster.task("worker:1").pid, signal.SIGKILL)
         job.wait(300)
         assert job.state == "finished", job.error
