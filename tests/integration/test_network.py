@@ -333,6 +333,37 @@ def test_netns_links_hold_a_task_to_its_rate_and_let_the_kernel_through(namespac
     assert namespaces.stats()["sent"]["ps:0 in"] == sent["ps:0 in"], "the kernel's traffic was counted as a task's"
 
 
+SEGMENT = """
+import socket, sys
+sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+sock.sendall(b"x" * 100000)
+print(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mtu, segment", [(None, (1400, 1460)), (9000, (8900, 8960))], ids=["default", "jumbo"])
+def test_netns_links_carry_frames_of_the_mtu_asked_at_the_rate_set(mtu, segment):
+    """``network=dict(mtu=9000)``: every veth and the bridge take jumbo frames (TCP between two tasks sends
+    segments of about 8.9 kB), and tc still holds a task to its rate."""
+    need_netns()
+    links = netns.NamespaceLinks(mtu)
+    try:
+        ps, worker = links.attach("ps:0"), links.attach("worker:0")
+        assert ("MTU 9000" in links.describe()) == (mtu == 9000)
+        links.apply(Shaping([Rule("all", 20e6, 0.0)]).plan(["ps:0", "worker:0"])[0], [["ps:0", "worker:0"]])
+        sink = sink_in(ps, 7004)
+        sent = subprocess.run(["nsenter", f"--net={worker.namespace.path}", sys.executable, "-c", SEGMENT, ps.address,
+                               "7004"], capture_output=True, text=True, timeout=30, check=True)
+        sink.communicate(timeout=30)
+        assert segment[0] <= int(sent.stdout) <= segment[1], f"TCP segments of {sent.stdout.strip()} bytes with mtu={mtu}"
+        slow = sink_in(ps, 7005)
+        blast_from(worker, ps, 7005, 2.0)
+        received = int(slow.communicate(timeout=30)[0])
+        assert 2.0 * 2.5e6 * 0.5 < received < 2.0 * 2.5e6 * 1.5, f"{received} bytes in 2 s through a 20 Mbit/s link"
+    finally:
+        links.close()
+
+
 def test_netns_links_are_reached_before_use_and_a_dead_link_says_so(namespaces):
     ps = namespaces.attach("ps:0")
     sink = sink_in(ps, 7002)

@@ -72,10 +72,10 @@ def netns_can(monkeypatch):
 
 def test_network_option(netns_can):
     netns_can("it needs root")
-    assert choose_backend("auto") == ("user", None)
-    backend, rule = choose_backend("1gbit")
-    assert backend == "user" and rule.rate == 1e9 and rule.between == "all"
-    backend, rule = choose_backend({"rate": "100mbit", "delay": "1ms", "between": "ps"})
+    assert choose_backend("auto") == ("user", None, None)
+    backend, rule, mtu = choose_backend("1gbit")
+    assert backend == "user" and rule.rate == 1e9 and rule.between == "all" and mtu is None
+    backend, rule, _ = choose_backend({"rate": "100mbit", "delay": "1ms", "between": "ps"})
     assert (rule.rate, rule.delay, rule.between) == (1e8, 1e-3, "ps")
     with pytest.raises(ConfigurationError, match=r"'netns' cannot run here: it needs root\. Use backend 'user'"):
         choose_backend("netns")
@@ -89,12 +89,28 @@ def test_network_option(netns_can):
 
 def test_auto_picks_netns_where_it_runs_unless_the_first_rule_needs_a_missing_delay(netns_can):
     netns_can("", "no netem")
-    assert choose_backend("auto") == ("netns", None)
+    assert choose_backend("auto") == ("netns", None, None)
     assert choose_backend("1gbit")[0] == "netns"
     assert choose_backend({"rate": "1gbit", "delay": "1ms"})[0] == "user"  # the relay adds delay itself
     assert choose_backend({"rate": "1gbit", "delay": "1ms", "backend": "netns"})[0] == "netns"  # asked: said at shape
     netns_can("", "")
     assert choose_backend({"rate": "1gbit", "delay": "1ms"})[0] == "netns"
+
+
+def test_an_mtu_is_for_netns_links_and_a_frame_size(netns_can):
+    netns_can("", "no netem")
+    assert choose_backend({"rate": "1gbit", "mtu": 9000}) == ("netns", Rule("all", 1e9, 0.0), 9000)
+    assert choose_backend({"mtu": 1500, "backend": "netns"}) == ("netns", None, 1500)
+    for bad in (9000.0, "9000", 67, 65536, True):
+        with pytest.raises(ConfigurationError, match=r"is not a frame size: .* from 68 to 65535 .*9000 jumbo frames"):
+            choose_backend({"mtu": bad})
+    with pytest.raises(ConfigurationError, match=r"mtu=9000 needs the netns links .*backend 'user' was asked for"):
+        choose_backend({"mtu": 9000, "backend": "user"})
+    with pytest.raises(ConfigurationError, match=r"first rule's delay needs the user-space relay here \(no netem\)"):
+        choose_backend({"rate": "1gbit", "delay": "1ms", "mtu": 9000})
+    netns_can("it needs root")
+    with pytest.raises(ConfigurationError, match=r"netns links cannot run here \(it needs root\).*Leave mtu out"):
+        choose_backend({"mtu": 9000})
 
 
 ADDRESSES = {"ps:0": "10.213.0.2", "worker:0": "10.213.0.3", "worker:1": "10.213.0.4"}

@@ -106,11 +106,11 @@ class Cluster:
     network:
         Emulated links between the tasks, which ``shape()`` sets while they run: ``"auto"`` (unshaped
         until then), a rate for every link from the start (``"1gbit"``), or
-        ``dict(rate=, delay=, between=, backend=)``. Backends: ``"netns"`` (a network namespace per
-        task, ``tc`` on its veth; root, Linux; delay only where the kernel has netem), ``"user"`` (a
-        relay process; no root), ``"auto"`` (netns where it can run, else user); ``status()`` names
-        the one in use. Local engines only. Default: none (tasks talk directly, as without the
-        workbench).
+        ``dict(rate=, delay=, between=, backend=, mtu=)``. Backends: ``"netns"`` (a network namespace per
+        task, ``tc`` on its veth; root, Linux; delay only where the kernel has netem; ``mtu=9000`` for
+        jumbo frames, 1500 by default), ``"user"`` (a relay process; no root), ``"auto"`` (netns where it
+        can run, else user); ``status()`` names the one in use. Local engines only. Default: none (tasks
+        talk directly, as without the workbench).
     """
 
     # Called with every cluster this process starts, once its tasks run (a failure stops the cluster).

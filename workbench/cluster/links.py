@@ -30,6 +30,7 @@ class ClusterLinks:
         self.cluster = cluster
         self.backend: str | None = None  # "netns" or "user"; None: tasks talk directly
         self._first_rule: Rule | None = None
+        self._mtu: int | None = None  # the netns links' frame size (None: 1500)
         self.emulator: UserSpaceLinks | NamespaceLinks | None = None
         self._shaping = Shaping()
         if network is None or network is False:
@@ -39,13 +40,13 @@ class ClusterLinks:
                 f"network={network!r} needs local engines: the links are emulated on this machine, which must hold "
                 "both ends of every connection. Leave network= out for engines on other hosts (their links are the "
                 "real network).")
-        self.backend, self._first_rule = choose_backend(network)
+        self.backend, self._first_rule, self._mtu = choose_backend(network)
 
     def open(self) -> None:
         """At start: the links, before any task is given its address."""
         if self.backend is None:
             return
-        self.emulator = NamespaceLinks() if self.backend == "netns" else UserSpaceLinks()
+        self.emulator = NamespaceLinks(self._mtu) if self.backend == "netns" else UserSpaceLinks()
         self._shaping = Shaping([self._first_rule] if self._first_rule else [])
         if self._first_rule:
             self.cluster.telemetry.append(LinkEvent(time.time(), self._shaping.describe()))

@@ -172,7 +172,7 @@ def free_subnet(template: str = SUBNETS, first: int = 0) -> ipaddress.IPv4Networ
 class NamespaceLinks:
     """The links of one cluster: a switch namespace with a bridge, one namespace per task, tc on each veth."""
 
-    def __init__(self):
+    def __init__(self, mtu: int | None = None):
         why = problem()
         if why:
             raise ConfigurationError(f"network backend 'netns' cannot run here: {why}. Use network='auto' (it picks the "
@@ -185,13 +185,13 @@ class NamespaceLinks:
         self._tasks: dict[str, TaskLink] = {}
         self._carried: dict[str, int] = {}  # counters of tc trees that a later apply() replaced
         self._trees: set[tuple[str, str]] = set()  # (task, device) that carry a tree of ours
+        self.mtu = mtu  # every veth's and the bridge's (None: the kernel's default, 1500)
         self._switch = Namespace()
         self._host_port = f"wb{os.getpid() % 100000}n{self._subnet.network_address.packed[2]}"
         try:
             _run(["ip", "-batch", "-"], self._switch.path, stdin=(
-                "link set lo up\nlink add br0 type bridge\nlink set br0 up\n"))
-            _run(["ip", "link", "add", self._host_port, "type", "veth", "peer", "name", "kernel", "netns",
-                  self._switch.path])
+                f"link set lo up\nlink add br0{self._mtu_words()} type bridge\nlink set br0 up\n"))
+            self._add_veth(self._host_port, "kernel", self._switch.path)
             _run(["ip", "-batch", "-"], self._switch.path, stdin="link set kernel master br0\nlink set kernel up\n")
             _run(["ip", "-batch", "-"], stdin=(f"addr add {gateway}/{self._subnet.prefixlen} dev {self._host_port}\n"
                                                f"link set {self._host_port} up\n"))
@@ -199,8 +199,17 @@ class NamespaceLinks:
             self.close()
             raise
 
+    def _mtu_words(self) -> str:
+        return f" mtu {self.mtu}" if self.mtu else ""
+
+    def _add_veth(self, name: str, peer: str, peer_namespace: str, namespace: str | None = None) -> None:
+        """A veth pair: ``name`` in ``namespace`` (None: this one), ``peer`` in ``peer_namespace``; both of ``mtu``."""
+        mtu = ["mtu", str(self.mtu)] if self.mtu else []
+        _run(["ip", "link", "add", name, *mtu, "type", "veth", "peer", "name", peer, *mtu, "netns", peer_namespace],
+             namespace)
+
     def describe(self) -> str:
-        where = f"netns links (bridge {self._subnet}"
+        where = f"netns links (bridge {self._subnet}{f', MTU {self.mtu}' if self.mtu else ''}"
         return where + (", no delay: netem is missing)" if self.delay_problem else ")")
 
     def attach(self, task: str) -> TaskLink:
@@ -213,8 +222,7 @@ class NamespaceLinks:
             raise ClusterStateError(f"the links' subnet {self._subnet} has no address left for {task}") from None
         link = TaskLink(len(self._tasks), Namespace(), address)
         try:
-            _run(["ip", "link", "add", link.port_name, "type", "veth", "peer", "name", "eth0", "netns",
-                  link.namespace.path], self._switch.path)
+            self._add_veth(link.port_name, "eth0", link.namespace.path, self._switch.path)
             _run(["ip", "-batch", "-"], self._switch.path,
                  stdin=f"link set {link.port_name} master br0\nlink set {link.port_name} up\n")
             _run(["ip", "-batch", "-"], link.namespace.path, stdin=(

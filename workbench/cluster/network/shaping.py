@@ -30,6 +30,7 @@ from ...errors import ClusterStateError, ConfigurationError
 from . import netns
 
 BACKENDS = ("netns", "user")
+MTU_RANGE = (68, 65535)  # bytes: IPv4's least, and the most a veth takes
 ANSWER_TIMEOUT = 10.0  # seconds the relay may take to answer a command
 
 _RATE_UNITS = {  # tc's notation: "bit" units are bits per second, "bps" units are bytes per second
@@ -137,36 +138,62 @@ def select_links(between: str, tasks: list[str]) -> tuple[list[str], set[frozens
     return ends, {frozenset((a, b)) for a in ends for b in tasks if a != b}
 
 
-def choose_backend(network: Any) -> tuple[str, Rule | None]:
-    """``wb.Cluster(network=...)``: the backend to use and the rule to start with (None: unshaped links)."""
+def parse_mtu(value: Any) -> int | None:
+    """The links' frame size in bytes (``mtu=9000``: jumbo frames); None: the links' default, Ethernet's 1500."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and MTU_RANGE[0] <= value <= MTU_RANGE[1]:
+        return value
+    raise ConfigurationError(
+        f"mtu={value!r} is not a frame size: give the links' MTU in bytes, a whole number from {MTU_RANGE[0]} to "
+        f"{MTU_RANGE[1]} (1500 is Ethernet's, 9000 jumbo frames), or leave it out for 1500.")
+
+
+def choose_backend(network: Any) -> tuple[str, Rule | None, int | None]:
+    """``wb.Cluster(network=...)``: the backend to use, the rule to start with (None: unshaped links) and the links'
+    MTU (None: the default)."""
     if isinstance(network, dict):
-        unknown = set(network) - {"backend", "rate", "delay", "between"}
+        unknown = set(network) - {"backend", "rate", "delay", "between", "mtu"}
         if unknown:
             raise ConfigurationError(f"network={network!r}: unknown key(s) {sorted(unknown)}; use backend, rate, "
-                                     "delay and between.")
+                                     "delay, between and mtu.")
         rule = None
         if network.get("rate") is not None or network.get("delay") is not None:
             rule = Rule(str(network.get("between") or "all"),
                         parse_rate(network["rate"]) if network.get("rate") is not None else None,
                         parse_delay(network.get("delay")))
-        return _backend(network.get("backend", "auto"), rule), rule
+        mtu = parse_mtu(network.get("mtu"))
+        return _backend(network.get("backend", "auto"), rule, mtu), rule, mtu
     if network in ("auto", *BACKENDS):
-        return _backend(network, None), None
+        return _backend(network, None), None, None
     if isinstance(network, (str, int, float)) and not isinstance(network, bool):
         try:
             rule = Rule("all", parse_rate(network), 0.0)
         except ConfigurationError:
             pass  # neither a backend nor a rate: say what network= takes
         else:
-            return _backend("auto", rule), rule
+            return _backend("auto", rule), rule, None
     raise ConfigurationError(
         f"network={network!r}: use 'auto' (emulated links you can shape later with cluster.shape(...)), a rate "
         "such as '1gbit' (every link at that rate from the start), or a dict(rate=..., delay=..., between=..., "
-        "backend='auto'|'netns'|'user').")
+        "mtu=..., backend='auto'|'netns'|'user').")
 
 
-def _backend(name: str, rule: Rule | None) -> str:
-    """``"auto"``: netns where it can run (root, Linux) unless the first rule asks a delay this kernel cannot add."""
+def _backend(name: str, rule: Rule | None, mtu: int | None = None) -> str:
+    """``"auto"``: netns where it can run (root, Linux) unless the first rule asks a delay this kernel cannot add.
+    An MTU needs netns: the relay forwards a stream of bytes and has no frames."""
+    chosen = _named_backend(name, rule)
+    if mtu is not None and chosen == "user":
+        why = ("backend 'user' was asked for" if name == "user" else
+               f"the netns links cannot run here ({netns.problem()})" if netns.problem() else
+               f"the first rule's delay needs the user-space relay here ({netns.netem_problem()})")
+        raise ConfigurationError(
+            f"mtu={mtu} needs the netns links (frames on a veth), but {why}, and the user-space relay forwards "
+            "bytes, not frames. Leave mtu out, or use backend 'netns' (as root, on Linux).")
+    return chosen
+
+
+def _named_backend(name: str, rule: Rule | None) -> str:
     if name == "auto":
         if netns.problem() or (rule is not None and rule.delay and netns.netem_problem()):
             return "user"
