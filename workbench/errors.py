@@ -30,6 +30,13 @@ def described(exc: BaseException) -> str:
     return "\n".join([str(exc), *getattr(exc, "__notes__", ())])
 
 
+def first_line(exc: BaseException, limit: int = 160) -> str:
+    """An error's first line (TensorFlow's own message where it has one), at most ``limit`` characters: what a
+    one-line notice quotes of it (TensorFlow's gRPC errors go on for lines of "Additional GRPC error information")."""
+    text = str(getattr(exc, "message", exc)).strip().splitlines()
+    return (text[0] if text else "")[:limit]
+
+
 class WorkbenchError(Exception):
     """Base class of every error the workbench raises on purpose."""
 

@@ -311,11 +311,15 @@ class TaskHosting:
             names = tuple(str(t) for t in leaving)
             if job is not None:
                 job.rescale(leaving=names)  # returns once the job no longer uses them
-            # out of this kernel's connection before their engines stop (done already if the job followed; not if it
-            # ended first): a task that leaves later makes TensorFlow log "Task 2 was not defined in sparse job worker"
-            connection.resize(cluster, names, timeout=deadline.remaining(5))
-            self.drop_tasks(leaving, deadline)
-            cluster.worker_count = workers
+            # out of the cluster's tasks first, so that a re-hosting's connection update from now on leaves them out;
+            # then out of this kernel's connection (done already if the job followed; not if it ended first) before
+            # their engines stop: a task that leaves later makes TensorFlow log "Task 2 was not defined in sparse job"
+            records = self.forget_tasks(leaving)
+            try:
+                connection.resize(cluster, names, timeout=deadline.remaining(5))
+            finally:
+                self.stop_engines(records, deadline)
+                cluster.worker_count = workers
 
     def add_workers(self, new_tasks: list[TaskId], deadline: Deadline, stacklevel: int = 3) -> None:
         """Start an engine for each of ``new_tasks`` and give it its task; if that fails, none of them stays."""
@@ -359,7 +363,13 @@ class TaskHosting:
 
     def drop_tasks(self, tasks: list[TaskId], deadline: Deadline) -> None:
         """Forget ``tasks`` and stop their engines."""
-        records = [self.cluster.records.pop(t) for t in tasks]
+        self.stop_engines(self.forget_tasks(tasks), deadline)
+
+    def forget_tasks(self, tasks: list[TaskId]) -> list[TaskRecord]:
+        """Take ``tasks`` out of the cluster (its spec, status and connection updates); their records."""
+        return [self.cluster.records.pop(t) for t in tasks]
+
+    def stop_engines(self, records: list[TaskRecord], deadline: Deadline) -> None:
         self.cluster.pool.remove_engines([r.engine_id for r in records], [r.pid for r in records if self.is_local(r)],
                                           deadline)
 

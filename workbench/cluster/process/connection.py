@@ -28,7 +28,7 @@ from ... import native_logs
 from ...compat import tensorflow as tf_compat
 from ...errors import ClusterStateError, ExposedPortsWarning
 from ..machine import memory, threads
-from . import bind_hook, client_files, containment
+from . import bind_hook, client_files, containment, reach
 
 _LOCK = threading.Lock()
 _STATE = {"spec": None, "cluster": None, "epoch": 0}
@@ -386,7 +386,7 @@ def refresh(cluster, rehosted: str, timeout: float = 60.0) -> bool:
             raise ClusterStateError(_STATE["broken"])
         _apply_spec(spec, deadline, f"telling this kernel that {rehosted} of cluster {cluster.name!r} was re-hosted")
         _STATE.get("deferred", set()).discard(rehosted)
-    _await_links(cluster, rehosted, deadline)
+    reach.await_links(cluster, rehosted, deadline, LINK_RETRY_SECONDS)
     return True
 
 
@@ -428,45 +428,6 @@ def _await_channels(ctx, server_def, deadline: float) -> None:
             if time.monotonic() + LINK_RETRY_SECONDS > deadline:
                 return
             time.sleep(LINK_RETRY_SECONDS)
-
-
-def _await_links(cluster, rehosted: str, deadline: float) -> None:
-    """Wait until ``rehosted`` and every other task reach each other, both ways.
-
-    A peer that called the old server while it was gone has its connection to that address backing
-    off (gRPC waits up to seconds before it tries again); the first step after recovery must not
-    find it so. Each try is a tiny function: the new task makes a value, each peer receives it and
-    sends one back.
-    """
-    import tensorflow as tf
-
-    target = f"{cluster.task(rehosted).task.device}/device:CPU:0"
-    peers = [f"{r.task.device}/device:CPU:0" for r in cluster.tasks if r.name != rehosted]
-
-    def round_trip():
-        total = tf.constant(0.0, tf.float64)
-        for peer in peers:
-            with tf.device(target):
-                there = tf.timestamp()
-            with tf.device(peer):
-                back = there + 1.0
-            with tf.device(target):
-                total += back
-        return total
-
-    tf_compat.quiet_retracing_of(round_trip.__qualname__)  # one function per re-hosting, on its tasks: not a user's loop
-    round_trip = tf.function(round_trip, autograph=False)
-
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            round_trip().numpy()
-            return
-        except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError) as exc:
-            last = exc
-            time.sleep(LINK_RETRY_SECONDS)
-    raise ClusterStateError(f"{rehosted} of cluster {cluster.name!r} was re-hosted, but the other tasks could not reach it "
-                            f"in time: {getattr(last, 'message', last)}")
 
 
 def check_epoch(epoch: int, what: str) -> None:

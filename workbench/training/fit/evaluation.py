@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import ConfigurationError
+from ...errors import ConfigurationError, first_line
 
 _WHAT_TO_PASS = ("pass a tf.data.Dataset of (features, labels) pairs, batched or one example each, "
                  "or a data function data(ctx) like the one the job trains on")
@@ -109,7 +109,7 @@ def evaluate_dataset(model, dataset, loss_fn: Callable, metric_fns: dict[str, Ca
                 count += float(weight)
         except (tf.errors.OpError, TypeError, ValueError) as exc:
             raise ConfigurationError(
-                f"job.evaluate(dataset) failed on its data ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                f"job.evaluate(dataset) failed on its data ({type(exc).__name__}: {first_line(exc, 200)}); "
                 f"{_WHAT_TO_PASS}, with features like the training data's."
             ) from None
     if totals is None:

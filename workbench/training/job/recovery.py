@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from ... import native_logs
 from ...cluster.health import LOST, RECOVERING, SILENT
 from ...cluster.process import connection
-from ...errors import ClusterStateError, ParameterServerLost, TaskFaultWarning, TrainingError
+from ...errors import ClusterStateError, ParameterServerLost, TaskFaultWarning, TrainingError, first_line
 from ...native_logs import notice
 from ...telemetry.events import TaskEvent
 
@@ -201,7 +201,7 @@ class Supervisor:
                     return  # the job ended meanwhile: the task is back for the next job, with nothing to rebuild
                 rebuild()
             except Exception as exc:  # noqa: BLE001 - the job goes on without it, and says why
-                self.settle(task, "failed", f"re-hosting failed: {exc}")
+                self.settle(task, "failed", f"re-hosting failed: {first_line(exc, 300)}")
                 self._back.put((task, False))
                 return
             self._back.put((task, True))

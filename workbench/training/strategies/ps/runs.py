@@ -19,7 +19,7 @@ import threading
 import time
 
 from ....cluster.health import CONTROLLER_LOST, LOST, RUNNING
-from ....errors import ControllerLost
+from ....errors import ControllerLost, first_line
 from ...job.recovery import CallTimes, TaskLost, classify, ps_lost
 from ...job.workers import ACTIVE, DROPPED, RECOVERING, THREAD_JOIN_SECONDS, WorkersChanged
 from ...job.workers import LOST as SLOT_LOST
@@ -121,7 +121,7 @@ class WorkerRun:
             error = classify(self.job, exc, self.names[index])
             if not isinstance(error, ClusterStateError):
                 raise error
-            self.worker_lost(index, f"failed a call ({type(exc).__name__}: {_first_line(exc)})")
+            self.worker_lost(index, f"failed a call ({type(exc).__name__}: {first_line(exc)})")
 
     def worker_lost(self, index: int, detail: str) -> None:
         """Worker ``index`` is gone (or hangs, to be replaced): its work goes to the others; re-host it if allowed."""
@@ -224,8 +224,3 @@ class WorkerRun:
     def _straggler_detail(self, steps: int, elapsed: float) -> str:
         return (f"straggles: a call of {steps} step(s) ran {elapsed:.1f} s, over {self.options.recovery.straggler_factor:g}x "
                 "its peers' median")
-
-
-def _first_line(exc: BaseException, limit: int = 160) -> str:
-    text = str(getattr(exc, "message", exc)).strip().splitlines()
-    return (text[0] if text else "")[:limit]
