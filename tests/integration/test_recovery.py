@@ -181,6 +181,27 @@ def test_task_health_and_replace_task_without_a_job(no_leftover_processes):
             cluster.replace_task("worker:7")
 
 
+def test_a_re_hosting_waits_only_for_the_peers_still_in_the_cluster(no_leftover_processes):
+    """A re-hosted task and its peers reach each other before it counts as back; a peer that is lost and then
+    scaled away meanwhile is not waited for (it was, until the re-hosting's whole timeout: about 300 s)."""
+    from workbench.cluster.process import reach
+
+    with wb.Cluster(ps=1, workers=3, name="wb-test-reach", progress=False) as cluster:
+        cluster.connect()
+        gone = cluster.task("worker:2")
+        signal_process(gone.pid, signal.SIGKILL)
+        wait_for(lambda: cluster.task("worker:2").state == "lost", 10, "worker:2 lost")
+        scaling = threading.Timer(1.0, cluster.scale, kwargs={"workers": 2})  # while the wait below retries
+        scaling.start()
+        started = time.monotonic()
+        try:
+            reach.await_links(cluster, "worker:0", time.monotonic() + RECOVERY_SECONDS, 0.1)
+        finally:
+            scaling.join(RECOVERY_SECONDS)
+        assert time.monotonic() - started < 30, "the wait went on for a peer that left the cluster"
+        assert [r.name for r in cluster.tasks] == ["ps:0", "worker:0", "worker:1"]
+
+
 def test_lost_controller_fails_the_job_within_seconds_and_leaves_nothing(no_leftover_processes):
     cluster = wb.Cluster(ps=1, workers=2, name="wb-test-controller", progress=False).start()
     try:
