@@ -38,7 +38,8 @@ def _back(cluster, name: str, restarts: int = 1):
 
 def _assert_recovered(cluster, name: str, old, restarts: int = 1) -> None:
     new = cluster.task(name)
-    assert new.state == "running" and new.restarts == restarts
+    # the record says why when it is not (its note: the engine exited, left the controller, failed to re-host)
+    assert new.state == "running" and new.restarts == restarts, f"{new}; process {'alive' if psutil.pid_exists(new.pid) else 'gone'}"
     assert new.pid != old.pid and new.engine_id != old.engine_id
     assert new.address == old.address  # same host: same address, so the ClusterSpec did not change
     assert not psutil.pid_exists(old.pid) or psutil.Process(old.pid).status() == psutil.STATUS_ZOMBIE
