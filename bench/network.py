@@ -288,8 +288,7 @@ def precision(repeats: int, steps: int, backend: str, workers: int, long_calls: 
     if long_calls:  # fp32-long: overlapped fp32 with ``long_calls`` steps per remote call instead of 10
         settings += ("fp32-long",)
     runs: dict[str, list[dict]] = {s: [] for s in settings}
-    network = dict(backend=backend, rate=LINK, **({"mtu": mtu} if mtu else {}))
-    with wb.Cluster(ps=1, workers=workers, network=network, progress=False) as cluster:
+    with wb.Cluster(ps=1, workers=workers, network=dict(backend=backend, rate=LINK, mtu=mtu), progress=False) as cluster:
         links = cluster.network
         print(f"  links: {links}", flush=True)
         precision_run(cluster, "fp32", 40)  # warm-up: functions, channels, the relay's connections

@@ -190,7 +190,7 @@ class NamespaceLinks:
         self._host_port = f"wb{os.getpid() % 100000}n{self._subnet.network_address.packed[2]}"
         try:
             _run(["ip", "-batch", "-"], self._switch.path, stdin=(
-                f"link set lo up\nlink add br0{self._mtu_words()} type bridge\nlink set br0 up\n"))
+                f"link set lo up\n{' '.join(['link', 'add', 'br0', *self._mtu_args(), 'type', 'bridge'])}\nlink set br0 up\n"))
             self._add_veth(self._host_port, "kernel", self._switch.path)
             _run(["ip", "-batch", "-"], self._switch.path, stdin="link set kernel master br0\nlink set kernel up\n")
             _run(["ip", "-batch", "-"], stdin=(f"addr add {gateway}/{self._subnet.prefixlen} dev {self._host_port}\n"
@@ -199,12 +199,13 @@ class NamespaceLinks:
             self.close()
             raise
 
-    def _mtu_words(self) -> str:
-        return f" mtu {self.mtu}" if self.mtu else ""
+    def _mtu_args(self) -> list[str]:
+        """What ``ip link add`` takes for the links' MTU (nothing: the kernel's default)."""
+        return ["mtu", str(self.mtu)] if self.mtu else []
 
     def _add_veth(self, name: str, peer: str, peer_namespace: str, namespace: str | None = None) -> None:
         """A veth pair: ``name`` in ``namespace`` (None: this one), ``peer`` in ``peer_namespace``; both of ``mtu``."""
-        mtu = ["mtu", str(self.mtu)] if self.mtu else []
+        mtu = self._mtu_args()
         _run(["ip", "link", "add", name, *mtu, "type", "veth", "peer", "name", peer, *mtu, "netns", peer_namespace],
              namespace)
 

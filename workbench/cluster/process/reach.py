@@ -25,9 +25,8 @@ def await_links(cluster, rehosted: str, deadline: float, retry_seconds: float) -
 
     last, peers, round_trip = None, None, None
     while time.monotonic() < deadline:
-        if peers != peers_now():
-            peers = peers_now()
-            round_trip = _round_trip(tf, target, peers)
+        if (now := peers_now()) != peers:
+            peers, round_trip = now, _round_trip(tf, target, now)
         try:
             round_trip().numpy()
             return
