@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from training_helpers import train
+from training_helpers import make_model, train
 
 import workbench as wb
 from workbench.telemetry import StepSpan
@@ -53,6 +53,19 @@ def test_allreduce_resumes_from_its_checkpoints(cluster, tmp_path):
     assert second.start_step == 100
     assert [r["step"] for r in second.history] == list(range(100, 150))
     assert np.mean([r["loss"] for r in second.history[:10]]) < np.mean([r["loss"] for r in first.history[:10]]) / 3
+
+
+def test_allreduce_checkpoints_hold_the_weights_of_their_step_though_calls_go_out_ahead(cluster, tmp_path):
+    # Within an epoch each call is sent while the one before runs, except after a call that a checkpoint follows:
+    # the checkpoint of step 20 holds what a job of 20 steps ends with, not what the next call trained since.
+    import tensorflow as tf
+
+    train(cluster, strategy=wb.AllReduce(steps_per_call=5), checkpoint=wb.Checkpoint(tmp_path, every=10), steps=30).wait(300)
+    shorter = train(cluster, strategy=wb.AllReduce(steps_per_call=5), steps=20).wait(300)
+    model = make_model()
+    tf.train.Checkpoint(model=model).restore(str(tmp_path / "ckpt-20")).expect_partial()
+    for saved, trained in zip(model.get_weights(), shorter.model.get_weights(), strict=True):
+        np.testing.assert_allclose(saved, trained, rtol=1e-6, atol=1e-7)
 
 
 def test_allreduce_runs_notebook_style_functions_the_engines_cannot_import(cluster):

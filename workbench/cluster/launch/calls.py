@@ -1,4 +1,5 @@
-"""Calls on engines through ipyparallel, bounded in time: ``run_on_engines`` with a shared ``Deadline``.
+"""Calls on engines through ipyparallel, bounded in time: ``run_on_engines`` with a shared ``Deadline`` (or its two
+halves, ``start_on_engines`` and ``await_engines``, to send the next calls before the last ones answered).
 
 Also ``LoopThread``: an asyncio loop of the workbench's own, to drive ipyparallel's async API with
 timeouts the same way in a script and inside Jupyter's running loop.
@@ -48,13 +49,27 @@ class RemoteCallsTimedOut(Exception):
 def run_on_engines(client, calls: dict[int, tuple], deadline: Deadline, on_progress=None, poll: float = 0.05) -> dict:
     """Run ``{engine_id: (function, *args)}`` on the engines at once; results by engine id.
 
-    The one way the workbench calls its engines: raises ``RemoteCallFailed`` for the first engine
-    that fails and ``RemoteCallsTimedOut`` when the deadline passes; callers turn those into
-    messages about what they were doing. It returns as soon as the last engine answers (waiting on an
-    answer wakes on its arrival); ``on_progress(done, total)`` and the deadline are looked at on each
-    answer and every ``poll`` seconds between.
+    The one way the workbench calls its engines (``start_on_engines`` then ``await_engines``, for a caller
+    that sends its next calls before the last ones answered): raises ``RemoteCallFailed`` for the first engine
+    that fails and ``RemoteCallsTimedOut`` when the deadline passes; callers turn those into messages about
+    what they were doing.
     """
-    pending = {eid: client[eid].apply_async(fn, *args) for eid, (fn, *args) in calls.items()}
+    return await_engines(start_on_engines(client, calls), deadline, on_progress, poll)
+
+
+def start_on_engines(client, calls: dict[int, tuple]) -> dict:
+    """Send ``{engine_id: (function, *args)}`` to the engines; what ``await_engines`` waits on. An engine runs
+    what it is sent in order: a call sent while its last one runs starts the moment that one ends."""
+    return {eid: client[eid].apply_async(fn, *args) for eid, (fn, *args) in calls.items()}
+
+
+def await_engines(sent: dict, deadline: Deadline, on_progress=None, poll: float = 0.05) -> dict:
+    """The results of calls ``start_on_engines`` sent, by engine id (see ``run_on_engines``).
+
+    It returns as soon as the last engine answers (waiting on an answer wakes on its arrival);
+    ``on_progress(done, total)`` and the deadline are looked at on each answer and every ``poll`` seconds between.
+    """
+    pending = dict(sent)
     results: dict = {}
     while pending:
         for eid in [e for e, ar in pending.items() if ar.ready()]:
@@ -63,7 +78,7 @@ def run_on_engines(client, calls: dict[int, tuple], deadline: Deadline, on_progr
             except Exception as exc:  # noqa: BLE001 - becomes RemoteCallFailed naming the engine
                 raise RemoteCallFailed(eid, exc) from None
         if on_progress is not None:
-            on_progress(len(results), len(calls))
+            on_progress(len(results), len(sent))
         if pending and deadline.expired:
             raise RemoteCallsTimedOut(sorted(pending))
         if pending:

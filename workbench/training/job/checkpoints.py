@@ -35,12 +35,18 @@ class Cadence:
 
     def __init__(self, job):
         self._lock = threading.Lock()
-        self._next = _next_multiple(job.start_step + job.steps_done, job.options.checkpoint_every or 1)
+        self._every = job.options.checkpoint_every
+        self._next = _next_multiple(job.start_step + job.steps_done, self._every or 1)
+
+    def due(self, step: int) -> bool:
+        """Whether a save falls due once the steps before ``step`` are recorded (the job saves every few steps)."""
+        with self._lock:
+            return bool(self._every) and step >= self._next
 
     def steps_recorded(self, job) -> None:
         """Save if the next multiple is done, unless a task is silent (a save could block on it: after it answers,
         or is replaced, see ``PsTrainer.save``)."""
-        every = job.options.checkpoint_every
+        every = self._every
         with self._lock:
             if not every or job.start_step + job.steps_done < self._next:
                 return

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ....cluster.launch import engine_side
-from ....cluster.launch.calls import Deadline, RemoteCallFailed, RemoteCallsTimedOut, run_on_engines
+from ....cluster.launch.calls import Deadline, RemoteCallFailed, RemoteCallsTimedOut, await_engines, start_on_engines
 from ....errors import ClusterStateError, ConfigurationError, TrainingError
 from . import engine as allreduce_engine
 
@@ -117,9 +117,16 @@ class WorkerGroup:
 
         ``check()`` runs while waiting, and may raise to stop waiting (the calls are then left to fail).
         """
+        return self.wait(self.send(calls), what, timeout, check)
+
+    def send(self, calls: dict[int, tuple]) -> dict:
+        """Send ``{engine: (function, *args)}`` to the worker engines (each runs it after what it was sent before)."""
+        return start_on_engines(self.client, calls)
+
+    def wait(self, sent: dict, what: str, timeout: float, check=None) -> dict[int, Any]:
+        """The results of calls ``send`` sent, by engine, within ``timeout`` seconds from now (see ``call_all``)."""
         try:
-            return run_on_engines(self.client, calls, Deadline(timeout),
-                                  on_progress=(lambda _done, _total: check()) if check else None)
+            return await_engines(sent, Deadline(timeout), on_progress=(lambda _done, _total: check()) if check else None)
         except RemoteCallFailed as exc:
             raise TrainingError(f"{self.name(exc.engine)} failed while {what}: {exc.reason}") from None
         except RemoteCallsTimedOut as exc:
