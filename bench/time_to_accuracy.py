@@ -33,6 +33,9 @@ initial weights and the order of its data (on the MLP, 5 to 7 epochs over seeds 
 MultiWorkerMirroredStrategy and one process, measured 2026-12-05), and a seed shared by all repeats would measure
 one draw of that luck.
 Ratios: baseline / workbench (> 1: the workbench is sooner), side / one process (> 1: slower than one process).
+Beside them, each side's time an epoch on the clock (between two judgements; the median of each run's, over the
+repeats) and, for a workbench side, its baseline's over it: a time to the target is about that times the epochs,
+and which side needed an epoch more is the seeds' draw (``--repeats`` many to even it out).
 The async-ps sides also report their staleness: for each step, how many of the other worker's updates landed
 between its read of the parameters and its own update, over every step of every repeat (mean, 90th and 99th
 percentile, max).
@@ -171,7 +174,7 @@ def measure(cluster, args: argparse.Namespace, cases: list[tuple[str, float]], s
                     result = run_side(cluster, side, seeded, baselines_cluster)
                     record = {**time_to_target(result, args.target), "error": None, "staleness": result.get("staleness")}
                 except Exception as exc:  # noqa: BLE001 - a failed side is reported and left out
-                    record = {"from_call": None, "from_first": None, "epochs": 0, "accuracy": 0.0,
+                    record = {"from_call": None, "from_first": None, "epochs": 0, "accuracy": 0.0, "epoch_seconds": None,
                               "error": f"{type(exc).__name__}: {exc}"[:2000]}
                 record["seed"] = seeded["seed"]
                 raw[case][side].append(record)
@@ -205,7 +208,7 @@ def summarize(raw: dict, epoch_steps: int) -> dict:
     for case, sides in raw.items():
         predicted = sides.get("estimates", {})
         rows = {side: {key: stats(records, key) for key in ("from_call", "from_first")} |
-                {"epochs": statistics.median([r["epochs"] for r in records])}
+                {"epochs": statistics.median([r["epochs"] for r in records]), "epoch_seconds": _median_epoch(records)}
                 for side, records in sides.items() if side not in ("estimates", "first_job")}
         for side, record in sides.get("first_job", {}).items():
             rows[side]["first_job_from_call"] = record["from_call"]
@@ -220,6 +223,8 @@ def summarize(raw: dict, epoch_steps: int) -> dict:
                                       "over_measured": _ratio(seconds, rows[side]["from_call"]["median"])}
         local = rows.get("local")
         for side, row in rows.items():
+            if side in BASELINE_OF and BASELINE_OF[side] in rows and row["epoch_seconds"] and rows[BASELINE_OF[side]]["epoch_seconds"]:
+                row["epoch_baseline_over_workbench"] = rows[BASELINE_OF[side]]["epoch_seconds"] / row["epoch_seconds"]
             for key in ("from_call", "from_first"):
                 if side in BASELINE_OF and BASELINE_OF[side] in rows:
                     row[key]["baseline_over_workbench"] = _ratio(rows[BASELINE_OF[side]][key]["median"], row[key]["median"])
@@ -227,6 +232,12 @@ def summarize(raw: dict, epoch_steps: int) -> dict:
                     row[key]["over_local"] = _ratio(row[key]["median"], local[key]["median"])
         summary[case] = rows
     return summary
+
+
+def _median_epoch(records: list[dict]) -> float | None:
+    """The median over the repeats of each run's median time an epoch (``time_to_target``'s ``epoch_seconds``)."""
+    values = [r["epoch_seconds"] for r in records if r.get("epoch_seconds") is not None]
+    return statistics.median(values) if values else None
 
 
 def _ratio(a: float, b: float) -> float:
@@ -245,6 +256,10 @@ def print_report(summary: dict, target: float) -> None:
                     ratios.append(f"{BASELINE_OF[side]}/this ({label}) {row[key]['baseline_over_workbench']:.2f}")
                 if "over_local" in row[key]:
                     ratios.append(f"/local ({label}) {row[key]['over_local']:.2f}")
+            if row["epoch_seconds"] is not None:
+                ratios.append(f"{row['epoch_seconds'] * 1e3:.1f} ms an epoch" + (
+                    f" ({BASELINE_OF[side]}/this {row['epoch_baseline_over_workbench']:.2f})"
+                    if "epoch_baseline_over_workbench" in row else ""))
             if row.get("first_job_from_call") is not None:
                 ratios.append(f"the kernel's first job of it {row['first_job_from_call']:.2f} s from the call")
             if "staleness" in row:

@@ -16,6 +16,7 @@ TensorFlow function: a function traced in a cluster's client is registered on ev
 from __future__ import annotations
 
 import functools
+import statistics
 import time
 
 import numpy as np
@@ -183,13 +184,22 @@ class TargetClock:
 
 def time_to_target(result: dict, target: float) -> dict:
     """From one side's ``TargetClock.result()``: seconds to the first epoch end at ``target`` from the call and
-    from the first call's end (evaluations before it subtracted), the epochs it took; None where never reached."""
+    from the first call's end (evaluations before it subtracted), the epochs it took; None where never reached.
+    ``epoch_seconds``: the median time an epoch took on the clock (between two judgements, the judging left out),
+    over the epochs up to the target: what a side's time is made of apart from how many epochs it needed."""
     judged = 0.0
-    for index, (when, accuracy, seconds) in enumerate(result["evals"]):
+    evals = result["evals"]
+    for index, (when, accuracy, seconds) in enumerate(evals):
         if accuracy >= target:
-            before_first = sum(s for t, _, s in result["evals"][:index] if t < (result["first"] or when))
+            before_first = sum(s for t, _, s in evals[:index] if t < (result["first"] or when))
             return {"from_call": when - result["call"] - judged, "epochs": index + 1, "accuracy": accuracy,
-                    "from_first": when - (result["first"] or result["call"]) - (judged - before_first)}
+                    "from_first": when - (result["first"] or result["call"]) - (judged - before_first),
+                    "epoch_seconds": _epoch_seconds(evals[:index + 1])}
         judged += seconds
-    return {"from_call": None, "from_first": None, "epochs": len(result["evals"]),
-            "accuracy": max((a for _, a, _ in result["evals"]), default=0.0)}
+    return {"from_call": None, "from_first": None, "epochs": len(evals),
+            "accuracy": max((a for _, a, _ in evals), default=0.0), "epoch_seconds": _epoch_seconds(evals)}
+
+
+def _epoch_seconds(evals: list) -> float | None:
+    intervals = [later[0] - when - seconds for (when, _, seconds), later in zip(evals, evals[1:])]
+    return statistics.median(intervals) if intervals else None

@@ -53,7 +53,10 @@ def test_time_to_accuracy_judges_as_keras_computes_and_keeps_judging_off_the_clo
         x, _ = arrays(workload, "test")
         assert np.allclose(predict(workload, model.get_weights(), x[:50]), model(x[:50]).numpy(), atol=1e-4), workload
     record = {"call": 10.0, "first": 11.0, "evals": [[12.0, 0.5, 0.3], [13.0, 0.8, 0.2], [14.0, 0.96, 0.4]]}
-    assert time_to_target(record, 0.95) == {"from_call": 3.5, "from_first": 2.5, "epochs": 3, "accuracy": 0.96}
+    assert time_to_target(record, 0.95) == pytest.approx(
+        {"from_call": 3.5, "from_first": 2.5, "epochs": 3, "accuracy": 0.96, "epoch_seconds": 0.75})  # 0.7 and 0.8
+    assert time_to_target(record, 0.75)["epoch_seconds"] == pytest.approx(0.7)
+    assert time_to_target(record, 0.45)["epoch_seconds"] is None  # one judgement: no epoch between two
     missed = time_to_target(record, 0.99)
     assert missed["from_call"] is None and missed["epochs"] == 3 and missed["accuracy"] == 0.96
 
@@ -86,15 +89,20 @@ def test_time_to_accuracy_judges_on_one_blas_thread_with_the_weights_fetch_off_t
     assert seen["blas_threads"] and set(seen["blas_threads"]) == {1}
 
 
-def test_time_to_accuracy_pools_the_async_sides_staleness_over_every_repeat():
+def test_time_to_accuracy_pools_staleness_and_times_an_epoch_over_every_repeat():
     summarize = _bench("time_to_accuracy").summarize
-    run = {"from_call": 1.0, "from_first": 0.5, "epochs": 7, "accuracy": 0.97, "error": None}
+    run = {"from_call": 1.0, "from_first": 0.5, "epochs": 7, "accuracy": 0.97, "error": None, "epoch_seconds": 0.05}
     raw = {"mlp": {"async-ps": [{**run, "staleness": [0] * 80 + [1] * 10 + [2] * 9 + [10]},
                                 {**run, "staleness": [1] * 100}],
-                   "sync-ps k=0": [{**run, "staleness": None}], "first_job": {}}}
+                   "sync-ps k=0": [{**run, "staleness": None}], "first_job": {},
+                   "pss": [{**run, "epoch_seconds": 0.06}, {**run, "epoch_seconds": 0.08}, {**run, "epoch_seconds": None}]}}
     rows = summarize(raw, 20)["mlp"]
     assert rows["async-ps"]["staleness"] == {"mean": 0.69, "p90": 1, "p99": 2, "max": 10, "steps": 200}
     assert "staleness" not in rows["sync-ps k=0"]
+    # each side's time an epoch: the median of its runs' (a failed run has none), and the baseline's over it
+    assert rows["pss"]["epoch_seconds"] == pytest.approx(0.07)
+    assert rows["async-ps"]["epoch_baseline_over_workbench"] == pytest.approx(1.4)
+    assert "epoch_baseline_over_workbench" not in rows["sync-ps k=0"]  # its baseline was not run
 
 
 def test_syncreplicas_other_clients_wait_while_the_chief_judges(tmp_path):
