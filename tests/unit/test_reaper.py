@@ -23,7 +23,7 @@ def _sleeper():
 
 def _lifeline(reaper):
     sock = socket.create_connection(reaper.address, timeout=5)
-    sock.sendall(b"token\n")
+    sock.sendall(f"wb-x {os.getpid()} {socket.gethostname()}\n".encode())  # as an engine names itself
     return sock
 
 
@@ -153,6 +153,45 @@ def test_reaper_reports_silent_alive_lost_and_exited_processes():
         reaper.close()
     reader.join(10)
     assert not reader.is_alive(), "events() ends when the reaper exits"
+
+
+def _closed_by_peer(sock, reads: int = 20) -> bool:
+    """Whether the other end closes ``sock`` (a ping or two may come first), within ``reads`` reads of its timeout."""
+    for _ in range(reads):
+        if not sock.recv(64):
+            return True
+    return False
+
+
+def test_a_connection_that_is_not_an_engines_is_closed_and_reported_nothing_of():
+    import queue
+    import threading
+
+    reaper = Reaper("127.0.0.1")
+    events: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [events.put(e) for e in reaper.events()], daemon=True)
+    reader.start()
+    strays = []
+    try:
+        engine = _FakeEngine(reaper, 4242, "node-7")
+        # what a gRPC client retrying an address this port once had sends first, then a line without a pid
+        for first in (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", b"hello there\n", b"x" * 2000):
+            stray = socket.create_connection(reaper.address, timeout=5)
+            stray.sendall(first)
+            strays.append(stray)
+        for stray in strays:
+            assert _closed_by_peer(stray), "the reaper closes a connection that is not an engine's"
+        engine.answering.clear()
+        silent = _next_event(events)
+        assert (silent["event"], silent["pid"], silent["host"]) == ("silent", 4242, "node-7")  # the engine's, alone
+        engine.close()
+        assert _next_event(events) == {"event": "lost", "pid": 4242, "host": "node-7"}
+    finally:
+        for stray in strays:
+            stray.close()
+        reaper.close()
+    reader.join(10)
+    assert all(e["pid"] == 4242 for e in list(events.queue)), list(events.queue)
 
 
 def test_a_client_that_reads_no_events_does_not_stall_the_reaper(tmp_path):

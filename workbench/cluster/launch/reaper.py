@@ -18,7 +18,8 @@ The reaper
 Client → reaper messages are JSON lines: ``{"watch": pid}``, ``{"registry": path}`` (a file to remove),
 ``{"health": pid}``, ``{"release": true}``. The reaper's first stdout line is ``"<host> <port>"``
 of the lifeline. An engine's first line on its lifeline is ``"<token> <pid> <host>"``; after it,
-the engine echoes every byte the reaper sends (one ping every ``PING_SECONDS``).
+the engine echoes every byte the reaper sends (one ping every ``PING_SECONDS``). A connection whose first
+line is anything else is not an engine's: it is closed, and nothing is reported of it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ..machine.processes import CREATED_SLACK, find_process, process_trees
 KILL_GRACE_SECONDS = 5.0
 PING_SECONDS = 0.5  # how often the reaper pings each engine over its lifeline
 SILENT_SECONDS = 3.0  # an engine that has not answered for this long is reported silent
+HELLO_LIMIT = 1024  # bytes an engine's first line may take; more, and the connection is not an engine's
 
 
 def kill_process_trees(pids: list[tuple[int, float]], grace: float = KILL_GRACE_SECONDS) -> None:
@@ -108,16 +110,22 @@ class _Engine:
         self.host = ""
         self.answered = now
         self.silent = False
+        self.stray = False  # not an engine: its first line was not "<token> <pid> <host>"
 
     def received(self, data: bytes, now: float) -> None:
         if not self.pid:  # the first line names the engine; what follows are answers to pings
             self.pending += data
             if b"\n" not in self.pending:
+                self.stray = len(self.pending) > HELLO_LIMIT
                 return
             line, _, data = self.pending.partition(b"\n")
             fields = line.decode(errors="replace").split()
-            self.pid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else -1
-            self.host = fields[2] if len(fields) > 2 else ""
+            if len(fields) != 3 or not fields[1].isdigit() or int(fields[1]) == 0:
+                # something else reached the port (a gRPC client retrying an address this port once had
+                # sends "PRI * HTTP/2.0"): reported as an engine, its silence and its close were noise
+                self.stray = True
+                return
+            self.pid, self.host = int(fields[1]), fields[2]
             self.pending = b""
         self.answered = now
 
@@ -200,6 +208,11 @@ def serve(host: str) -> None:
                         report(event="lost", pid=engine.pid, host=engine.host)
                     continue
                 engine.received(data, now)
+                if engine.stray:  # not an engine: dropped without a word
+                    selector.unregister(key.fileobj)
+                    del engines[key.fileobj.fileno()]
+                    key.fileobj.close()
+                    continue
                 if engine.silent:
                     engine.silent = False
                     report(event="alive", pid=engine.pid, host=engine.host)
