@@ -200,18 +200,14 @@ def serve(host: str) -> None:
                     data = key.fileobj.recv(4096)
                 except OSError:
                     data = b""
-                if not data:  # that engine is gone
+                if data:
+                    engine.received(data, now)
+                if not data or engine.stray:  # that engine is gone, or it was not an engine (its pid is unset)
                     selector.unregister(key.fileobj)
                     del engines[key.fileobj.fileno()]
                     key.fileobj.close()
                     if engine.pid:
                         report(event="lost", pid=engine.pid, host=engine.host)
-                    continue
-                engine.received(data, now)
-                if engine.stray:  # not an engine: dropped without a word
-                    selector.unregister(key.fileobj)
-                    del engines[key.fileobj.fileno()]
-                    key.fileobj.close()
                     continue
                 if engine.silent:
                     engine.silent = False
