@@ -29,13 +29,15 @@ time from the call is reported beside the medians; a baseline's run is a fresh p
 counted from its call). Within each repeat the sides alternate, the order reversed
 every other repeat; figures are medians over ``--repeats`` (at least 5 for a reported figure), with min-max.
 Repeat r trains every side with seed ``--seed`` + r: the epochs a run needs to reach the target depend on its
-initial weights and the order of its data (on the MLP, 5 to 7 epochs over seeds 0 to 3 for each of all-reduce,
-MultiWorkerMirroredStrategy and one process, measured 2026-12-05), and a seed shared by all repeats would measure
-one draw of that luck.
+initial weights and the order of its data (on the MLP, 5 to 7 epochs over seeds 0 to 4), and a seed shared by all
+repeats would measure one draw of that luck. Sides that run the same algorithm draw the same: one process, MWMS,
+all-reduce and sync-ps k=0 start from the same weights and train on the same global batches (``tta_baselines``),
+so in a repeat they reach the target at the same epoch (rounding aside) and their ratios compare speed alone.
 Ratios: baseline / workbench (> 1: the workbench is sooner), side / one process (> 1: slower than one process).
 Beside them, each side's time an epoch on the clock (between two judgements; the median of each run's, over the
 repeats) and, for a workbench side, its baseline's over it: a time to the target is about that times the epochs,
-and which side needed an epoch more is the seeds' draw (``--repeats`` many to even it out).
+and where two sides' algorithms differ (async against sync, PSS's unseeded data), which needed an epoch more is
+partly the seeds' draw (``--repeats`` many to even it out).
 The async-ps sides also report their staleness: for each step, how many of the other worker's updates landed
 between its read of the parameters and its own update, over every step of every repeat (mean, 90th and 99th
 percentile, max).

@@ -11,7 +11,8 @@ epoch's end. Written as TensorFlow's guides write them:
   own shuffle of the data (unseeded, as the guide's ``dataset_fn``);
 - ``mwms``: ``MultiWorkerMirroredStrategy`` with a custom loop (K steps per ``tf.function``, the loss averaged over
   the global batch with ``tf.nn.compute_average_loss``), one process per worker on ports of its own (loopback);
-  every worker judges the same mirrored weights, so all stop at the same epoch;
+  every worker judges the same mirrored weights, so all stop at the same epoch; each worker takes its share of every
+  batch of one shuffled stream (batched, then sharded), so that the global batches are those one process draws;
 - ``sync-replicas``: TF1 between-graph replication with ``SyncReplicasOptimizer`` (``replicas_to_aggregate``
   N - k), one ``MonitoredTrainingSession`` client per worker task of the bench's baselines' cluster; the chief judges the
   variables every ``epoch_steps`` global steps. With backup workers (k > 0) the others need no gradient of the
@@ -19,7 +20,9 @@ epoch's end. Written as TensorFlow's guides write them:
   during its judging (the workbench's at the epoch's end, PSS's at ``join()``, MWMS's in the next all-reduce), and
   so do these, told by a file (``PausedPeers``). With k = 0 they wait for the chief's gradient anyway.
 
-The processes route TensorFlow's listening sockets through the workbench's bind shim (loopback only).
+One process and MWMS seed as ``wb.train(seed=...)`` does (``seed_as_the_workbench``): for a given seed they train
+the steps all-reduce and sync-ps k=0 train, from the same weights on the same batches, and reach the target at the
+same epoch. The processes route TensorFlow's listening sockets through the workbench's bind shim (loopback only).
 """
 
 from __future__ import annotations
@@ -122,6 +125,18 @@ def _report(clock: TargetClock, config: dict, **extra) -> None:
     print("RESULT " + text, flush=True)
 
 
+def seed_as_the_workbench(keras, tf, seed: int) -> None:
+    """Seed as ``wb.train(seed=...)`` does: Keras's initializers from ``seed``, TensorFlow's global seed left unset.
+
+    A ``shuffle(seed=seed)`` then draws the order the workbench's pipelines draw (TensorFlow pairs an op's seed with
+    the global one when that is set), so a side whose algorithm is a workbench side's (one process and MWMS:
+    all-reduce's and sync-ps k=0's) trains the same steps from the same weights, and a repeat compares their speed
+    alone, not two draws of the epochs the target takes.
+    """
+    keras.utils.set_random_seed(seed)
+    tf.random.set_seed(None)
+
+
 def _optimizer(keras, config: dict):
     return keras.optimizers.Adam(config["learning_rate"])
 
@@ -132,7 +147,7 @@ def local_main(config: dict) -> None:
 
     workload, k = config["workload"], config["steps_per_call"]
     x, y = arrays(workload, "train")
-    keras.utils.set_random_seed(config["seed"])
+    seed_as_the_workbench(keras, tf, config["seed"])
     clock = TargetClock(workload, config["target"])
     clock.call = time.time()
     model = keras_model(workload, config["width"])
@@ -208,7 +223,7 @@ def mwms_main(config: dict) -> None:
     _protect()
     workload, k, index = config["workload"], config["steps_per_call"], config["index"]
     x, y = arrays(workload, "train")
-    keras.utils.set_random_seed(config["seed"])
+    seed_as_the_workbench(keras, tf, config["seed"])
     clock = TargetClock(workload, config["target"])
     clock.call = time.time()
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -222,10 +237,10 @@ def mwms_main(config: dict) -> None:
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     variables = model.trainable_variables
 
-    def dataset_fn(context):
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shard(context.num_input_pipelines, context.input_pipeline_id)
-        dataset = dataset.shuffle(len(y), seed=config["seed"]).repeat()
-        return dataset.batch(context.get_per_replica_batch_size(global_batch), drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    def dataset_fn(context):  # batches, then each worker its share of them: each global batch as one process's
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y), seed=config["seed"]).repeat()
+        dataset = dataset.batch(context.get_per_replica_batch_size(global_batch), drop_remainder=True)
+        return dataset.shard(context.num_input_pipelines, context.input_pipeline_id).prefetch(tf.data.AUTOTUNE)
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
 
