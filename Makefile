@@ -87,9 +87,11 @@ bench-training: install
 bench-tta: install
 	$(WITH_SHIM) $(PY) bench/time_to_accuracy.py
 
-# on a machine with NVIDIA GPUs and tensorflow[and-cuda] (EXTRAS=gpu,notebook); elsewhere it says why it skips
+# on a machine with NVIDIA GPUs and tensorflow[and-cuda] (EXTRAS=gpu,notebook): placement and images/s, then time to
+# accuracy against one process on a GPU; elsewhere each says why it skips
 bench-gpu: install
 	$(PY) bench/gpu.py
+	$(WITH_SHIM) $(PY) bench/time_to_accuracy.py --gpu
 
 bench-transfers: install
 	$(PY) bench/transfers.py

@@ -44,6 +44,12 @@ percentile, max).
 
     python bench/time_to_accuracy.py [--workloads mlp,cnn] [--repeats 5] [--target 0.95] [--sides ...]
 
+``--gpu`` (``make bench-gpu``, on a machine with NVIDIA GPUs): the workbench's workers one GPU each (as many as the
+GPUs, ``--workers`` fewer), and by default all-reduce, async-ps, and the ps strategies with bf16 transfer (async-ps
+with overlapped reads too) against one process on the first GPU. Elsewhere it says why it skips and exits 0.
+
+    python bench/time_to_accuracy.py --gpu [--workloads cnn] [--repeats 5]
+
 ``--crossover`` instead trains the CNN at several widths (``--widths``, filters x width: compute per step grows
 about as width squared) with async-ps (both ways of reading), all-reduce and one process, and reports each
 strategy's time to the target over one process's per width: where distributing starts to pay on this machine.
@@ -69,14 +75,17 @@ from tta_workloads import DATA, WORKLOADS, TargetClock, loss, model_fn, time_to_
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 TIMEOUT = 600.0  # seconds any one run may take
 WORKBENCH_SIDES = ("async-ps", "sync-ps k=0", "sync-ps k=1", "allreduce")
-# measured on request (--sides): wb.AsyncPS(overlap=True), each step's parameters read while the step before runs
-VARIANTS = ("async-ps overlap",)
+# measured on request (--sides): wb.AsyncPS(overlap=True), each step's parameters read while the step before runs;
+# the ps strategies' parameters and gradients in bfloat16 (on the GPUs, by default)
+VARIANTS = ("async-ps overlap", "async-ps bf16 overlap", "sync-ps bf16")
 BASELINE_OF = {"async-ps": "pss", "sync-ps k=0": "sync-replicas k=0", "sync-ps k=1": "sync-replicas k=1",
                "allreduce": "mwms"}
 SIDES = (*WORKBENCH_SIDES, *BASELINE_OF.values(), "local")
 KNOWN_SIDES = (*SIDES, *VARIANTS)
 ESTIMATED = ("async-ps", "async-ps overlap", "sync-ps k=0", "sync-ps k=1")  # what wb.estimate models
 CROSSOVER_SIDES = ("async-ps", "async-ps overlap", "allreduce", "local")
+GPU_SIDES = ("allreduce", "async-ps", "async-ps bf16 overlap", "sync-ps bf16", "local")
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def config_of(args: argparse.Namespace, workload: str, width: float) -> dict:
@@ -92,6 +101,8 @@ def strategy_of(side: str, k: int):
 
     return {"async-ps": lambda: wb.AsyncPS(steps_per_call=k),
             "async-ps overlap": lambda: wb.AsyncPS(steps_per_call=k, overlap=True),
+            "async-ps bf16 overlap": lambda: wb.AsyncPS(steps_per_call=k, overlap=True, transfer="bf16"),
+            "sync-ps bf16": lambda: wb.SyncPS(steps_per_call=k, transfer="bf16"),
             "allreduce": lambda: wb.AllReduce(steps_per_call=k),
             "sync-ps k=0": lambda: wb.SyncPS(steps_per_call=k),
             "sync-ps k=1": lambda: wb.SyncPS(steps_per_call=k, backup_workers=1)}[side]()
@@ -105,6 +116,7 @@ def workbench_side(cluster, side: str, config: dict) -> dict:
     from workbench.telemetry.job_scalars import step_staleness
 
     strategy = strategy_of(side, config["steps_per_call"])
+    cursor = cluster.telemetry.cursor
     clock = TargetClock(config["workload"], config["target"])
     callback = clock.keras_callback()
     clock.call = time.time()
@@ -122,7 +134,15 @@ def workbench_side(cluster, side: str, config: dict) -> dict:
     stale = None
     if side.startswith("async-ps"):  # how many of the other worker's updates landed during each step
         stale = [n for counts in step_staleness(job.history).values() for n in counts]
-    return clock.result(steps=job.steps_done, staleness=stale)
+    return clock.result(steps=job.steps_done, staleness=stale, devices=step_devices(cluster, cursor, job.name))
+
+
+def step_devices(cluster, cursor, job_name: str) -> list[str]:
+    """The devices the job's workers ran their steps on (its telemetry since ``cursor``)."""
+    from workbench.telemetry import StepSpan
+
+    return sorted({e.device for e in cluster.telemetry.since(cursor).events
+                   if isinstance(e, StepSpan) and e.job == job_name and e.task.startswith("worker")})
 
 
 def run_side(cluster, side: str, config: dict, baselines_cluster=None) -> dict:
@@ -175,6 +195,9 @@ def measure(cluster, args: argparse.Namespace, cases: list[tuple[str, float]], s
                 try:
                     result = run_side(cluster, side, seeded, baselines_cluster)
                     record = {**time_to_target(result, args.target), "error": None, "staleness": result.get("staleness")}
+                    if args.gpu and side != "local":
+                        record["devices"] = result["devices"]
+                        record["error"] = off_the_gpus(result["devices"])
                 except Exception as exc:  # noqa: BLE001 - a failed side is reported and left out
                     record = {"from_call": None, "from_first": None, "epochs": 0, "accuracy": 0.0, "epoch_seconds": None,
                               "error": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -298,9 +321,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--estimate", action="store_true", help="also predict each ps side's time from the call with "
                         "wb.estimate, given the epochs the side took")
     parser.add_argument("--widths", default="1,2,4")
-    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "time_to_accuracy.json")
+    parser.add_argument("--gpu", action="store_true", help="the workers on GPUs, one each (default sides: "
+                        + ", ".join(GPU_SIDES) + "); skips, saying why, where there is none")
+    parser.add_argument("--workers", type=int, help="with --gpu: at most this many workers (default: one per GPU)")
+    parser.add_argument("--json", type=Path, help="default: bench/results/time_to_accuracy[_gpu].json")
     args = parser.parse_args(argv)
-    args.sides = args.sides or ",".join(CROSSOVER_SIDES if args.crossover else SIDES)
+    args.sides = args.sides or ",".join(CROSSOVER_SIDES if args.crossover else GPU_SIDES if args.gpu else SIDES)
+    args.json = args.json or RESULTS / ("time_to_accuracy_gpu.json" if args.gpu else "time_to_accuracy.json")
+    if args.workers is not None and (not args.gpu or args.workers < 1):
+        parser.error("--workers is for --gpu runs, and is 1 or more")
     unknown = [s for s in args.sides.split(",") if s not in KNOWN_SIDES]
     if unknown:
         parser.error(f"no side named {', '.join(unknown)}: the sides are {', '.join(KNOWN_SIDES)}")
@@ -320,21 +349,49 @@ def main(argv: list[str] | None = None) -> int:
         cases = [(w, 1.0) for w in args.workloads.split(",")]
     sides = args.sides.split(",")
     started = time.time()
+    shape = dict(workers=2)
+    if args.gpu:
+        gpus, reason = gpu_machine()
+        if reason:
+            print(f"bench/time_to_accuracy.py --gpu skipped: {reason}")
+            _write(args.json, {"skipped": reason})
+            return 0
+        shape = dict(workers=min(args.workers or len(gpus), len(gpus)), gpus_per_worker=1)
     on_tasks = any(s == "pss" or s.startswith("sync-replicas") for s in sides)  # baselines that use a cluster's tasks
     with contextlib.ExitStack() as stack:
-        cluster = stack.enter_context(wb.Cluster(ps=1, workers=2, name="wb-bench-tta", progress=False))
+        cluster = stack.enter_context(wb.Cluster(ps=1, **shape, name="wb-bench-tta", progress=False))
         baselines_cluster = stack.enter_context(wb.Cluster(ps=1, workers=2, name="wb-bench-tta-baselines",
                                                            progress=False)) if on_tasks else None
         raw = measure(cluster, args, cases, sides, baselines_cluster)
     summary = summarize(raw, args.epoch_steps)
     print_report(summary, args.target)
     print(f"\n({time.time() - started:.0f} s in all; python bench/time_to_accuracy.py {' '.join(sys.argv[1:])})")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary, "raw": raw},
-                                    indent=1, default=str))
+    _write(args.json, {"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary, "raw": raw})
     failed = any(r["error"] for sides_ in raw.values() for side, records in sides_.items()
                  if side not in ("estimates", "first_job") for r in records)
     return 1 if failed else 0
+
+
+def off_the_gpus(devices: list[str]) -> str | None:
+    """What is wrong with a ``--gpu`` run whose workers' steps ran on ``devices`` (None: every one a GPU)."""
+    if devices and all("/device:GPU:" in d for d in devices):
+        return None
+    return f"its steps ran on {', '.join(devices) or 'no device the telemetry saw'}, not the workers' GPUs"
+
+
+def gpu_machine() -> tuple[list[str], str | None]:
+    """This machine's NVIDIA GPUs, and why it cannot train on them (None: it can); ``bench/gpu.py``'s checks."""
+    from gpu import skip_reason
+
+    from workbench.cluster.machine.gpus import discover_gpus
+
+    gpus = discover_gpus()
+    return gpus, skip_reason(gpus)
+
+
+def _write(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -362,6 +362,7 @@ def graph_model(v1, tf, workload: str, inputs, width: float):
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")  # on a GPU the workbench's workers share: take what it needs
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     mains = {"local": local_main, "pss": pss_main, "mwms": mwms_main, "sync-replicas": sync_replicas_main}
     mains[sys.argv[1]](json.loads(sys.argv[2]))

@@ -3,6 +3,7 @@ code runs, as under ``python bench/<script>.py``), their ``main`` not run. A ren
 not on the day someone measures."""
 
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +150,32 @@ def test_syncreplicas_other_clients_wait_while_the_chief_judges(tmp_path):
         with chief.paused(True):
             pass
     assert not (tmp_path / "pause").exists()  # asked no longer: a client started later does not wait
+
+
+def test_time_to_accuracy_on_gpus_checks_where_the_steps_ran_and_says_what_it_runs():
+    """``--gpu``: the GPU sides by default (all-reduce, async-ps, the ps strategies in bf16, one process), results in
+    a file of their own, ``--workers`` only with it; a run whose workers stepped on a CPU is a failed run."""
+    tta = _bench("time_to_accuracy")
+    args = tta.parse_args(["--gpu"])
+    assert args.sides.split(",") == list(tta.GPU_SIDES) and args.json.name == "time_to_accuracy_gpu.json"
+    assert all(side in tta.KNOWN_SIDES for side in tta.GPU_SIDES)
+    assert tta.parse_args([]).json.name == "time_to_accuracy.json"
+    with pytest.raises(SystemExit):
+        tta.parse_args(["--workers", "2"])
+    gpus = ["/job:worker/replica:0/task:0/device:GPU:0", "/job:worker/replica:0/task:1/device:GPU:0"]
+    assert tta.off_the_gpus(gpus) is None
+    assert "task:1/device:CPU:0" in tta.off_the_gpus([gpus[0], "/job:worker/replica:0/task:1/device:CPU:0"])
+    assert "no device" in tta.off_the_gpus([])
+
+
+def test_time_to_accuracy_on_gpus_says_why_it_skips_on_a_machine_without_any(tmp_path):
+    from workbench.cluster.machine.gpus import discover_gpus
+
+    if discover_gpus():
+        pytest.skip("this machine has NVIDIA GPUs: there the command trains for many minutes (make bench-gpu runs it)")
+    out = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, str(BENCH / "time_to_accuracy.py"), "--gpu", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--gpu skipped: no NVIDIA GPU" in done.stdout
+    assert "no NVIDIA GPU" in json.loads(out.read_text())["skipped"]
