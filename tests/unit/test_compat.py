@@ -1,6 +1,6 @@
 """The fence around other libraries' internals: versions checked at import, TensorFlow's function removal with
-the GIL released behaving as TensorFlow's own, functions registered only between changes of the server def, and
-Bokeh imported one thread at a time."""
+the GIL released behaving as TensorFlow's own, functions registered only between changes of the server def, a
+strategy's per-device input without autotuning, and Bokeh imported one thread at a time."""
 
 import subprocess
 import sys
@@ -41,6 +41,20 @@ def test_function_registration_and_removal_go_through_the_c_api_on_this_tensorfl
     assert tf_compat.guard_context_changes() == ""  # "" once installed; else why TensorFlow's binding stays
     assert type(tf_compat.eager_context()).remove_function.__module__ == tf_compat.__name__
     assert type(tf_compat.eager_context()).add_c_function.__module__ == tf_compat.__name__
+
+
+def test_a_multi_device_iterators_per_device_pipelines_run_without_autotuning_and_still_feed_every_element():
+    """What a distribution strategy feeds its replicas from: TensorFlow gives its per-device pipelines default
+    options (autotuning on); once ``untuned_device_prefetch`` applied, they have it off and yield as before."""
+    from tensorflow.python.data.ops import multi_device_iterator_ops
+
+    if "device_prefetch" not in tf_compat._STATE:  # not applied in this process yet: TensorFlow's default is on
+        before = multi_device_iterator_ops.OwnedMultiDeviceIterator(tf.data.Dataset.range(4), ["/cpu:0"])
+        assert before._device_iterators[0]._dataset.options().autotune.enabled is not False
+    assert tf_compat.untuned_device_prefetch() and tf_compat.untuned_device_prefetch()  # applies here; once
+    iterator = multi_device_iterator_ops.OwnedMultiDeviceIterator(tf.data.Dataset.range(8).batch(2), ["/cpu:0"])
+    assert iterator._device_iterators[0]._dataset.options().autotune.enabled is False
+    assert [next(iterator)[0].numpy().tolist() for _ in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
 def test_a_function_registered_through_the_c_api_runs_and_a_clash_fails_as_tensorflows_does():

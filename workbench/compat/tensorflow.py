@@ -30,6 +30,13 @@
   layout, TensorFlow's own binding stays (and takes its turn all the same).
 - ``context_change()``: held while the context's server def is set or updated, and while a function is registered
   or removed.
+- ``untuned_device_prefetch()``: the per-device end of a ``MultiDeviceIterator`` (what a ``tf.distribute``
+  strategy feeds each replica from: a fixed prefetch, nothing to tune) made without tf.data's autotuning, as the
+  workbench's own pipelines are (``training.data``), by wrapping ``multi_device_iterator_ops._create_device_dataset``.
+  TensorFlow gives that pipeline default options, so its iterator ran autotuning's model thread, which sleeps
+  between rounds without waking when the iterator goes: deleting an all-reduce job's input on a worker took up to
+  2 s (half the jobs of a CNN, 0.26-0.76 s typically), and the engine's next call, often the next job's set-up,
+  waited behind it. Where this TensorFlow has no such function it logs why and leaves TensorFlow's.
 - ``quiet_retracing_of(*names)``: TensorFlow's "triggered tf.function retracing" warning (a logging record of its
   logger) dropped for the workbench's own functions made anew on purpose (one per job, one per re-hosting).
   TensorFlow counts traces per code object, not per function, so a few of them in a row read to it as one
@@ -155,6 +162,35 @@ def sharded_variable(shards: list, name: str) -> Any:
     from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
     return ShardedVariable(shards, name=name)
+
+
+def untuned_device_prefetch() -> bool:
+    """Make every ``MultiDeviceIterator``'s per-device pipelines in this process run without tf.data's autotuning
+    (see the module's docstring); once, process-wide. Whether it applies on this TensorFlow."""
+    with _LOCK:
+        if "device_prefetch" not in _STATE:
+            _STATE["device_prefetch"] = _wrap_device_datasets()
+        return _STATE["device_prefetch"]
+
+
+def _wrap_device_datasets() -> bool:
+    import tensorflow as tf
+    from tensorflow.python.data.ops import multi_device_iterator_ops
+
+    make = getattr(multi_device_iterator_ops, "_create_device_dataset", None)
+    if make is None:
+        log.warning("this TensorFlow has no multi_device_iterator_ops._create_device_dataset: an all-reduce worker's "
+                    "input keeps tf.data's autotuning, and deleting it may hold the worker up to a second or two")
+        return False
+    options = tf.data.Options()
+    options.autotune.enabled = False
+
+    @functools.wraps(make)
+    def untuned(*args, **kwargs):
+        return make(*args, **kwargs).with_options(options)
+
+    multi_device_iterator_ops._create_device_dataset = untuned
+    return True
 
 
 def dataset_options(dataset: Any) -> Any:

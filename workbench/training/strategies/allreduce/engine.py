@@ -17,6 +17,7 @@ import tempfile
 from typing import Any
 
 from ....cluster.machine import threads
+from ....compat import tensorflow as tf_compat
 
 _GROUP: dict[str, Any] = {"strategy": None, "key": None, "workers": None, "index": None}
 _RUNS: dict[str, dict] = {}
@@ -44,6 +45,7 @@ def join_group(workers: list[str], index: int, key: list[str]) -> dict:
             f"this engine already all-reduces with {_GROUP['workers']}, and TensorFlow cannot change the group of a "
             "running process")}
     threads.apply_to_context()  # the group's own server and pools, as the tasks' (``machine.threads``)
+    tf_compat.untuned_device_prefetch()  # the jobs' input reaches the replicas through it, and then goes at once
     resolver = group_resolver(workers, index, len(tf.config.list_physical_devices("GPU")))
     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
     _GROUP.update(strategy=strategy, key=list(key), workers=list(workers), index=index)
