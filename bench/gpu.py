@@ -69,6 +69,14 @@ def skip_reason(gpus: list[str]) -> str | None:
     return None
 
 
+def gpu_machine() -> tuple[list[str], str | None]:
+    """This machine's NVIDIA GPUs (``discover_gpus``), and why nothing can train on them (None: something can)."""
+    from workbench.cluster.machine.gpus import discover_gpus
+
+    gpus = discover_gpus()
+    return gpus, skip_reason(gpus)
+
+
 def engine_view() -> dict:
     """Runs on an engine (shipped by ipyparallel, so it imports what it needs): what this process sees."""
     import ctypes
@@ -170,7 +178,6 @@ def train_line(cluster, args: argparse.Namespace, strategy: str, workers: int) -
     import keras
 
     import workbench as wb
-    from workbench.telemetry import StepSpan
 
     cursor = cluster.telemetry.cursor
     job = wb.train(cluster, model_function(args.model, args.image_size), synthetic_images(args.image_size),
@@ -179,10 +186,22 @@ def train_line(cluster, args: argparse.Namespace, strategy: str, workers: int) -
     history = finished(job).history  # waited for at most TIMEOUT s (then stopped)
     per_step = sum(r["examples"] for r in history) / len(history)
     rate = steady_rate(completion_points(history))
-    devices = sorted({e.device for e in cluster.telemetry.since(cursor).events
-                      if isinstance(e, StepSpan) and e.job == job.name and e.task.startswith("worker")})
+    devices = step_devices(cluster, cursor, job.name)
     return {"steps_per_s": rate, "images_per_s": rate * per_step, "images_per_step": per_step,
-            "devices": devices, "on_gpu": bool(devices) and all("/device:GPU:" in d for d in devices)}
+            "devices": devices, "on_gpu": on_gpus(devices)}
+
+
+def step_devices(cluster, cursor, job_name: str) -> list[str]:
+    """The devices job ``job_name``'s workers ran their steps on (the cluster's telemetry since ``cursor``)."""
+    from workbench.telemetry import StepSpan
+
+    return sorted({e.device for e in cluster.telemetry.since(cursor).events
+                   if isinstance(e, StepSpan) and e.job == job_name and e.task.startswith("worker")})
+
+
+def on_gpus(devices: list[str]) -> bool:
+    """Whether the workers' steps ran on GPUs only (``step_devices``)."""
+    return bool(devices) and all("/device:GPU:" in d for d in devices)
 
 
 def local_run(args: argparse.Namespace) -> dict:
@@ -262,7 +281,7 @@ def print_scaling(runs: dict[str, dict[str, dict]], ratios: dict[str, dict[str, 
 
 def write(path: Path, result: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
+    path.write_text(json.dumps(result, indent=2, default=str))
     print(f"written: {path}")
 
 
@@ -286,10 +305,7 @@ def main() -> int:
     if set(strategies) - {"async-ps", "sync-ps", "allreduce"}:
         parser.error(f"--strategies {args.strategies!r}: choose from async-ps, sync-ps, allreduce")
 
-    from workbench.cluster.machine.gpus import discover_gpus
-
-    gpus = discover_gpus()
-    reason = skip_reason(gpus)
+    gpus, reason = gpu_machine()
     if reason:
         print(f"bench/gpu.py skipped: {reason}")
         write(args.json, {"skipped": reason})

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import statistics
@@ -70,6 +69,7 @@ import time
 from pathlib import Path
 
 import tta_baselines
+from gpu import gpu_machine, on_gpus, step_devices, write
 from tta_workloads import DATA, WORKLOADS, TargetClock, loss, model_fn, time_to_target
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -135,14 +135,6 @@ def workbench_side(cluster, side: str, config: dict) -> dict:
     if side.startswith("async-ps"):  # how many of the other worker's updates landed during each step
         stale = [n for counts in step_staleness(job.history).values() for n in counts]
     return clock.result(steps=job.steps_done, staleness=stale, devices=step_devices(cluster, cursor, job.name))
-
-
-def step_devices(cluster, cursor, job_name: str) -> list[str]:
-    """The devices the job's workers ran their steps on (its telemetry since ``cursor``)."""
-    from workbench.telemetry import StepSpan
-
-    return sorted({e.device for e in cluster.telemetry.since(cursor).events
-                   if isinstance(e, StepSpan) and e.job == job_name and e.task.startswith("worker")})
 
 
 def run_side(cluster, side: str, config: dict, baselines_cluster=None) -> dict:
@@ -354,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         gpus, reason = gpu_machine()
         if reason:
             print(f"bench/time_to_accuracy.py --gpu skipped: {reason}")
-            _write(args.json, {"skipped": reason})
+            write(args.json, {"skipped": reason})
             return 0
         shape = dict(workers=min(args.workers or len(gpus), len(gpus)), gpus_per_worker=1)
     on_tasks = any(s == "pss" or s.startswith("sync-replicas") for s in sides)  # baselines that use a cluster's tasks
@@ -366,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(raw, args.epoch_steps)
     print_report(summary, args.target)
     print(f"\n({time.time() - started:.0f} s in all; python bench/time_to_accuracy.py {' '.join(sys.argv[1:])})")
-    _write(args.json, {"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary, "raw": raw})
+    write(args.json, {"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary, "raw": raw})
     failed = any(r["error"] for sides_ in raw.values() for side, records in sides_.items()
                  if side not in ("estimates", "first_job") for r in records)
     return 1 if failed else 0
@@ -374,24 +366,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def off_the_gpus(devices: list[str]) -> str | None:
     """What is wrong with a ``--gpu`` run whose workers' steps ran on ``devices`` (None: every one a GPU)."""
-    if devices and all("/device:GPU:" in d for d in devices):
+    if on_gpus(devices):
         return None
     return f"its steps ran on {', '.join(devices) or 'no device the telemetry saw'}, not the workers' GPUs"
 
-
-def gpu_machine() -> tuple[list[str], str | None]:
-    """This machine's NVIDIA GPUs, and why it cannot train on them (None: it can); ``bench/gpu.py``'s checks."""
-    from gpu import skip_reason
-
-    from workbench.cluster.machine.gpus import discover_gpus
-
-    gpus = discover_gpus()
-    return gpus, skip_reason(gpus)
-
-
-def _write(path: Path, result: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -20,9 +20,10 @@ epoch's end. Written as TensorFlow's guides write them:
   during its judging (the workbench's at the epoch's end, PSS's at ``join()``, MWMS's in the next all-reduce), and
   so do these, told by a file (``PausedPeers``). With k = 0 they wait for the chief's gradient anyway.
 
-One process and MWMS seed as ``wb.train(seed=...)`` does (``seed_as_the_workbench``): for a given seed they train
-the steps all-reduce and sync-ps k=0 train, from the same weights on the same batches, and reach the target at the
-same epoch. The processes route TensorFlow's listening sockets through the workbench's bind shim (loopback only).
+One process and MWMS seed as ``wb.train(seed=...)`` does (``seed_initializers``: Keras's initializers from the seed,
+TensorFlow's global seed left unset, which a ``shuffle(seed=...)`` would pair its own with): for a given seed they
+train the steps all-reduce and sync-ps k=0 train, from the same weights on the same batches, and reach the target
+at the same epoch. The processes route TensorFlow's listening sockets through the workbench's bind shim (loopback only).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from training_baselines import BaselineError, _tail_file, _terminate, run_chief_
 from tta_workloads import TargetClock, arrays, filters, keras_model
 
 from workbench.cluster.machine import threads
+from workbench.training.modelling.building import seed_initializers
 
 SCRIPT = str(Path(__file__).resolve())
 
@@ -125,18 +127,6 @@ def _report(clock: TargetClock, config: dict, **extra) -> None:
     print("RESULT " + text, flush=True)
 
 
-def seed_as_the_workbench(keras, tf, seed: int) -> None:
-    """Seed as ``wb.train(seed=...)`` does: Keras's initializers from ``seed``, TensorFlow's global seed left unset.
-
-    A ``shuffle(seed=seed)`` then draws the order the workbench's pipelines draw (TensorFlow pairs an op's seed with
-    the global one when that is set), so a side whose algorithm is a workbench side's (one process and MWMS:
-    all-reduce's and sync-ps k=0's) trains the same steps from the same weights, and a repeat compares their speed
-    alone, not two draws of the epochs the target takes.
-    """
-    keras.utils.set_random_seed(seed)
-    tf.random.set_seed(None)
-
-
 def _optimizer(keras, config: dict):
     return keras.optimizers.Adam(config["learning_rate"])
 
@@ -147,7 +137,7 @@ def local_main(config: dict) -> None:
 
     workload, k = config["workload"], config["steps_per_call"]
     x, y = arrays(workload, "train")
-    seed_as_the_workbench(keras, tf, config["seed"])
+    seed_initializers(config["seed"])
     clock = TargetClock(workload, config["target"])
     clock.call = time.time()
     model = keras_model(workload, config["width"])
@@ -223,7 +213,7 @@ def mwms_main(config: dict) -> None:
     _protect()
     workload, k, index = config["workload"], config["steps_per_call"], config["index"]
     x, y = arrays(workload, "train")
-    seed_as_the_workbench(keras, tf, config["seed"])
+    seed_initializers(config["seed"])
     clock = TargetClock(workload, config["target"])
     clock.call = time.time()
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
