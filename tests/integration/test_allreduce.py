@@ -84,3 +84,18 @@ def test_allreduce_runs_notebook_style_functions_the_engines_cannot_import(clust
     job = wb.train(cluster, tiny_model, tiny_data, "mse", "sgd", strategy="allreduce", steps=20, batch_size=16,
                    metrics=["mae"]).wait(300)
     assert len(job.history) == 20 and "mae" in job.history[0]
+
+
+
+def test_allreduce_workers_keep_no_graph_of_the_jobs_that_ended(cluster):
+    # TensorFlow registers a gradient function, process-wide and for good, for each all-reduce it traces (a custom
+    # gradient), and that function holds the step's graph: each job's would stay on every worker for the engine's life.
+    count = ("import gc; from tensorflow.python.framework.func_graph import FuncGraph; gc.collect(); "
+             "graphs_alive = sum(isinstance(o, FuncGraph) for o in gc.get_objects())")  # the traced graphs Python holds
+    workers = cluster.client[[r.engine_id for r in cluster.tasks if r.job == "worker"]]
+    alive = []
+    for _ in range(3):
+        train(cluster, strategy=wb.AllReduce(steps_per_call=10), steps=20).wait(300)
+        workers.execute(count, block=True)  # after the job's clean-up there (an engine runs what it is sent in order)
+        alive.append(workers.pull("graphs_alive", block=True))
+    assert alive[0] == alive[1] == alive[2], alive

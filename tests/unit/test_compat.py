@@ -1,6 +1,7 @@
 """The fence around other libraries' internals: versions checked at import, TensorFlow's function removal with
 the GIL released behaving as TensorFlow's own, functions registered only between changes of the server def, a
-strategy's per-device input without autotuning, and Bokeh imported one thread at a time."""
+strategy's per-device input without autotuning, a traced custom gradient's registration let go, the eager kernels
+dropped, and Bokeh imported one thread at a time."""
 
 import subprocess
 import sys
@@ -55,6 +56,47 @@ def test_a_multi_device_iterators_per_device_pipelines_run_without_autotuning_an
     iterator = multi_device_iterator_ops.OwnedMultiDeviceIterator(tf.data.Dataset.range(8).batch(2), ["/cpu:0"])
     assert iterator._device_iterators[0]._dataset.options().autotune.enabled is False
     assert [next(iterator)[0].numpy().tolist() for _ in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_a_traced_custom_gradients_registration_is_listed_and_once_forgotten_its_graph_goes():
+    """TensorFlow registers a traced ``tf.custom_gradient`` (as ``ReplicaContext.all_reduce`` is) for good, and the
+    registration holds the graph; ``forget_gradients`` drops what ``gradient_registrations`` listed, and only that."""
+    import gc
+    import weakref
+
+    @tf.custom_gradient
+    def doubled(x):
+        return 2.0 * x, lambda dy: 2.0 * dy
+
+    def gradient(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = doubled(x)
+        return tape.gradient(y, x)
+
+    earlier: list[str] = []
+    with tf_compat.gradient_registrations(earlier):  # a registration before the block
+        tf.function(gradient).get_concrete_function(tf.TensorSpec([], tf.float32))
+    made: list[str] = []
+    with tf_compat.gradient_registrations(made):
+        concrete = tf.function(gradient).get_concrete_function(tf.TensorSpec([], tf.float32))
+    assert len(made) == 1 and made[0].startswith(tf_compat.CUSTOM_GRADIENT) and made != earlier
+    assert float(concrete(tf.constant(3.0))) == 2.0  # the gradient is the custom one
+    graph = weakref.ref(concrete.graph)
+    del concrete
+    gc.collect()
+    assert graph() is not None  # TensorFlow's registry holds it
+    assert tf_compat.forget_gradients(made) == 1 and made == []
+    gc.collect()
+    assert graph() is None
+    assert len(earlier) == 1 and tf_compat.forget_gradients(earlier) == 1  # it stayed till now
+
+
+def test_the_eager_runtimes_kernels_are_dropped_and_made_again_on_use():
+    triple = tf.function(lambda x: 3 * x)
+    assert int(triple(tf.constant(2))) == 6
+    tf_compat.clear_kernel_cache()
+    assert int(triple(tf.constant(2))) == 6 and int(tf.constant(4) + 1) == 5
 
 
 def test_a_function_registered_through_the_c_api_runs_and_a_clash_fails_as_tensorflows_does():

@@ -37,6 +37,15 @@
   between rounds without waking when the iterator goes: deleting an all-reduce job's input on a worker took up to
   2 s (half the jobs of a CNN, 0.26-0.76 s typically), and the engine's next call, often the next job's set-up,
   waited behind it. Where this TensorFlow has no such function it logs why and leaves TensorFlow's.
+- ``gradient_registrations(made)`` and ``forget_gradients(made)``: the gradient functions TensorFlow registers while a
+  function traces (``ops._gradient_registry``, one entry per call of a ``tf.custom_gradient`` function in graph mode,
+  named ``CustomGradient-<n>``), and their removal once the function is gone. The registry is process-wide and never
+  lets an entry go, and the entry's closure holds the traced graph: ``ReplicaContext.all_reduce`` is such a function,
+  so every all-reduce job's step graph stayed on its workers (about 7,700 Python objects a job on the digits MLP,
+  a full garbage collection 1.7 ms after the first job and 29 ms after the thirteenth).
+- ``clear_kernel_cache()``: the eager runtime's cached kernels dropped (``context.clear_kernel_cache``). It keeps one
+  for every function it ran, the function's instantiation with it, and a job's step functions are new each job:
+  an all-reduce worker grew by 1.4 MiB a job with them kept, 0.6 MiB without.
 - ``quiet_retracing_of(*names)``: TensorFlow's "triggered tf.function retracing" warning (a logging record of its
   logger) dropped for the workbench's own functions made anew on purpose (one per job, one per re-hosting).
   TensorFlow counts traces per code object, not per function, so a few of them in a row read to it as one
@@ -46,6 +55,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
@@ -61,6 +71,7 @@ _STATE: dict = {"guarded": False, "why_not": ""}
 _CONTEXT_CHANGE = threading.RLock()  # a server def set or updated, a function registered or removed: one at a time
 _DEFAULT_EXECUTOR: list = []  # the default executor's handle, read once: each thread returns to it
 _DEFAULT_EXECUTOR_LOCK = threading.Lock()
+CUSTOM_GRADIENT = "CustomGradient-"  # how TensorFlow names ``tf.custom_gradient``'s registrations
 
 
 _OWN_FUNCTIONS: set[str] = set()  # qualified names whose retracing warning is dropped
@@ -191,6 +202,44 @@ def _wrap_device_datasets() -> bool:
 
     multi_device_iterator_ops._create_device_dataset = untuned
     return True
+
+
+def clear_kernel_cache() -> None:
+    """Drop the kernels this process's eager runtime cached (see the module's docstring); they are made again on use."""
+    eager_context().clear_kernel_cache()
+
+
+@contextlib.contextmanager
+def gradient_registrations(made: list[str]):
+    """Append to ``made`` the names of the gradient functions TensorFlow registers while the block runs (see the
+    module's docstring): those that ``forget_gradients`` may drop once what traced them is gone."""
+    registry = _gradient_registry()
+    newest = next(reversed(registry), None)
+    try:
+        yield made
+    finally:
+        added = []
+        for name in reversed(registry):  # TensorFlow adds each under a new name: those after ``newest`` are the block's
+            if name == newest:
+                break
+            if name.startswith(CUSTOM_GRADIENT):
+                added.append(name)
+        made.extend(reversed(added))
+
+
+def forget_gradients(made: list[str]) -> int:
+    """Drop the gradient functions ``gradient_registrations`` listed in ``made`` (and empty it): nothing may differentiate
+    the graphs that registered them any more. How many were registered."""
+    registry = _gradient_registry()
+    dropped = sum(registry.pop(name, None) is not None for name in made)
+    made.clear()
+    return dropped
+
+
+def _gradient_registry() -> dict:
+    from tensorflow.python.framework import ops
+
+    return ops._gradient_registry._registry
 
 
 def dataset_options(dataset: Any) -> Any:

@@ -156,9 +156,11 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
 
     train_steps = steps_in_one_call(one_step, n_metrics)
 
-    _RUNS.clear()  # one job at a time per engine; a new job releases the last one's variables
-    _RUNS[run_id] = {"fns": fns, "model": model, "step": step, "checkpoint": checkpoint,
-                     "iterator": iter(dataset), "train_steps": train_steps, "settings": settings}
+    for earlier in _RUNS.values():  # one job at a time per engine; a new job releases the last one's variables
+        _release(earlier)
+    _RUNS.clear()
+    _RUNS[run_id] = {"fns": fns, "model": model, "step": step, "checkpoint": checkpoint, "iterator": iter(dataset),
+                     "train_steps": train_steps, "settings": settings, "gradients": []}
     return {"ok": True, "start_step": start_step, "replicas": replicas, "per_replica_batch": per_replica,
             "metric_names": list(fns.metric_fns), "device": replica_device(strategy)}
 
@@ -177,7 +179,8 @@ def run_steps(run_id: str, n: int) -> dict:
     import tensorflow as tf
 
     run = _run(run_id)
-    losses, metrics, stamps, marks = run["train_steps"](run["iterator"], tf.constant(n, tf.int32), (), ())
+    with tf_compat.gradient_registrations(run["gradients"]):  # the first call traces: its all-reduce registers one
+        losses, metrics, stamps, marks = run["train_steps"](run["iterator"], tf.constant(n, tf.int32), (), ())
     return {"losses": losses.numpy().tolist(), "metrics": metrics.numpy().tolist(), "stamps": stamps.numpy().tolist(),
             "marks": marks.numpy().tolist()}
 
@@ -193,10 +196,19 @@ def finish(run_id: str) -> bool:
 
     run = _RUNS.get(run_id)
     if run is not None:
-        run.pop("iterator", None)
-        run.pop("train_steps", None)
+        _release(run)
     gc.collect()
     return trim_memory()
+
+
+def _release(run: dict) -> None:
+    """Drop a job's input pipeline and step function, the gradient functions its traces registered with TensorFlow,
+    which would keep the step's graph alive, and the kernels the eager runtime cached for its functions (each a new
+    function every job): see ``compat.tensorflow``."""
+    run.pop("iterator", None)
+    run.pop("train_steps", None)
+    tf_compat.forget_gradients(run["gradients"])
+    tf_compat.clear_kernel_cache()
 
 
 def save(run_id: str, checkpoint_dir: str, step: int, keep: int) -> str | None:
@@ -224,7 +236,8 @@ def evaluate(run_id: str, payload: bytes, batch_size: int) -> dict:
     (data,) = unpack(payload)
     fns, seed = run["fns"], run["settings"]["seed"]
     evaluate = fns.evaluation_function(tf.autograph.experimental.do_not_convert(lambda: evaluation_dataset(data, batch_size, seed)))
-    values, count = evaluate()
+    with tf_compat.gradient_registrations(run["gradients"]):  # a custom gradient of the model's, traced
+        values, count = evaluate()
     return {"values": values.numpy().tolist(), "count": int(count.numpy())}
 
 
@@ -243,7 +256,8 @@ def validate(run_id: str, payload: bytes, steps: int | None) -> dict:
                           training=False)
         function = run["validation"] = fns.evaluation_function(
             tf.autograph.experimental.do_not_convert(lambda: validation_dataset(data, ctx, steps)))
-    values, count = function()
+    with tf_compat.gradient_registrations(run["gradients"]):  # a custom gradient of the model's, traced
+        values, count = function()
     return {"values": values.numpy().tolist(), "count": int(count.numpy())}
 
 
