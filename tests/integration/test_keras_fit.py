@@ -182,6 +182,18 @@ def test_early_stopping_ends_the_job_early_and_cleanly_with_the_best_weights(clu
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
+def test_callbacks_that_monitor_a_metric_find_whether_it_should_rise_as_under_model_fit(cluster, strategy, tmp_path):
+    # mode="auto": Keras looks the metric up among the model's compiled metrics, which model.fit has built by then
+    stopper = keras.callbacks.EarlyStopping(monitor="val_accuracy", patience=1)
+    best = keras.callbacks.ModelCheckpoint(str(tmp_path / "best.keras"), monitor="val_accuracy", save_best_only=True)
+    job = fit(cluster, strategy, epochs=3, validation_data=wb.datasets.digits_test, callbacks=[stopper, best]).wait(300)
+    assert job.state == "finished", job.error
+    accuracies = job.keras_history.history["val_accuracy"]
+    assert stopper.monitor_op is keras.ops.greater and best.best == max(accuracies) > 0.5
+    assert (tmp_path / "best.keras").exists()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_learning_rate_schedule_changes_what_the_optimizer_applies_where_it_lives(cluster, strategy):
     recorder = Recorder()
     schedule = keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.01 if epoch == 0 else 0.0)

@@ -9,6 +9,7 @@ from workbench.errors import ConfigurationError
 from workbench.telemetry.job_scalars import dropped_gradients, staleness, step_staleness, worker_rates
 from workbench.telemetry.tensorboard import run_name
 from workbench.training.fit.loop import check_callbacks, epoch_averages, tensorboard_dir, validation_due
+from workbench.training.modelling.building import compile_like_the_job
 from workbench.training.options import resolve_epochs
 from workbench.training.strategies.async_ps import chunks_of
 
@@ -81,6 +82,31 @@ def test_watching_model_reads_keeps_the_callback_what_it_was():
 
 def _step(step, worker, start, end, examples=32):
     return {"step": step, "worker": worker, "start": start, "end": end, "examples": examples}
+
+
+@pytest.mark.parametrize("monitor, rises", [("val_accuracy", True), ("mae", False), ("val_loss", False)])
+def test_a_model_compiled_like_the_job_tells_a_monitoring_callback_which_way_is_better(monitor, rises):
+    import tensorflow as tf
+
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
+    batch = (tf.TensorSpec([None, 64], tf.float32), tf.TensorSpec([None], tf.int64))
+    compile_like_the_job(model, keras.optimizers.Adam(), "mse", ["accuracy", "mae"], batch)
+    stopper = keras.callbacks.EarlyStopping(monitor=monitor)
+    stopper.set_model(model)
+    stopper.on_train_begin()
+    stopper.on_epoch_end(0, {monitor: 0.5})
+    assert stopper.monitor_op is (keras.ops.greater if rises else keras.ops.less) and stopper.best == 0.5
+
+
+def test_a_model_compiled_but_not_built_leaves_a_monitoring_callback_guessing():
+    """What ``compile_like_the_job`` is for: Keras finds a metric's direction only among built compiled metrics."""
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
+    model.compile(optimizer="adam", loss="mse", metrics=["accuracy"])
+    stopper = keras.callbacks.EarlyStopping(monitor="val_accuracy")
+    stopper.set_model(model)
+    stopper.on_train_begin()
+    with pytest.raises(ValueError, match="automatically determine"):
+        stopper.on_epoch_end(0, {"val_accuracy": 0.5})
 
 
 def test_staleness_counts_the_other_workers_updates_during_a_step():

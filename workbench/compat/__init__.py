@@ -27,7 +27,7 @@ FENCES = {
                    "place), workers' own executors, partitioned ps variables, autograph's files, function registration and "
                    "removal without the GIL, all-reduce workers' input deleted at once and their traced steps let go"),
     "Keras": (("keras",), "3.12", "3.16", "seeded initial weights, layer-by-layer placement (wb.place), ps optimizer "
-              "updates"),
+              "updates, callbacks monitoring a metric"),
     "ipyparallel": (("ipyparallel",), "9.2", "9.3", "engines forked from the warm process, launchers' logs and "
                     "exits, attaching to a running cluster"),
     "jupyter_bokeh": (("jupyter_bokeh", "jupyter-bokeh"), "4.0", "4.2", "live dashboards in a notebook"),

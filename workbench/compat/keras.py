@@ -8,6 +8,9 @@
 - ``watch_model_reads(callback, on_read)``: a callback's ``model`` attribute (``Callback._model``) read through a hook.
 - ``sum_gradients_as_given(optimizer, how)``: the optimizer's own sum of gradients over replicas
   (``_all_reduce_sum_gradients``), replaced where there are no replicas to sum over.
+- ``build_compiled(model, batch)``: a compiled model's loss and metrics built for batches like ``batch``, without
+  running it (``Trainer._symbolic_build``, what ``model.fit`` does first): ``model.metrics`` then lists the compiled
+  metrics, where a callback monitoring one (``EarlyStopping``, ``ModelCheckpoint``) learns whether it should rise.
 - ``optimizer_slots(optimizer, variable, kind)``: Adam's or SGD's slot variables of one variable (``_momentums``,
   ``_velocities``, ``momentums`` at ``_get_variable_index``), which the fused updates write.
 """
@@ -75,3 +78,8 @@ def watch_model_reads(callback: Any, on_read: Callable[[], None]) -> type:
     callback.__class__ = type(base.__name__, (base,), {"model": property(model), "__module__": base.__module__,
                                                          "__qualname__": base.__qualname__})
     return base
+
+
+def build_compiled(model: Any, batch: tuple[Any, Any]) -> None:
+    """Build ``model``'s compiled loss and metrics for batches of ``batch``'s ``(features, labels)`` specs."""
+    model._symbolic_build(data_batch=batch)

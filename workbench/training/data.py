@@ -91,7 +91,17 @@ def _check_dataset(dataset: Any, data: Callable) -> None:
         )
 
 
+def batch_spec(data: Callable, ctx: DataContext) -> tuple[Any, Any]:
+    """The ``(features, labels)`` ``tf.TensorSpec``s of the batches ``data`` yields for ``ctx``."""
+    return training_dataset(data, ctx).element_spec
+
+
 def example_spec(data: Callable, ctx: DataContext) -> tuple[list, Any]:
     """The shape (a batch of one) and dtype of the features ``data`` yields for ``ctx``: what a model is built on."""
-    spec = training_dataset(data, ctx).element_spec[0]
+    return features_of(batch_spec(data, ctx))
+
+
+def features_of(batch: tuple[Any, Any]) -> tuple[list, Any]:
+    """The shape (a batch of one) and dtype of the features of a ``batch_spec``."""
+    spec = batch[0]
     return [1, *spec.shape[1:]], spec.dtype

@@ -123,6 +123,15 @@ def learning_rate_of(optimizer) -> float | None:
     return float(tf.convert_to_tensor(optimizer.learning_rate).numpy())
 
 
+def compile_like_the_job(model: Any, optimizer: Any, loss: Any, metrics: Any, batch: tuple[Any, Any]) -> None:
+    """Compile the callbacks' ``model`` with the job's optimizer, loss and metrics, and build them for the job's
+    ``batch`` (``data.batch_spec``), as ``model.fit`` has before its first hook: a callback that monitors a metric
+    with ``mode="auto"`` (``EarlyStopping(monitor="val_accuracy")``) finds it in ``model.metrics`` and whether
+    it should rise or fall."""
+    model.compile(optimizer=optimizer, loss=loss, metrics=list(metrics))
+    keras_compat.build_compiled(model, batch)
+
+
 def compiled_settings(model: Any, loss: Any, optimizer: Any, metrics: Any) -> tuple[Any, Any, tuple]:
     """``(loss, optimizer, metrics)`` as Keras users expect from ``compile`` then ``fit``: each one not given is the
     compiled model's when ``model`` returns a compiled one (the call's arguments win), else ``"adam"`` and no

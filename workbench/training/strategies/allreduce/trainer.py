@@ -18,7 +18,7 @@ from typing import Any
 from ....cluster.health import LOST, RECOVERING
 from ....errors import ClusterStateError, ControllerLost, TrainingError
 from ....telemetry.events import ALLREDUCE_APPLY
-from ...data import DataContext, example_spec
+from ...data import DataContext, batch_spec, features_of
 from ...fit.evaluation import is_dataset, named_results
 from ...job.recovery import TaskLost
 from ...job.trainer import HeldByJob
@@ -53,14 +53,14 @@ class CallbackMirror:
     def __init__(self, trainer: AllReduceTrainer):
         import tensorflow as tf
 
-        from ...modelling.building import LOCAL_CPU, build_model, build_optimizer
+        from ...modelling.building import LOCAL_CPU, build_model, build_optimizer, compile_like_the_job
 
         self._trainer = weakref.ref(trainer)  # not a cycle (trainer.mirror): an ended job nobody holds is freed at once
         inputs = trainer.job.inputs
+        batch = trainer.batch_spec()
         with tf.device(LOCAL_CPU):
-            self.model = build_model(inputs.model, tf.zeros(*trainer.example_spec()))
-            self.model.compile(optimizer=build_optimizer(inputs.optimizer), loss=inputs.loss,
-                               metrics=list(trainer.options.metrics))
+            self.model = build_model(inputs.model, tf.zeros(*features_of(batch)))
+            compile_like_the_job(self.model, build_optimizer(inputs.optimizer), inputs.loss, trainer.options.metrics, batch)
         self.model.optimizer.build(self.model.trainable_variables)
         self._fetched: dict | None = None  # what the workers had at this hook's first read; None: not read yet
 
@@ -370,5 +370,9 @@ class AllReduceTrainer(HeldByJob):
 
     def example_spec(self) -> tuple[list, Any]:
         """One example's features: their shape and dtype (from the data function, here)."""
+        return features_of(self.batch_spec())
+
+    def batch_spec(self) -> tuple[Any, Any]:
+        """The ``(features, labels)`` specs of the data function's batches (made here)."""
         seed = 0 if self.options.seed is None else self.options.seed
-        return example_spec(self.job.inputs.data, DataContext(0, 1, 1, seed))
+        return batch_spec(self.job.inputs.data, DataContext(0, 1, 1, seed))

@@ -16,11 +16,18 @@ from typing import Any
 
 from ....cluster.process import connection
 from ....errors import ClusterStateError, ConfigurationError
-from ...data import DataContext, evaluation_dataset, example_spec, training_dataset
+from ...data import DataContext, batch_spec, evaluation_dataset, features_of, training_dataset
 from ...fit.evaluation import is_dataset, named_results
 from ...job.trainer import HeldByJob
 from ...job.workers import CallGate, compute_device, input_device, trim_engines
-from ...modelling.building import build_model, build_optimizer, local_model, seed_initializers, update_where_the_variable_lives
+from ...modelling.building import (
+    build_model,
+    build_optimizer,
+    compile_like_the_job,
+    local_model,
+    seed_initializers,
+    update_where_the_variable_lives,
+)
 from ...modelling.losses import resolve_metrics
 from ...modelling.placement import PsPlacer, optimizer_targets, shards_of, tf_variable
 from ...modelling.steps import StepFunctions
@@ -108,7 +115,8 @@ class PsTrainer(HeldByJob):
         if options.seed is not None:
             seed_initializers(options.seed)
         probe = self.job.inputs.data(DataContext(0, options.num_workers, options.per_worker_batch, seed))
-        self._example_shape, self._example_dtype = example_spec(lambda _ctx: probe, DataContext(0, 1, 1, seed))
+        self._batch_spec = batch_spec(lambda _ctx: probe, DataContext(0, 1, 1, seed))
+        self._example_shape, self._example_dtype = features_of(self._batch_spec)
         return seed
 
     def _setup_checkpoints(self, resume: bool) -> None:
@@ -180,7 +188,7 @@ class PsTrainer(HeldByJob):
         model = self._model
         if not getattr(model, "compiled", False):
             with tf.device(self.ps_devices[0]):
-                model.compile(optimizer=self.optimizer, loss=self.job.inputs.loss, metrics=list(self.options.metrics))
+                compile_like_the_job(model, self.optimizer, self.job.inputs.loss, self.options.metrics, self._batch_spec)
         return model, None
 
     def validate(self, data: Any, steps: int | None) -> dict[str, float]:
