@@ -98,6 +98,21 @@ def test_a_model_compiled_like_the_job_tells_a_monitoring_callback_which_way_is_
     assert stopper.monitor_op is (keras.ops.greater if rises else keras.ops.less) and stopper.best == 0.5
 
 
+def test_a_model_of_named_inputs_is_built_for_its_callbacks_too():
+    import tensorflow as tf
+
+    image, extra = keras.Input((64,), name="image"), keras.Input((3,), name="extra")
+    model = keras.Model({"image": image, "extra": extra}, keras.layers.Dense(10)(keras.layers.Concatenate()([image, extra])))
+    batch = ({"image": tf.TensorSpec([None, 64], tf.float32), "extra": tf.TensorSpec([None, 3], tf.float32)},
+             tf.TensorSpec([None], tf.int64))
+    compile_like_the_job(model, keras.optimizers.Adam(), "mse", ["accuracy"], batch)
+    stopper = keras.callbacks.EarlyStopping(monitor="val_accuracy")
+    stopper.set_model(model)
+    stopper.on_train_begin()
+    stopper.on_epoch_end(0, {"val_accuracy": 0.5})
+    assert stopper.monitor_op is keras.ops.greater
+
+
 def test_a_model_compiled_but_not_built_leaves_a_monitoring_callback_guessing():
     """What ``compile_like_the_job`` is for: Keras finds a metric's direction only among built compiled metrics."""
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])

@@ -8,9 +8,10 @@
 - ``watch_model_reads(callback, on_read)``: a callback's ``model`` attribute (``Callback._model``) read through a hook.
 - ``sum_gradients_as_given(optimizer, how)``: the optimizer's own sum of gradients over replicas
   (``_all_reduce_sum_gradients``), replaced where there are no replicas to sum over.
-- ``build_compiled(model, batch)``: a compiled model's loss and metrics built for batches like ``batch``, without
-  running it (``Trainer._symbolic_build``, what ``model.fit`` does first): ``model.metrics`` then lists the compiled
-  metrics, where a callback monitoring one (``EarlyStopping``, ``ModelCheckpoint``) learns whether it should rise.
+- ``build_compiled_metrics(model, batch)``: a compiled model's metrics (``_compile_metrics``) built for batches like
+  ``batch`` on the model's symbolic output, as ``model.fit`` has them by its first hook: ``model.metrics`` then lists
+  them, where a callback monitoring one (``EarlyStopping``, ``ModelCheckpoint``) learns whether it should rise. (Keras's
+  own ``_symbolic_build`` builds the loss too and traces the metrics: 23 ms for the digits MLP, against 0.5.)
 - ``optimizer_slots(optimizer, variable, kind)``: Adam's or SGD's slot variables of one variable (``_momentums``,
   ``_velocities``, ``momentums`` at ``_get_variable_index``), which the fused updates write.
 """
@@ -80,6 +81,12 @@ def watch_model_reads(callback: Any, on_read: Callable[[], None]) -> type:
     return base
 
 
-def build_compiled(model: Any, batch: tuple[Any, Any]) -> None:
-    """Build ``model``'s compiled loss and metrics for batches of ``batch``'s ``(features, labels)`` specs."""
-    model._symbolic_build(data_batch=batch)
+def build_compiled_metrics(model: Any, batch: tuple[Any, Any]) -> None:
+    """Build ``model``'s compiled metrics for batches of ``batch``'s ``(features, labels)`` specs (not run)."""
+    import keras
+
+    metrics = getattr(model, "_compile_metrics", None)
+    if metrics is None or metrics.built:
+        return
+    features, labels = keras.tree.map_structure(lambda spec: keras.KerasTensor(spec.shape, spec.dtype.name), batch)
+    metrics.build(labels, model.compute_output_spec(features, training=False))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ...compat import keras as keras_compat
 from ...errors import ConfigurationError
 from .fused import fused_update_step, takes
 from .placement import variable_device
+
+log = logging.getLogger(__name__)
 
 
 def seed_initializers(seed: int) -> None:
@@ -124,12 +127,15 @@ def learning_rate_of(optimizer) -> float | None:
 
 
 def compile_like_the_job(model: Any, optimizer: Any, loss: Any, metrics: Any, batch: tuple[Any, Any]) -> None:
-    """Compile the callbacks' ``model`` with the job's optimizer, loss and metrics, and build them for the job's
-    ``batch`` (``data.batch_spec``), as ``model.fit`` has before its first hook: a callback that monitors a metric
-    with ``mode="auto"`` (``EarlyStopping(monitor="val_accuracy")``) finds it in ``model.metrics`` and whether
-    it should rise or fall."""
+    """Compile the callbacks' ``model`` with the job's optimizer, loss and metrics, and build the metrics for the
+    job's ``batch`` (``data.batch_spec``), as ``model.fit`` has before its first hook: a callback that monitors a
+    metric with ``mode="auto"`` (``EarlyStopping(monitor="val_accuracy")``) finds it in ``model.metrics`` and
+    whether it should rise or fall."""
     model.compile(optimizer=optimizer, loss=loss, metrics=list(metrics))
-    keras_compat.build_compiled(model, batch)
+    try:
+        keras_compat.build_compiled_metrics(model, batch)
+    except Exception:  # a model Keras cannot call symbolically: a monitoring callback then asks for mode= itself
+        log.debug("the callbacks' model's metrics were not built", exc_info=True)
 
 
 def compiled_settings(model: Any, loss: Any, optimizer: Any, metrics: Any) -> tuple[Any, Any, tuple]:
