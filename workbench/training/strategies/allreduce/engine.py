@@ -144,15 +144,18 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
         mark = stamp_after([loss_value, *grads])  # gradients ready here; all-reduce and apply follow
         with tf.control_dependencies([mark]):
             opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss_value, tf.stack(metric_values) if metric_values else tf.zeros([0]), mark
+        # the step ends once every variable holds its update (a read of a variable runs after the writes before it):
+        # stamped after the loss alone, the all-reduce and update fell into the next step's compute on the timeline
+        applied = stamp_after([tf.identity(v.value) for v in model.trainable_variables])
+        return loss_value, tf.stack(metric_values) if metric_values else tf.zeros([0]), mark, applied
 
     def one_step(x, y, state):  # no state of a worker's own: every replica's variables are the strategy's
-        loss_value, metric_value, mark = strategy.run(replica_step, args=(x, y))
+        loss_value, metric_value, mark, applied = strategy.run(replica_step, args=(x, y))
         local = strategy.experimental_local_results
         # this worker's mean over its replicas: the kernel averages the workers' (equal batches), so the steps
         # need no collective beyond the gradients' all-reduce
-        return (tf.reduce_mean(tf.stack(local(loss_value))), tf.reduce_mean(tf.stack(local(metric_value)), axis=0), [],
-                local(mark)[0], None)
+        return (tf.reduce_mean(tf.stack(local(loss_value))), tf.reduce_mean(tf.stack(local(metric_value)), axis=0),
+                list(local(applied)), local(mark)[0], None)
 
     train_steps = steps_in_one_call(one_step, n_metrics)
 
