@@ -371,6 +371,5 @@ def off_the_gpus(devices: list[str]) -> str | None:
     return f"its steps ran on {', '.join(devices) or 'no device the telemetry saw'}, not the workers' GPUs"
 
 
-
 if __name__ == "__main__":
     sys.exit(main())

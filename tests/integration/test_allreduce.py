@@ -90,7 +90,6 @@ def test_allreduce_runs_notebook_style_functions_the_engines_cannot_import(clust
     assert len(job.history) == 20 and "mae" in job.history[0]
 
 
-
 def test_allreduce_workers_keep_no_graph_of_the_jobs_that_ended(cluster):
     # TensorFlow registers a gradient function, process-wide and for good, for each all-reduce it traces (a custom
     # gradient), and that function holds the step's graph: each job's would stay on every worker for the engine's life.

@@ -84,6 +84,15 @@ def _step(step, worker, start, end, examples=32):
     return {"step": step, "worker": worker, "start": start, "end": end, "examples": examples}
 
 
+def _judged_once(model, monitor: str):
+    """An ``EarlyStopping`` on ``monitor`` for ``model``, after one epoch's end that logged it at 0.5."""
+    stopper = keras.callbacks.EarlyStopping(monitor=monitor)
+    stopper.set_model(model)
+    stopper.on_train_begin()
+    stopper.on_epoch_end(0, {monitor: 0.5})
+    return stopper
+
+
 @pytest.mark.parametrize("monitor, rises", [("val_accuracy", True), ("mae", False), ("val_loss", False)])
 def test_a_model_compiled_like_the_job_tells_a_monitoring_callback_which_way_is_better(monitor, rises):
     import tensorflow as tf
@@ -91,10 +100,7 @@ def test_a_model_compiled_like_the_job_tells_a_monitoring_callback_which_way_is_
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
     batch = (tf.TensorSpec([None, 64], tf.float32), tf.TensorSpec([None], tf.int64))
     compile_like_the_job(model, keras.optimizers.Adam(), "mse", ["accuracy", "mae"], batch)
-    stopper = keras.callbacks.EarlyStopping(monitor=monitor)
-    stopper.set_model(model)
-    stopper.on_train_begin()
-    stopper.on_epoch_end(0, {monitor: 0.5})
+    stopper = _judged_once(model, monitor)
     assert stopper.monitor_op is (keras.ops.greater if rises else keras.ops.less) and stopper.best == 0.5
 
 
@@ -106,22 +112,15 @@ def test_a_model_of_named_inputs_is_built_for_its_callbacks_too():
     batch = ({"image": tf.TensorSpec([None, 64], tf.float32), "extra": tf.TensorSpec([None, 3], tf.float32)},
              tf.TensorSpec([None], tf.int64))
     compile_like_the_job(model, keras.optimizers.Adam(), "mse", ["accuracy"], batch)
-    stopper = keras.callbacks.EarlyStopping(monitor="val_accuracy")
-    stopper.set_model(model)
-    stopper.on_train_begin()
-    stopper.on_epoch_end(0, {"val_accuracy": 0.5})
-    assert stopper.monitor_op is keras.ops.greater
+    assert _judged_once(model, "val_accuracy").monitor_op is keras.ops.greater
 
 
 def test_a_model_compiled_but_not_built_leaves_a_monitoring_callback_guessing():
     """What ``compile_like_the_job`` is for: Keras finds a metric's direction only among built compiled metrics."""
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
     model.compile(optimizer="adam", loss="mse", metrics=["accuracy"])
-    stopper = keras.callbacks.EarlyStopping(monitor="val_accuracy")
-    stopper.set_model(model)
-    stopper.on_train_begin()
     with pytest.raises(ValueError, match="automatically determine"):
-        stopper.on_epoch_end(0, {"val_accuracy": 0.5})
+        _judged_once(model, "val_accuracy")
 
 
 def test_staleness_counts_the_other_workers_updates_during_a_step():
