@@ -35,6 +35,7 @@ def test_records_round_trip_and_stale_ones_are_pruned(tmp_path, monkeypatch):
     assert registry.read_record("alive") == alive and registry.read_record("stale") is None
     assert not (tmp_path / "stale.json").exists()
     assert (tmp_path / "alive.json").stat().st_mode & 0o077 == 0  # it holds a token: this user only
+    assert "secret" in (tmp_path / "alive.json").read_text() and "secret" not in repr(registry.list_clusters())  # a cell shows no token
     registry.remove_record("alive")
     assert registry.list_clusters() == []
 

@@ -49,7 +49,7 @@ class Endpoint:
     """Something the owner serves on 127.0.0.1 for other processes: its URL and, if it checks one, a token."""
 
     url: str
-    token: str = ""
+    token: str = field(default="", repr=False)  # kept out of a cell's output (``wb.list_clusters()``) and the notebook
 
     def request(self, method: str, op: str, body: dict | None = None, timeout: float = 30.0) -> Any:
         """``method`` ``<url>/<op>`` with the token and a JSON body; the JSON answer. ``urllib`` errors propagate."""
