@@ -72,6 +72,29 @@ def test_allreduce_checkpoints_hold_the_weights_of_their_step_though_calls_go_ou
         np.testing.assert_allclose(saved, trained, rtol=1e-6, atol=1e-7)
 
 
+def test_allreduce_sends_short_calls_several_to_a_request_and_hooks_every_call(cluster):
+    # Calls of two steps of the MLP last milliseconds: the calls of an epoch go to the workers several in one request
+    # (an engine's turnaround between two requests was a tenth of the MLP's steps), and Keras's batch hooks still
+    # come once per call, in order, with the call's newest step.
+    import keras
+
+    class BatchEnds(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.batches = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches.append(batch)
+
+    ends = BatchEnds()
+    sent = len(cluster.client.history)
+    job = train(cluster, strategy=wb.AllReduce(steps_per_call=2), steps=200, steps_per_epoch=100, callbacks=[ends]).wait(300)
+    requests = len(cluster.client.history) - sent  # everything this kernel sent the engines, set-up included
+    assert job.state == "finished" and [r["step"] for r in job.history] == list(range(200))
+    assert ends.batches == [*range(1, 100, 2)] * 2
+    assert requests < 100, f"{requests} requests for 100 calls on each of 2 workers"
+
+
 def test_allreduce_runs_notebook_style_functions_the_engines_cannot_import(cluster):
     # Functions from a module the engines do not have (like this test module) travel by value.
     def tiny_data(ctx):

@@ -2,7 +2,8 @@
 
 Every worker engine runs the same code (SPMD): it builds the model under the strategy, runs its own
 shard of the input, and all-reduces the gradients with the other workers each step. The kernel
-only tells the engines how many steps to run next, and collects what they measured.
+only tells the engines how many steps to run next (a few calls of steps in one request), and collects what
+they measured.
 
 The strategy lives as long as the engine: TensorFlow cannot re-create it with other peers in a
 running process (that hangs), so an engine joins one all-reduce group for its lifetime.
@@ -176,16 +177,20 @@ def replica_device(strategy) -> str:
     return f"{spec.device_type or 'CPU'}:{spec.device_index or 0}"
 
 
-def run_steps(run_id: str, n: int) -> dict:
-    """Run ``n`` synchronous steps; every worker of the group must run the same call. Its losses and metrics are
-    this worker's (the mean over its replicas); the kernel averages the workers'."""
+def run_steps(run_id: str, calls: list[int]) -> list[dict]:
+    """Run calls of synchronous steps, ``calls[i]`` steps the i-th, one after the other; every worker of the group
+    must run the same. Each call's losses and metrics are this worker's (the mean over its replicas); the kernel
+    averages the workers'."""
     import tensorflow as tf
 
     run = _run(run_id)
+    answers = []
     with tf_compat.gradient_registrations(run["gradients"]):  # the first call traces: its all-reduce registers one
-        losses, metrics, stamps, marks = run["train_steps"](run["iterator"], tf.constant(n, tf.int32), (), ())
-    return {"losses": losses.numpy().tolist(), "metrics": metrics.numpy().tolist(), "stamps": stamps.numpy().tolist(),
-            "marks": marks.numpy().tolist()}
+        for n in calls:
+            losses, metrics, stamps, marks = run["train_steps"](run["iterator"], tf.constant(n, tf.int32), (), ())
+            answers.append({"losses": losses.numpy().tolist(), "metrics": metrics.numpy().tolist(),
+                            "stamps": stamps.numpy().tolist(), "marks": marks.numpy().tolist()})
+    return answers
 
 
 def finish(run_id: str) -> bool:

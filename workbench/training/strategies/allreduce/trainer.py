@@ -3,14 +3,13 @@
 The kernel does not join the all-reduce: it ships the model, data, loss and optimizer to the worker
 engines (pickled by value, so functions defined in a notebook or a local module travel), forms the
 group (TF_CONFIG-style spec on ports the engines reserve beside their TF servers), then asks every
-engine to run the next ``steps_per_call`` steps together and records what they measured.
+engine to run the next calls of ``steps_per_call`` steps together and records what they measured.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,12 +21,17 @@ from ...data import DataContext, batch_spec, features_of
 from ...fit.evaluation import is_dataset, named_results
 from ...job.recovery import TaskLost
 from ...job.trainer import HeldByJob
-from ...modelling.building import learning_rate_of, local_model
+from ...modelling.building import local_model
 from . import engine as allreduce_engine
 from .group import GROUP_TIMEOUT, WorkerGroup, portable
+from .mirror import CallbackMirror
 
 HEALTH_POLL_SECONDS = 0.1  # how often a waiting call looks at the workers' health
 LOSS_GRACE = 3.0  # seconds a failed call waits for the health monitor to say whether a worker was lost
+# how long one request of calls to the workers may last, at the pace of the calls before: within an epoch, the calls
+# that fit go in one request (an engine's turnaround between two requests, 2-3 ms on a busy machine, was a tenth of
+# the digits MLP's steps), and the batch hooks and dashboards still hear from the workers this often
+REQUEST_SECONDS = 0.2
 
 
 def global_means(results) -> tuple[list[float], list[list[float]]]:
@@ -41,71 +45,36 @@ def global_means(results) -> tuple[list[float], list[list[float]]]:
     return losses.tolist(), metrics.tolist()
 
 
-class CallbackMirror:
-    """The callbacks' model of an all-reduce job: a local copy of the model, compiled like the job.
-
-    Its weights, learning rate and iteration count are fetched from worker 0 the first time a callback
-    reads ``callback.model`` in a hook (``read``); what the hook changed there (``set_weights``, as
-    ``EarlyStopping(restore_best_weights=True)`` does, or the learning rate) is sent to every worker after it
-    (``push_changes``).
-    """
-
-    def __init__(self, trainer: AllReduceTrainer):
-        import tensorflow as tf
-
-        from ...modelling.building import LOCAL_CPU, build_model, build_optimizer, compile_like_the_job
-
-        self._trainer = weakref.ref(trainer)  # not a cycle (trainer.mirror): an ended job nobody holds is freed at once
-        inputs = trainer.job.inputs
-        batch = trainer.batch_spec()
-        with tf.device(LOCAL_CPU):
-            self.model = build_model(inputs.model, tf.zeros(*features_of(batch)))
-            compile_like_the_job(self.model, build_optimizer(inputs.optimizer), inputs.loss, trainer.options.metrics, batch)
-        self.model.optimizer.build(self.model.trainable_variables)
-        self._fetched: dict | None = None  # what the workers had at this hook's first read; None: not read yet
-
-    def stale(self) -> None:
-        self._fetched = None
-
-    def read(self) -> None:
-        if self._fetched is not None:
-            return
-        trainer = self._trainer()
-        engine = trainer.engines[0]
-        state = trainer.call_all({engine: (allreduce_engine.state, trainer.run_id)}, "fetching the weights",
-                                 GROUP_TIMEOUT)[engine]
-        self.model.set_weights(state["weights"])
-        optimizer = self.model.optimizer
-        if state["learning_rate"] is not None:
-            optimizer.learning_rate = state["learning_rate"]
-        optimizer.iterations.assign(state["iterations"])
-        self._fetched = state
-
-    def push_changes(self) -> None:
-        """Send what a hook changed in the copy (weights, learning rate) to every worker."""
-        import numpy as np
-
-        if self._fetched is None:
-            return
-        weights = self.model.get_weights()
-        changed = any(not np.array_equal(a, b) for a, b in zip(weights, self._fetched["weights"]))
-        rate = learning_rate_of(self.model.optimizer) if self._fetched["learning_rate"] is not None else None
-        new_rate = rate if rate is not None and rate != self._fetched["learning_rate"] else None
-        if changed or new_rate is not None:
-            trainer = self._trainer()
-            trainer.call_all({e: (allreduce_engine.assign, trainer.run_id, weights if changed else None, new_rate)
-                              for e in trainer.engines}, "setting the weights a callback changed", GROUP_TIMEOUT)
-            self._fetched = {**self._fetched, "weights": weights, "learning_rate": rate}
+def request_calls(first: int, limit: int, per_call: int, call_seconds: float,
+                  due: Callable[[int], bool] | None = None) -> list[int]:
+    """The calls of steps one request carries from step ``first``: calls of ``per_call`` steps, as many as last
+    ``REQUEST_SECONDS`` at ``call_seconds`` a call (one while that is 0, not timed yet: the first call traces), none
+    past ``limit`` (the epoch's end), and none after a call at whose end ``due(step)`` says a checkpoint falls due
+    (it holds that call's weights)."""
+    most = max(1, int(REQUEST_SECONDS / call_seconds)) if call_seconds > 0 else 1
+    calls: list[int] = []
+    step = first
+    while len(calls) < most and step < limit:
+        calls.append(min(per_call, limit - step))
+        step += calls[-1]
+        if due is not None and due(step):
+            break
+    return calls
 
 
 @dataclass
-class StepsCall:
-    """``n`` steps from ``first``, sent to every worker engine: what they will answer, and the call's in-progress spans."""
+class StepsRequest:
+    """Calls of steps from ``first``, ``calls[i]`` steps the i-th, sent to every worker engine as one request: what
+    they will answer (a result per call), and the request's in-progress spans."""
 
     first: int
-    n: int
+    calls: list[int]
     sent: dict
     spans: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return sum(self.calls)
 
     @property
     def end(self) -> int:
@@ -129,6 +98,7 @@ class AllReduceTrainer(HeldByJob):
         self._devices: dict[int, str] = {}
         self._payload = None
         self._next_health_check = 0.0
+        self._call_seconds = 0.0  # how long a call of steps took the workers lately; 0: not timed yet
 
     def check_rescale(self, workers: int) -> None:
         job = self.job
@@ -240,69 +210,88 @@ class AllReduceTrainer(HeldByJob):
                 "gradients_per_step": self.replicas}
 
     def run(self) -> None:
-        """The job's calls of steps. Within an epoch each is sent while the one before runs, so that the engines go
+        """The job's requests of steps. Within an epoch each is sent while the one before runs, so that the engines go
         from one to the next without waiting for the kernel (a round trip of about 3 ms here, against 20-25 ms for ten
-        steps of the digits MLP); the batch hooks of a call that came back run while the next one does, as under
-        async-ps (a hook reading ``model`` sees the weights once that call is done too). A call after which a
-        checkpoint is due is not followed (the checkpoint holds its weights), and every epoch ends with nothing in
-        flight: its hooks see the weights of its last step."""
+        steps of the digits MLP), and a request carries as many of the epoch's calls as fit in ``REQUEST_SECONDS``.
+        The batch hooks of the calls that came back run while the next request does, as under async-ps (a hook
+        reading ``model`` sees the weights once that request is done too). A request after which a checkpoint is due
+        is not followed (the checkpoint holds its weights), and every epoch ends with nothing in flight: its hooks
+        see the weights of its last step."""
         job, loop = self.job, self.job.loop
         first = job.start_step + job.steps_done  # after a restore: the steps its checkpoint includes
-        call: StepsCall | None = None  # the call in flight
+        request: StepsRequest | None = None  # the request in flight
         while True:
-            if call is None:
+            if request is None:
                 loop.tick(parked=True)  # nothing in flight: the epoch's end once its steps are done
                 if job.stop_requested or loop.finished:
                     return
                 if not loop.claimable(first):
                     raise TrainingError(f"internal: all-reduce step {first} is not released by the epoch loop "
                                         f"(limit {loop.limit}); please report this.")
-                call = self._send_steps(first)
-                self._draw(call)
-            following = self._send_steps(call.end) if self._may_follow(call) else None
-            self._record(call)
+                request = self._send_steps(first)
+                self._draw(request)
+            following = self._send_steps(request.end) if self._may_follow(request) else None
+            self._record(request)
             if following is not None:
                 self._draw(following)  # it runs from now on
-            loop.tick(parked=False)  # the call's batch hooks, while the next one runs
-            first, call = call.end, following
+            loop.tick(parked=False)  # the calls' batch hooks, while the next request runs
+            first, request = request.end, following
 
-    def _may_follow(self, call: StepsCall) -> bool:
-        """Whether the call after ``call`` may be sent before ``call`` answered: it is of the same epoch, nothing
-        asked the job to stop, and no checkpoint is due once ``call`` is recorded."""
+    def _may_follow(self, request: StepsRequest) -> bool:
+        """Whether the request after ``request`` may be sent before ``request`` answered: it is of the same epoch,
+        nothing asked the job to stop, and no checkpoint is due once ``request`` is recorded."""
         job = self.job
-        due = job.cadence is not None and job.cadence.due(call.end)
-        return not job.stop_requested and job.loop.claimable(call.end) and not due
+        due = job.cadence is not None and job.cadence.due(request.end)
+        return not job.stop_requested and job.loop.claimable(request.end) and not due
 
-    def _send_steps(self, first: int) -> StepsCall:
-        """Send the call of steps from ``first`` (to the epoch's end at most) to every worker."""
-        n = min(self.options.strategy.steps_per_call, self.job.loop.limit - first)
-        return StepsCall(first, n, self._group.send({e: (allreduce_engine.run_steps, self.run_id, n) for e in self.engines}))
+    def _send_steps(self, first: int) -> StepsRequest:
+        """Send the request of calls of steps from ``first`` (``_calls_from``) to every worker."""
+        calls = self._calls_from(first)
+        return StepsRequest(first, calls, self._group.send({e: (allreduce_engine.run_steps, self.run_id, calls)
+                                                            for e in self.engines}))
 
-    def _draw(self, call: StepsCall) -> None:
-        """The call's in-progress spans, on the dashboards until its steps replace them."""
+    def _calls_from(self, first: int) -> list[int]:
+        """The calls one request carries from ``first`` (``request_calls``), at the pace of the calls before."""
         job = self.job
-        call.spans = [job.recorder.call_started(r.name, self._devices[r.engine_id], call.first, call.n) for r in job.workers]
+        return request_calls(first, job.loop.limit, self.options.strategy.steps_per_call, self._call_seconds,
+                             due=(lambda step: job.cadence.due(step)) if job.cadence is not None else None)
 
-    def _record(self, call: StepsCall) -> None:
-        """Wait for ``call``'s steps on every worker; into the job's history (and a checkpoint, if one is due) and the
-        dashboards."""
+    def _draw(self, request: StepsRequest) -> None:
+        """The request's in-progress spans, on the dashboards until its steps replace them."""
+        job = self.job
+        request.spans = [job.recorder.call_started(r.name, self._devices[r.engine_id], request.first, request.n)
+                         for r in job.workers]
+
+    def _record(self, request: StepsRequest) -> None:
+        """Wait for ``request``'s steps on every worker; each call of it into the job's history (its batch hooks, and
+        a checkpoint if one is due) and the dashboards."""
         job = self.job
         try:
-            results = self._wait(call.sent, f"steps {call.first}-{call.end - 1}", self.options.recovery.step_timeout * call.n)
+            results = self._wait(request.sent, f"steps {request.first}-{request.end - 1}",
+                                 self.options.recovery.step_timeout * request.n)
         finally:
-            for key in call.spans:
+            for key in request.spans:
                 job.recorder.call_ended(key)  # a no-op for the spans the results complete below
+        first = request.first
+        for i, n in enumerate(request.calls):
+            self._record_call(first, n, {engine: answers[i] for engine, answers in results.items()})
+            first += n
+        self._call_seconds = max(a[-1]["stamps"][-1] - a[0]["stamps"][0] for a in results.values()) / len(request.calls)
+
+    def _record_call(self, first: int, n: int, results: dict[int, dict]) -> None:
+        """One call's steps, from every worker's answer (``engine.run_steps``)."""
+        job = self.job
         for r in job.workers:
             mine = results[r.engine_id]
-            job.recorder.steps(r.name, self._devices[r.engine_id], call.first, mine["stamps"], mine["marks"],
+            job.recorder.steps(r.name, self._devices[r.engine_id], first, mine["stamps"], mine["marks"],
                                self.options.per_worker_batch, ALLREDUCE_APPLY)
         losses, metrics = global_means(results.values())
-        starts = [min(r["stamps"][i] for r in results.values()) for i in range(call.n)]
-        ends = [max(r["stamps"][i + 1] for r in results.values()) for i in range(call.n)]
+        starts = [min(r["stamps"][i] for r in results.values()) for i in range(n)]
+        ends = [max(r["stamps"][i + 1] for r in results.values()) for i in range(n)]
         names = ",".join(r.name for r in job.workers)
-        job.record_call([job.step_record(call.first + i, losses[i], metrics[i], names, starts[i], ends[i],
+        job.record_call([job.step_record(first + i, losses[i], metrics[i], names, starts[i], ends[i],
                                          self.options.batch_size, aggregated=len(self.engines))
-                         for i in range(call.n)])  # and a checkpoint, if one is due
+                         for i in range(n)])  # and a checkpoint, if one is due
 
     def free_engines(self) -> None:
         try:
