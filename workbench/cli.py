@@ -42,13 +42,7 @@ def list_command(args: argparse.Namespace) -> int:
     from .cluster import list_clusters
 
     records = list_clusters()
-    if args.json:
-        print(json.dumps([r.to_json() for r in records], indent=2))
-    elif not records:
-        print("no running workbench clusters")
-    for record in [] if args.json else records:
-        tasks = ", ".join(f"{t.name}@{t.address}" for t in record.tasks)
-        print(f"{record.name}  {record.state}  engines={record.engines}  client pid {record.client_pid}  {tasks}")
+    print(json.dumps([r.to_json() for r in records], indent=2) if args.json else repr(records))
     return 0
 
 

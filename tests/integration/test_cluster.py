@@ -86,6 +86,9 @@ def test_registry_lists_the_cluster_for_other_processes(cluster, registry_dir):
     assert [t["job"] for t in record["tasks"]] == ["ps", "worker", "worker"]
     assert record["owned"] is True and record["engines"] == "local"
     assert (registry_dir / f"{cluster.name}.json").exists()
+    plain = subprocess.run([sys.executable, "-m", "workbench.cli", "list"], capture_output=True, text=True, timeout=60)
+    line = next(row for row in plain.stdout.splitlines() if row.startswith(cluster.name + " "))
+    assert line.split()[:2] == [cluster.name, "running"] and cluster.task("worker:1").address in line
 
 
 def test_port_taken_between_reservation_and_start_is_retried():

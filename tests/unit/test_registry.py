@@ -36,8 +36,14 @@ def test_records_round_trip_and_stale_ones_are_pruned(tmp_path, monkeypatch):
     assert not (tmp_path / "stale.json").exists()
     assert (tmp_path / "alive.json").stat().st_mode & 0o077 == 0  # it holds a token: this user only
     assert "secret" in (tmp_path / "alive.json").read_text() and "secret" not in repr(registry.list_clusters())  # a cell shows no token
+    # in a cell or a terminal: one table, a line per cluster (the CLI prints the same)
+    shown = repr(registry.list_clusters()).splitlines()
+    assert shown[0].split() == ["cluster", "state", "tasks", "engines", "job", "owner", "pid"]
+    assert shown[2].split() == ["alive", "running", "worker:0@127.0.0.1:5", "local", "-", str(os.getpid())]
+    assert "<td style='text-align:left'>worker:0@127.0.0.1:5</td>" in registry.list_clusters()._repr_html_()
+    assert repr(alive) == f"<ClusterRecord 'alive' running: worker:0@127.0.0.1:5; engines='local', owner pid {os.getpid()}>"
     registry.remove_record("alive")
-    assert registry.list_clusters() == []
+    assert registry.list_clusters() == [] and repr(registry.list_clusters()) == "no running workbench clusters"
 
 
 def test_a_record_written_by_an_older_workbench_is_read(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from ..tables import html_table, text_table
 from .machine.processes import started_at
 from .status import TaskRecord
 
@@ -60,9 +61,9 @@ class Endpoint:
             return json.loads(response.read() or b"null")
 
 
-@dataclass
+@dataclass(repr=False)
 class ClusterRecord:
-    """What the registry says about one running cluster."""
+    """What the registry says about one running cluster (its repr is one line; ``list_clusters`` shows a table)."""
 
     name: str
     state: str
@@ -82,6 +83,9 @@ class ClusterRecord:
     updated: float = 0.0
     workbench_version: str = ""
     job: str = ""  # the owner's job running now (set-up included), "" when none: the panel follows it closely
+
+    def __repr__(self) -> str:
+        return f"<ClusterRecord {self.name!r} {self.state}: {_tasks_of(self)}; engines={self.engines!r}, owner pid {self.client_pid}>"
 
     def to_json(self) -> dict[str, Any]:
         return {"registry_version": REGISTRY_VERSION, **asdict(self)}
@@ -116,6 +120,27 @@ class ClusterRecord:
         except (psutil.Error, ValueError):
             return False
         return not self.client_created or started_at(proc, float(self.client_created))
+
+
+def _tasks_of(record: ClusterRecord) -> str:
+    return ", ".join(f"{t.name}@{t.address}" if t.address else t.name for t in record.tasks) or "no tasks"
+
+
+class ClusterRecords(list):
+    """What ``list_clusters`` returns: a list of ``ClusterRecord`` that shows as one table (a cell, a terminal, the
+    ``jupyter-tf-workbench list`` command)."""
+
+    COLUMNS = ("cluster", "state", "tasks", "engines", "job", "owner pid")
+
+    def rows(self) -> list[tuple[str, ...]]:
+        return [(r.name, r.state, _tasks_of(r), r.engines if r.owned else f"{r.engines} (borrowed)", r.job or "-",
+                 str(r.client_pid)) for r in self]
+
+    def __repr__(self) -> str:
+        return text_table(self.COLUMNS, self.rows()) if self else "no running workbench clusters"
+
+    def _repr_html_(self) -> str:
+        return html_table(self.COLUMNS, self.rows()) if self else "<p>no running workbench clusters</p>"
 
 
 def _private_dir() -> Path:
@@ -192,12 +217,13 @@ def endpoint(name: str, kind: str) -> Endpoint | None:
     return record.endpoints.get(kind) if record is not None else None
 
 
-def list_clusters(prune: bool = True) -> list[ClusterRecord]:
-    """Records of the clusters whose client is alive, sorted by name; stale files are removed."""
+def list_clusters(prune: bool = True) -> ClusterRecords:
+    """Records of the clusters whose client is alive, sorted by name (a list, shown as a table); stale files are
+    removed."""
     directory = registry_dir()
+    records = ClusterRecords()
     if not directory.is_dir():
-        return []
-    records = []
+        return records
     for path in sorted(directory.glob("*.json")):
         if not _trusted(path):
             continue
