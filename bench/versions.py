@@ -16,7 +16,8 @@ with the per-round ratios; the raw figures go to ``bench/results/versions-<bench
 k = 0 and 1, allreduce; steady-state steps/s). ``network``: ``bench/network.py --part precision --repeats 1``
 (fp32 with and without overlapped reads, bf16 and int8 behind emulated 1 Gbit/s links; steps/s). ``tta``:
 ``bench/time_to_accuracy.py --repeats N`` on the workbench's sides (seconds to the held-out target from the call and
-from the first call, each run's medians: there a ratio after / before below 1 is the faster).
+from the first call, and a side's time an epoch, each run's medians: there a ratio after / before below 1 is the
+faster).
 """
 
 from __future__ import annotations
@@ -61,8 +62,12 @@ def run_tta(tree: Path, args, out: Path) -> dict[str, float]:
     run(tree, [sys.executable, "bench/time_to_accuracy.py", "--repeats", str(args.tta_repeats), "--sides", args.sides,
                "--workloads", args.workloads, "--json", str(out)])
     summary = json.loads(out.read_text())["summary"]
-    return {f"{case} {side} {clock}": row[key]["median"] for case, rows in summary.items() for side, row in rows.items()
-            for key, clock in (("from_call", "call"), ("from_first", "first"))}
+    figures = {f"{case} {side} {clock}": row[key]["median"] for case, rows in summary.items() for side, row in rows.items()
+               for key, clock in (("from_call", "call"), ("from_first", "first"))}
+    # an epoch's time on the clock: what a change to the steps' machinery moves, without the draw of the epochs
+    figures.update({f"{case} {side} epoch ms": 1000 * row["epoch_seconds"] for case, rows in summary.items()
+                    for side, row in rows.items() if row.get("epoch_seconds")})
+    return figures
 
 
 UNITS = {"training": "steps/s", "network": "steps/s", "tta": "seconds to the target"}

@@ -95,6 +95,43 @@ def test_allreduce_sends_short_calls_several_to_a_request_and_hooks_every_call(c
     assert requests < 100, f"{requests} requests for 100 calls on each of 2 workers"
 
 
+def test_a_later_allreduce_job_of_the_program_trains_the_workers_step_function_again_from_its_own_start(cluster):
+    # A cell run again, a sweep over seeds: the workers take the variables and step function the program's last job
+    # made (tracing it was most of a short job's set-up), set to the new job's initial values. Another program (here a
+    # wider model) builds its own.
+    from workbench.training.strategies.allreduce import engine as allreduce_engine
+
+    def wider():
+        import keras
+
+        return keras.Sequential([keras.Input((64,)), keras.layers.Dense(48, activation="relu"), keras.layers.Dense(10)])
+
+    other = train(cluster, model=wider, strategy=wb.AllReduce(steps_per_call=10), steps=40).wait(300)
+    first = train(cluster, strategy=wb.AllReduce(steps_per_call=10), steps=60).wait(300)
+    again = train(cluster, strategy=wb.AllReduce(steps_per_call=10), steps=60).wait(300)
+    assert other.state == first.state == again.state == "finished"
+    assert not first.info["reused_step_function"] and again.info["reused_step_function"]
+    # the same seed, the same run: the values set into the kept variables are those the strategy made for the first
+    np.testing.assert_allclose([r["loss"] for r in again.history], [r["loss"] for r in first.history], rtol=1e-5, atol=1e-6)
+    reseeded = train(cluster, strategy=wb.AllReduce(steps_per_call=10), steps=60, seed=8).wait(300)
+    assert reseeded.info["reused_step_function"] and reseeded.history[0]["loss"] != first.history[0]["loss"]
+    import keras
+
+    slower = train(cluster, strategy=wb.AllReduce(steps_per_call=10), steps=60, optimizer=keras.optimizers.Adam(0.001)).wait(300)
+    assert slower.info["reused_step_function"]  # a sweep over learning rates: the rate is a variable, set per job
+    assert slower.history[0]["loss"] == pytest.approx(first.history[0]["loss"], rel=1e-5)  # the same start
+    assert slower.history[-1]["loss"] > first.history[-1]["loss"]  # a tenth of the rate: slower down
+    # unseeded, every worker starts from the same values all the same (the kernel draws the job's): they stay equal
+    unseeded = train(cluster, strategy=wb.AllReduce(steps_per_call=10), steps=60, seed=None).wait(300)
+    assert unseeded.info["reused_step_function"] and unseeded.history[-1]["loss"] < unseeded.history[0]["loss"]
+    engines = [cluster.task(w).engine_id for w in ("worker:0", "worker:1")]
+    weights = [cluster.client[e].apply_sync(allreduce_engine.weights, unseeded.trainer.run_id) for e in engines]
+    for mine, theirs in zip(*weights, strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7)
+    result = unseeded.evaluate(wb.datasets.digits_test)
+    assert result["examples"] == 450 and result["accuracy"] > 0.5, result
+
+
 def test_allreduce_runs_notebook_style_functions_the_engines_cannot_import(cluster):
     # Functions from a module the engines do not have (like this test module) travel by value.
     def tiny_data(ctx):

@@ -157,8 +157,9 @@ class WorkerGroup:
         keys = self.call_all({e: (allreduce_engine.group_key,) for e in self.engines}, "reading the all-reduce groups", 30)
         return [self.name(e) for e, key in keys.items() if key is not None and key != self.key]
 
-    def form(self) -> None:
-        """Join every worker engine to one MultiWorkerMirroredStrategy (reused if already formed)."""
+    def form(self) -> str | None:
+        """Join every worker engine to one MultiWorkerMirroredStrategy (reused if already formed); the job whose
+        program every worker keeps (``engine._PROGRAM``), None where they differ or keep none."""
         addresses = self._reserve_addresses()
         key = self.key
         joined = self.call_all({e: (allreduce_engine.join_group, addresses, i, key) for i, e in enumerate(self.engines)},
@@ -169,3 +170,5 @@ class WorkerGroup:
                 f"{', '.join(n for n, _ in refused)} cannot join an all-reduce group over "
                 f"{', '.join(r.name for r in self.workers)}: {refused[0][1]}. The worker set changed since the cluster's "
                 "first all-reduce; restart the cluster (cluster.stop(); cluster.start()) to all-reduce over the current workers.")
+        programs = {r.get("program") for r in joined.values()}
+        return programs.pop() if len(programs) == 1 else None

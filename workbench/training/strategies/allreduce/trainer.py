@@ -8,6 +8,7 @@ engine to run the next calls of ``steps_per_call`` steps together and records wh
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from collections.abc import Callable
@@ -98,6 +99,7 @@ class AllReduceTrainer(HeldByJob):
         self._devices: dict[int, str] = {}
         self._payload = None
         self._next_health_check = 0.0
+        self._reused = False  # the engines took the step function of an earlier job of the program
         self._call_seconds = 0.0  # how long a call of steps took the workers lately; 0: not timed yet
 
     def check_rescale(self, workers: int) -> None:
@@ -112,12 +114,15 @@ class AllReduceTrainer(HeldByJob):
         job, options = self.job, self.options
         inputs = job.inputs
         self._payload = portable((inputs.model, inputs.data, inputs.loss, inputs.optimizer, tuple(options.metrics)))
-        job.start_step = self._form_and_prepare(resume=options.resume)
+        latest = self._latest_checkpoint() if options.resume else None
+        job.start_step = self._form_and_prepare(latest)
         if options.resume:
-            job.last_checkpoint = self._latest_checkpoint()
+            job.last_checkpoint = latest
 
-    def _form_and_prepare(self, resume: bool) -> int:
-        """Form the group on the current worker engines and build the job there; return the step it starts at."""
+    def _form_and_prepare(self, checkpoint: str | None) -> int:
+        """Form the group on the current worker engines and build the job there, from ``checkpoint`` if given (that
+        one, not the directory's newest: a save that failed on a worker may have left a newer one); return the step
+        it starts at."""
         job, options = self.job, self.options
         self._group = WorkerGroup(job.cluster)
         stale = self._group.stale()
@@ -126,24 +131,26 @@ class AllReduceTrainer(HeldByJob):
                 job.cluster.replace_task(name, refresh_connection=False)
             self._group = WorkerGroup(job.cluster)
         job.workers, self.engines = self._group.workers, self._group.engines
-        self._group.form()
+        program = self._group.form()
         seed = 0 if options.seed is None else options.seed
-        settings = dict(seed=seed, seeded=options.seed is not None, num_workers=len(self.engines),
-                        per_worker_batch=options.per_worker_batch, resume=resume,
-                        checkpoint_dir=options.checkpoint.directory if options.checkpoint else None)
+        # program: the earlier job whose program every worker keeps, which this job may train again (``engine.prepare``);
+        # init_seed: an unseeded job's initial values there, the same on every worker
+        settings = dict(seed=seed, seeded=options.seed is not None, program=program, init_seed=secrets.randbelow(2**31),
+                        num_workers=len(self.engines), per_worker_batch=options.per_worker_batch, checkpoint=checkpoint)
         prepared = self.call_all(
             {e: (allreduce_engine.prepare, self.run_id, self._payload, {**settings, "index": i}) for i, e in enumerate(self.engines)},
             "building the model on the workers", GROUP_TIMEOUT)
         first = prepared[self.engines[0]]
         job.metric_names = first["metric_names"]
         self.replicas, self.per_replica_batch = first["replicas"], first["per_replica_batch"]
+        self._reused = all(p["reused_step_function"] for p in prepared.values())
         # where each worker's replica computes: the strategy chose it on the engine (its GPU where it has one)
         self._devices = {r.engine_id: f"{r.task.device}/device:{prepared[r.engine_id]['device']}" for r in job.workers}
         return first["start_step"]
 
     def restore(self, checkpoint: str | None, step: int) -> None:
         """After its workers were re-hosted: form the group again, and go on from the job's newest checkpoint."""
-        restored = self._form_and_prepare(resume=checkpoint is not None)
+        restored = self._form_and_prepare(checkpoint)
         if restored != step:
             raise TrainingError(f"the all-reduce workers restored step {restored} from {checkpoint}, but the job "
                                 f"saved step {step} there: another run wrote to "
@@ -207,7 +214,7 @@ class AllReduceTrainer(HeldByJob):
 
     def info(self) -> dict:
         return {"replicas": self.replicas, "per_replica_batch_size": self.per_replica_batch,
-                "gradients_per_step": self.replicas}
+                "gradients_per_step": self.replicas, "reused_step_function": self._reused}
 
     def run(self) -> None:
         """The job's requests of steps. Within an epoch each is sent while the one before runs, so that the engines go
