@@ -196,7 +196,6 @@ def _program_again(sources: tuple, example, settings: dict) -> dict | None:
     variables are made together); else None. The values come from the job's model and optimizer built outside the
     strategy, seeded as a job's own: by ``seed``, or by the kernel's draw for the job (``init_seed``), which every
     worker shares."""
-
     from ...modelling.building import build_model, build_optimizer, seed_initializers
     from ...modelling.losses import resolve_loss, resolve_metrics
     from ...modelling.steps import StepFunctions
@@ -221,12 +220,16 @@ def _program_again(sources: tuple, example, settings: dict) -> dict | None:
 
 def _program_key(fns) -> tuple | None:
     """What decides the step function besides its variables' values (``reuse.program_key``), where the variables'
-    place is left out: a job's own are built outside the strategy, to compare."""
+    place is left out: a job's own are built outside the strategy, to compare. None (never taken again) where that
+    cannot be told."""
     from ...modelling.reuse import program_key
 
-    layout = tuple((tuple(v.shape), str(getattr(v.dtype, "name", v.dtype)), bool(v.trainable))
-                   for v in [*fns.model.weights, *fns.optimizer.variables])
-    return program_key(fns, [], (layout,))
+    try:
+        layout = tuple((tuple(v.shape), str(getattr(v.dtype, "name", v.dtype)), bool(v.trainable))
+                       for v in [*fns.model.weights, *fns.optimizer.variables])
+        return program_key(fns, [], (layout,))
+    except Exception:  # noqa: BLE001 - an optimisation: a program it cannot tell trains as a new one
+        return None
 
 
 def _release_runs() -> None:
