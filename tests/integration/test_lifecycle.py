@@ -1,5 +1,6 @@
 """Start, scale and stop own their processes: nothing is left behind."""
 
+import contextlib
 import os
 import threading
 import time
@@ -129,14 +130,16 @@ def _hold_the_controller(name: str, seconds: float, held: list) -> None:
         if written.exists():
             for child in me.children(recursive=True):
                 try:
-                    if any("ipyparallel.controller" in part for part in child.cmdline()):
-                        child.suspend()
-                        held.append(child.pid)
-                        time.sleep(seconds)
-                        child.resume()
-                        return
+                    if not any("ipyparallel.controller" in part for part in child.cmdline()):
+                        continue
+                    child.suspend()
                 except psutil.Error:
                     continue
+                held.append(child.pid)
+                time.sleep(seconds)
+                with contextlib.suppress(psutil.Error):  # a failed start may have stopped it meanwhile
+                    child.resume()
+                return
         time.sleep(0.01)
 
 
@@ -148,3 +151,16 @@ def test_a_controller_slow_to_answer_gets_the_starts_time_not_ipyparallels_ten_s
         assert held, "the controller was never seen, so never held"
         assert cluster.state == "running" and len(cluster.tasks) == 2
     holder.join(timeout=30)
+
+
+def test_a_controller_that_never_answers_fails_the_start_saying_what_became_of_it(no_leftover_processes):
+    held: list[int] = []
+    holder = threading.Thread(target=_hold_the_controller, args=("wb-test-mute-hub", 16.0, held), daemon=True)
+    holder.start()
+    try:
+        with pytest.raises(wb.ClusterStartError, match=r"hub did not answer the client within \d+ s .*the controller "
+                                                       r"\(pid \d+\) is stopped\. Last lines of its log"):
+            wb.Cluster(ps=1, workers=1, name="wb-test-mute-hub", progress=False, start_timeout=12).start()
+        assert held, "the controller was never seen, so never held"
+    finally:
+        holder.join(timeout=60)  # it lets the controller go; the failed start stopped it, or stops with it

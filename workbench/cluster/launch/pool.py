@@ -202,7 +202,30 @@ class OwnedPool:
         its connection request: ipyparallel's default, 10 s, was too short for a controller just started on a busy
         machine ("Hub connection request timed out", 11 s into a start with two test processes on two cores)."""
         wait = deadline.remaining(HUB_ANSWER_FLOOR)
-        return self._loop.run(self._ipp.connect_client(timeout=wait), wait + 5.0)  # its own error first, if it times out
+        try:
+            return self._loop.run(self._ipp.connect_client(timeout=wait), wait + 5.0)  # its own error first, if it times out
+        except TimeoutError as exc:
+            raise ClusterStartError(
+                f"the controller's hub did not answer the client within {wait:.0f} s ({exc}); the controller "
+                f"{self._controller_state()}. Last lines of its log:\n{_tail(self._controller_log())}\n"
+                "On a busy machine, pass a larger start_timeout; otherwise start the cluster again (a controller that "
+                "exited says why above).") from None
+
+    def _controller_state(self) -> str:
+        """Whether the controller's process is alive (and how), or gone, for a message."""
+        pids = _launcher_pids(self._ipp.controller)
+        if not pids:
+            return "runs where this process cannot see it"
+        try:
+            return f"(pid {pids[0]}) is {psutil.Process(pids[0]).status()}"
+        except psutil.Error:
+            return f"(pid {pids[0]}) has exited"
+
+    def _controller_log(self) -> str:
+        try:
+            return self._ipp.controller.get_output() or "(empty)"
+        except Exception as exc:  # noqa: BLE001 - a log we cannot read must not hide the real error
+            return f"(could not read the controller's output: {exc})"
 
     def _start_warm(self) -> None:
         if self.launcher != FORK_LAUNCHER or not self._launcher_kwargs.get("fork", True):
