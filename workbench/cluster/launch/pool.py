@@ -76,6 +76,14 @@ def _quiet_logger() -> logging.Logger:
     return log
 
 
+def _output_of(launcher: Any) -> str:
+    """What an ipyparallel launcher's process wrote ("" if nothing); a log we cannot read must not hide the real error."""
+    try:
+        return launcher.get_output() or ""
+    except Exception as exc:  # noqa: BLE001 - said in its place instead
+        return f"(could not read the launcher's output: {exc})"
+
+
 def _tail(text: str, lines: int = 25) -> str:
     kept = [line for line in text.splitlines() if line.strip()][-lines:]
     return "\n".join("    " + line for line in kept) if kept else "    (the launcher wrote nothing)"
@@ -207,7 +215,7 @@ class OwnedPool:
         except TimeoutError as exc:
             raise ClusterStartError(
                 f"the controller's hub did not answer the client within {wait:.0f} s ({exc}); the controller "
-                f"{self._controller_state()}. Last lines of its log:\n{_tail(self._controller_log())}\n"
+                f"{self._controller_state()}. Last lines of its log:\n{_tail(_output_of(self._ipp.controller))}\n"
                 "On a busy machine, pass a larger start_timeout; otherwise start the cluster again (a controller that "
                 "exited says why above).") from None
 
@@ -221,11 +229,6 @@ class OwnedPool:
         except psutil.Error:
             return f"(pid {pids[0]}) has exited"
 
-    def _controller_log(self) -> str:
-        try:
-            return self._ipp.controller.get_output() or "(empty)"
-        except Exception as exc:  # noqa: BLE001 - a log we cannot read must not hide the real error
-            return f"(could not read the controller's output: {exc})"
 
     def _start_warm(self) -> None:
         if self.launcher != FORK_LAUNCHER or not self._launcher_kwargs.get("fork", True):
@@ -338,13 +341,7 @@ class OwnedPool:
 
     def log_tail(self, set_id: str | None = None) -> str:
         sets = [self._ipp.engines[set_id]] if set_id else list(self._ipp.engines.values())
-        chunks = []
-        for engine_set in sets:
-            try:
-                chunks.append(engine_set.get_output() or "")
-            except Exception as exc:  # noqa: BLE001 - a log we cannot read must not hide the real error
-                chunks.append(f"(could not read the launcher's output: {exc})")
-        return "\n".join(chunks)
+        return "\n".join(_output_of(engine_set) for engine_set in sets)
 
     def remove_engines(self, engine_ids: list[int], pids: list[int], deadline: Deadline) -> None:
         """Shut these engines down and wait until they left the controller."""

@@ -261,7 +261,7 @@ class AllReduceTrainer(HeldByJob):
         """The calls one request carries from ``first`` (``request_calls``), at the pace of the calls before."""
         job = self.job
         return request_calls(first, job.loop.limit, self.options.strategy.steps_per_call, self._call_seconds,
-                             due=(lambda step: job.cadence.due(step)) if job.cadence is not None else None)
+                             due=job.cadence.due if job.cadence is not None else None)
 
     def _draw(self, request: StepsRequest) -> None:
         """The request's in-progress spans, on the dashboards until its steps replace them."""
