@@ -151,31 +151,32 @@ def run_side(cluster, side: str, config: dict, baselines_cluster=None) -> dict:
     return tta_baselines.run_sync_replicas(tasks, config, int(side[-1]), TIMEOUT)
 
 
-def estimates(cluster, sides: list[str], config: dict) -> dict:
-    """``wb.estimate`` of each ps side, as a user would call it: profiled on this cluster's unshaped links with the
-    side's epochs, its data and its loss (a link of 100 Gbit/s adds next to nothing to what the profile measured on
-    loopback)."""
+def estimate_of(cluster, side: str, config: dict, record: dict) -> dict:
+    """``wb.estimate`` of a ps side's run ``record``, as a user would call it: profiled on this cluster's unshaped
+    links with the side's epochs, its data and its loss (a link of 100 Gbit/s adds next to nothing to what the
+    profile measured on loopback), right after the run, and given the epochs that run took. Profiled once before
+    every repeat instead, it missed by up to 30 % on a machine whose speed drifted by as much within minutes; the
+    profile trains the side's program, so the runs after it keep their step functions."""
     import workbench as wb
 
-    return {side: wb.estimate(model_fn(config["workload"], config["width"]), cluster, config["global_batch"],
-                              strategy_of(side, config["steps_per_call"]), link="100gbit",
-                              steps_per_epoch=config["epoch_steps"], data=DATA[config["workload"]],
-                              loss=loss())
-            for side in sides if side in ESTIMATED}
+    predicted = wb.estimate(model_fn(config["workload"], config["width"]), cluster, config["global_batch"],
+                            strategy_of(side, config["steps_per_call"]), link="100gbit",
+                            steps_per_epoch=config["epoch_steps"], data=DATA[config["workload"]], loss=loss())
+    seconds = predicted.seconds_for(record["epochs"] * config["epoch_steps"])
+    measured = math.inf if record["from_call"] is None else record["from_call"]
+    return {"setup_seconds": predicted.profile.setup_seconds, "step_seconds": predicted.step_seconds,
+            "from_call": seconds, "over_measured": _ratio(seconds, measured)}
 
 
 def measure(cluster, args: argparse.Namespace, cases: list[tuple[str, float]], sides: list[str],
             baselines_cluster=None) -> dict:
     """``raw[case][side]``: one record per repeat (time to target from the call and from the first call, epochs);
-    with ``--estimate``, ``raw[case]["estimates"]``: each ps side's predicted set-up and seconds a step."""
+    with ``--estimate``, each ps side's record also holds ``estimate`` (``estimate_of``)."""
     raw: dict[str, dict[str, list]] = {}
     for workload, width in cases:
         case = case_name(workload, width)
         config = config_of(args, workload, width)
         raw[case] = {side: [] for side in sides}
-        if args.estimate:
-            raw[case]["estimates"] = {side: {"setup_seconds": e.profile.setup_seconds, "step_seconds": e.step_seconds}
-                                      for side, e in estimates(cluster, sides, config).items()}
         raw[case]["first_job"] = {}  # the kernel's first job of a kind connects, and traces what the next ones of
         for side in (s for s in sides if s in WORKBENCH_SIDES or s in VARIANTS):  # its program reuse: reported apart
             record = time_to_target(run_side(cluster, side, config), args.target)
@@ -194,6 +195,8 @@ def measure(cluster, args: argparse.Namespace, cases: list[tuple[str, float]], s
                     record = {"from_call": None, "from_first": None, "epochs": 0, "accuracy": 0.0, "epoch_seconds": None,
                               "error": f"{type(exc).__name__}: {exc}"[:2000]}
                 record["seed"] = seeded["seed"]
+                if args.estimate and side in ESTIMATED:
+                    record["estimate"] = estimate_of(cluster, side, seeded, record)
                 raw[case][side].append(record)
                 print(f"  {case} repeat {repeat + 1}: {side:18s} {_brief(record)}", flush=True)
     return raw
@@ -220,13 +223,12 @@ def stats(records: list[dict], key: str) -> dict:
             "max": max(finite, default=math.inf), "missed": len(values) - len(finite), "n": len(values)}
 
 
-def summarize(raw: dict, epoch_steps: int) -> dict:
+def summarize(raw: dict) -> dict:
     summary = {}
     for case, sides in raw.items():
-        predicted = sides.get("estimates", {})
         rows = {side: {key: stats(records, key) for key in ("from_call", "from_first")} |
                 {"epochs": statistics.median([r["epochs"] for r in records]), "epoch_seconds": _median_epoch(records)}
-                for side, records in sides.items() if side not in ("estimates", "first_job")}
+                for side, records in sides.items() if side != "first_job"}
         for side, record in sides.get("first_job", {}).items():
             rows[side]["first_job_from_call"] = record["from_call"]
         for side in rows:
@@ -234,10 +236,15 @@ def summarize(raw: dict, epoch_steps: int) -> dict:
             if counts:  # async-ps: the distribution over every step of every repeat
                 rows[side]["staleness"] = {"mean": statistics.mean(counts), "p90": counts[int(0.9 * len(counts))],
                                            "p99": counts[int(0.99 * len(counts))], "max": counts[-1], "steps": len(counts)}
-        for side, estimate in predicted.items():  # the estimate given the steps the side took (median epochs)
-            seconds = estimate["setup_seconds"] + rows[side]["epochs"] * epoch_steps * estimate["step_seconds"]
-            rows[side]["estimate"] = {**estimate, "from_call": seconds,
-                                      "over_measured": _ratio(seconds, rows[side]["from_call"]["median"])}
+        for side in rows:  # each repeat's estimate against its own run: medians, and the spread of the ratio
+            predicted = [r["estimate"] for r in sides[side] if "estimate" in r]
+            if predicted:
+                ratios = [e["over_measured"] for e in predicted if math.isfinite(e["over_measured"])]
+                rows[side]["estimate"] = {key: statistics.median(e[key] for e in predicted)
+                                          for key in ("setup_seconds", "step_seconds", "from_call")}
+                rows[side]["estimate"].update(over_measured=statistics.median(ratios) if ratios else math.nan,
+                                              over_measured_min=min(ratios, default=math.nan),
+                                              over_measured_max=max(ratios, default=math.nan))
         local = rows.get("local")
         for side, row in rows.items():
             if side in BASELINE_OF and BASELINE_OF[side] in rows and row["epoch_seconds"] and rows[BASELINE_OF[side]]["epoch_seconds"]:
@@ -284,8 +291,9 @@ def print_report(summary: dict, target: float) -> None:
                 ratios.append(f"staleness mean {stale['mean']:.2f}, p90 {stale['p90']}, p99 {stale['p99']}, "
                               f"max {stale['max']} ({stale['steps']} steps)")
             if "estimate" in row:
-                ratios.append(f"wb.estimate {row['estimate']['from_call']:.2f} s from the call "
-                              f"({row['estimate']['over_measured']:.2f} of measured)")
+                guess = row["estimate"]
+                ratios.append(f"wb.estimate {guess['from_call']:.2f} s from the call ({guess['over_measured']:.2f} of "
+                              f"measured [{guess['over_measured_min']:.2f}-{guess['over_measured_max']:.2f}])")
             print(f"  {side:18s} {cells[0]:>24s} {cells[1]:>24s} {row['epochs']:>6g}  {'; '.join(ratios)}")
 
 
@@ -355,12 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         baselines_cluster = stack.enter_context(wb.Cluster(ps=1, workers=2, name="wb-bench-tta-baselines",
                                                            progress=False)) if on_tasks else None
         raw = measure(cluster, args, cases, sides, baselines_cluster)
-    summary = summarize(raw, args.epoch_steps)
+    summary = summarize(raw)
     print_report(summary, args.target)
     print(f"\n({time.time() - started:.0f} s in all; python bench/time_to_accuracy.py {' '.join(sys.argv[1:])})")
     write(args.json, {"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary, "raw": raw})
     failed = any(r["error"] for sides_ in raw.values() for side, records in sides_.items()
-                 if side not in ("estimates", "first_job") for r in records)
+                 if side != "first_job" for r in records)
     return 1 if failed else 0
 
 

@@ -97,13 +97,36 @@ def test_time_to_accuracy_pools_staleness_and_times_an_epoch_over_every_repeat()
                                 {**run, "staleness": [1] * 100}],
                    "sync-ps k=0": [{**run, "staleness": None}], "first_job": {},
                    "pss": [{**run, "epoch_seconds": 0.06}, {**run, "epoch_seconds": 0.08}, {**run, "epoch_seconds": None}]}}
-    rows = summarize(raw, 20)["mlp"]
+    rows = summarize(raw)["mlp"]
     assert rows["async-ps"]["staleness"] == {"mean": 0.69, "p90": 1, "p99": 2, "max": 10, "steps": 200}
     assert "staleness" not in rows["sync-ps k=0"]
     # each side's time an epoch: the median of its runs' (a failed run has none), and the baseline's over it
     assert rows["pss"]["epoch_seconds"] == pytest.approx(0.07)
     assert rows["async-ps"]["epoch_baseline_over_workbench"] == pytest.approx(1.4)
     assert "epoch_baseline_over_workbench" not in rows["sync-ps k=0"]  # its baseline was not run
+
+
+def test_time_to_accuracy_sets_each_repeats_estimate_against_its_own_run():
+    """``--estimate`` profiles a side right after each of its runs (the machine's speed drifts within minutes): the
+    summary is the median of the repeats' predicted / measured, with their spread; a run that missed the target
+    (an infinite time) has no ratio."""
+    summarize = _bench("time_to_accuracy").summarize
+
+    def run(from_call, predicted):
+        ratio = predicted / from_call if from_call else float("nan")
+        return {"from_call": from_call, "from_first": from_call, "epochs": 7, "accuracy": 0.97, "error": None,
+                "epoch_seconds": 0.05, "estimate": {"setup_seconds": 0.3, "step_seconds": 0.01, "from_call": predicted,
+                                                    "over_measured": ratio}}
+
+    raw = {"cnn": {"async-ps": [run(2.0, 1.6), run(1.0, 1.1), run(4.0, 4.0), run(None, 1.2)], "first_job": {},
+                   "local": [{"from_call": 1.0, "from_first": 0.5, "epochs": 6, "accuracy": 0.97, "error": None,
+                              "epoch_seconds": 0.1}]}}
+    rows = summarize(raw)["cnn"]
+    guess = rows["async-ps"]["estimate"]
+    assert guess["over_measured"] == pytest.approx(1.0)  # of 0.8, 1.1 and 1.0
+    assert (guess["over_measured_min"], guess["over_measured_max"]) == (pytest.approx(0.8), pytest.approx(1.1))
+    assert guess["from_call"] == pytest.approx(1.4) and guess["step_seconds"] == pytest.approx(0.01)
+    assert "estimate" not in rows["local"]
 
 
 def test_syncreplicas_other_clients_wait_while_the_chief_judges(tmp_path):
