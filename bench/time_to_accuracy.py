@@ -319,7 +319,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--crossover", action="store_true")
     parser.add_argument("--estimate", action="store_true", help="also predict each ps side's time from the call with "
-                        "wb.estimate, given the epochs the side took")
+                        "wb.estimate, profiled right after each of its runs and given the epochs that run took")
     parser.add_argument("--widths", default="1,2,4")
     parser.add_argument("--gpu", action="store_true", help="the workers on GPUs, one each (default sides: "
                         + ", ".join(GPU_SIDES) + "); skips, saying why, where there is none")
