@@ -155,7 +155,7 @@ def estimate_of(cluster, side: str, config: dict, record: dict) -> dict:
     """``wb.estimate`` of a ps side's run ``record``, as a user would call it: profiled on this cluster's unshaped
     links with the side's epochs, its data and its loss (a link of 100 Gbit/s adds next to nothing to what the
     profile measured on loopback), right after the run, and given the epochs that run took. Profiled once before
-    every repeat instead, it missed by up to 30 % on a machine whose speed drifted by as much within minutes; the
+    the repeats instead, it missed by up to 30 % on a machine whose speed drifted by as much within minutes; the
     profile trains the side's program, so the runs after it keep their step functions."""
     import workbench as wb
 
@@ -195,7 +195,7 @@ def measure(cluster, args: argparse.Namespace, cases: list[tuple[str, float]], s
                     record = {"from_call": None, "from_first": None, "epochs": 0, "accuracy": 0.0, "epoch_seconds": None,
                               "error": f"{type(exc).__name__}: {exc}"[:2000]}
                 record["seed"] = seeded["seed"]
-                if args.estimate and side in ESTIMATED:
+                if args.estimate and side in ESTIMATED and record["error"] is None:  # a failed run has no epochs
                     record["estimate"] = estimate_of(cluster, side, seeded, record)
                 raw[case][side].append(record)
                 print(f"  {case} repeat {repeat + 1}: {side:18s} {_brief(record)}", flush=True)
