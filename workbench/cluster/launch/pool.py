@@ -229,7 +229,6 @@ class OwnedPool:
         except psutil.Error:
             return f"(pid {pids[0]}) has exited"
 
-
     def _start_warm(self) -> None:
         if self.launcher != FORK_LAUNCHER or not self._launcher_kwargs.get("fork", True):
             return
