@@ -28,7 +28,9 @@ $(VENV)/.installed: pyproject.toml $(EXTENSION_SOURCES) $(BUILD_SOURCES)
 	$(PY) -m pip install --quiet 'uv>=0.9'
 	# the build hook rebuilds the panel only when extension/src changed: a changed style sheet counts too
 	rm -rf workbench/labextension
-	$(UV) install --python $(PY) --quiet -e '.[$(EXTRAS)]' $(foreach group,$(GROUPS),--group $(group))
+	# byte-compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set nothing is cached later, and every
+	# Python that imports TensorFlow (kernels, engines, the suite's processes) would compile it again (twice the time)
+	$(UV) install --python $(PY) --quiet --compile-bytecode -e '.[$(EXTRAS)]' $(foreach group,$(GROUPS),--group $(group))
 	$(UV) check --python $(PY) --quiet
 	touch $@
 
