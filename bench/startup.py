@@ -8,8 +8,9 @@ serving; ``stop()``; and the next start in the same process, whose engines are f
 process the stopped cluster kept. Runs alternate (floor, workbench, floor, ...) so both see the same
 machine load; the figures that matter are the ratio of medians (goal <= 0.6) and the median scale
 time (goal <= 1.5 s). Beside them, one ``import tensorflow`` as a kernel makes it and as the warm process and
-engines make it (``lean_import``: what Keras loads only for a kernel's sake left out), alternating: CPU
-seconds and peak memory of each.
+engines make it (``lean_import``: what Keras loads only for a kernel's sake left out), and as a kernel makes it
+where no bytecode is cached (``uncached``: what every Python paid before ``make install`` byte-compiled the
+environment, on machines that set ``PYTHONDONTWRITEBYTECODE``), alternating: CPU seconds and peak memory of each.
 
     python bench/startup.py [--repeats 5] [--json bench/results/startup.json]
 """
@@ -22,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,10 +56,21 @@ print(time.process_time() - began, resource.getrusage(resource.RUSAGE_SELF).ru_m
 """
 
 
+IMPORT_WAYS = ("kernel", "engine", "uncached")
+IMPORT_LABELS = {"kernel": "as a kernel makes it", "engine": "as an engine makes it",
+                 "uncached": "with no cached bytecode"}
+
+
 def import_cost(way: str) -> dict[str, float]:
-    """CPU seconds and peak MiB of one ``import tensorflow`` in a new Python, made ``way`` ("kernel" or "engine")."""
-    done = subprocess.run([sys.executable, "-c", IMPORT_COST, way], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, check=True)
+    """CPU seconds and peak MiB of one ``import tensorflow`` in a new Python, made ``way``: "kernel", "engine", or
+    "uncached" (as a kernel, with the bytecode looked for in an empty folder and none written: every module compiled)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    with tempfile.TemporaryDirectory() as empty:
+        options = ["-X", f"pycache_prefix={empty}"] if way == "uncached" else []
+        if way == "uncached":
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
+        done = subprocess.run([sys.executable, *options, "-c", IMPORT_COST, "engine" if way == "engine" else "kernel"],
+                              capture_output=True, text=True, timeout=300, env=env, check=True)
     cpu, peak = map(float, done.stdout.split())
     return {"cpu_s": cpu, "peak_mib": peak}
 
@@ -96,7 +109,7 @@ def main() -> int:
               f"scale +1 {runs[-1]['scale']:.2f} s, stop {runs[-1]['stop']:.2f} s, next start and stop "
               f"{runs[-1]['next']:.2f} s", flush=True)
     median = {key: statistics.median(run[key] for run in runs) for key in ("start", "scale", "stop", "next")}
-    imports = {"kernel": [], "engine": []}
+    imports = {way: [] for way in IMPORT_WAYS}
     for _ in range(args.repeats):
         for way in imports:
             imports[way].append(import_cost(way))
@@ -123,10 +136,11 @@ def main() -> int:
         f"scale(workers=3), one more worker:          {median['scale']:.2f} s median (goal <= {GOAL_SCALE_S} s)\n"
         f"stop():                                     {median['stop']:.2f} s median\n"
         f"next start and stop (warm process kept):    {median['next']:.2f} s median\n"
-        + "".join(f"import tensorflow as {'an engine' if way == 'engine' else 'a kernel'} makes it:  {c['cpu_s']:.2f} "
-                  f"CPU-seconds, {c['peak_mib']:.0f} MiB peak (medians)\n" for way, c in imported.items())
+        + "".join(f"import tensorflow {IMPORT_LABELS[way]}:  {c['cpu_s']:.2f} CPU-seconds, {c['peak_mib']:.0f} MiB "
+                  "peak (medians)\n" for way, c in imported.items())
         + f"engine/kernel: {imported['engine']['cpu_s'] / imported['kernel']['cpu_s']:.2f} of the CPU, "
-        f"{imported['engine']['peak_mib'] / imported['kernel']['peak_mib']:.2f} of the memory"
+        f"{imported['engine']['peak_mib'] / imported['kernel']['peak_mib']:.2f} of the memory; no cached bytecode/"
+        f"kernel: {imported['uncached']['cpu_s'] / imported['kernel']['cpu_s']:.2f} of the CPU"
     )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2))
