@@ -116,11 +116,12 @@ def _wait_until_stopped(pid: int, seconds: float = 5.0) -> None:
     raise AssertionError(f"pid {pid} did not stop within {seconds} s of SIGSTOP")
 
 
-def wait_for(condition, seconds: float, what: str) -> None:
-    """Poll ``condition()`` until it is true; fail naming ``what`` after ``seconds``."""
+def wait_for(condition, seconds: float, what) -> None:
+    """Poll ``condition()`` until it is true; fail naming ``what`` after ``seconds`` (a callable: its answer then, to
+    say what was last seen)."""
     deadline = time.monotonic() + seconds
     while not condition():
-        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what() if callable(what) else what}"
         time.sleep(0.05)
 
 

@@ -73,8 +73,13 @@ def test_the_relay_holds_a_task_to_its_rate_and_lets_the_kernel_through(relay):
     shaped_to(relay, 2.5e6)  # 20 Mbit/s
     blast(relay.listen("ps:0", f"127.0.0.1:{slow.port}"), 2.0)
     # both directions' counters: they are updated one after the other (a reading between them differed by a chunk)
-    wait_for(lambda: relay.stats()["sent"].get("ps:0 in", 0) == slow.received == relay.stats()["sent"].get("worker:0 out"),
-             10, "the relay to drain, counted as worker:0's")
+    seen = {}
+
+    def drained() -> bool:
+        seen.update(before=relay.stats()["sent"], received=slow.received, after=relay.stats()["sent"])
+        return seen["before"].get("ps:0 in", 0) == seen["received"] == seen["after"].get("worker:0 out")
+
+    wait_for(drained, 10, lambda: f"the relay to drain, counted as worker:0's (last seen: {seen})")
     assert slow.received < 2.0 * 2.5e6 * 1.5, f"{slow.received} bytes in 2 s through a 2.5 MB/s link"
 
     kernel = Sink()
