@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml $(EXTENSION_SOURCES) $(BUILD_SOURCES)
 	# the build hook rebuilds the panel only when extension/src changed: a changed style sheet counts too
 	rm -rf workbench/labextension
 	# byte-compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set nothing is cached later, and every
-	# Python that imports TensorFlow (kernels, engines, the suite's processes) would compile it again (twice the time)
+	# Python that imports TensorFlow (kernels, engines, the suite's processes) would compile it again (2.7 times the CPU)
 	$(UV) install --python $(PY) --quiet --compile-bytecode -e '.[$(EXTRAS)]' $(foreach group,$(GROUPS),--group $(group))
 	$(UV) check --python $(PY) --quiet
 	touch $@
