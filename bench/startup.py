@@ -56,19 +56,17 @@ print(time.process_time() - began, resource.getrusage(resource.RUSAGE_SELF).ru_m
 """
 
 
-IMPORT_WAYS = ("kernel", "engine", "uncached")
 IMPORT_LABELS = {"kernel": "as a kernel makes it", "engine": "as an engine makes it",
-                 "uncached": "with no cached bytecode"}
+                 "uncached": "with no cached bytecode"}  # the ways an import is measured, in turn
 
 
 def import_cost(way: str) -> dict[str, float]:
     """CPU seconds and peak MiB of one ``import tensorflow`` in a new Python, made ``way``: "kernel", "engine", or
     "uncached" (as a kernel, with the bytecode looked for in an empty folder and none written: every module compiled)."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env, options = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, []
     with tempfile.TemporaryDirectory() as empty:
-        options = ["-X", f"pycache_prefix={empty}"] if way == "uncached" else []
         if way == "uncached":
-            env["PYTHONDONTWRITEBYTECODE"] = "1"
+            env["PYTHONDONTWRITEBYTECODE"], options = "1", ["-X", f"pycache_prefix={empty}"]
         done = subprocess.run([sys.executable, *options, "-c", IMPORT_COST, "engine" if way == "engine" else "kernel"],
                               capture_output=True, text=True, timeout=300, env=env, check=True)
     cpu, peak = map(float, done.stdout.split())
@@ -109,7 +107,7 @@ def main() -> int:
               f"scale +1 {runs[-1]['scale']:.2f} s, stop {runs[-1]['stop']:.2f} s, next start and stop "
               f"{runs[-1]['next']:.2f} s", flush=True)
     median = {key: statistics.median(run[key] for run in runs) for key in ("start", "scale", "stop", "next")}
-    imports = {way: [] for way in IMPORT_WAYS}
+    imports = {way: [] for way in IMPORT_LABELS}
     for _ in range(args.repeats):
         for way in imports:
             imports[way].append(import_cost(way))
