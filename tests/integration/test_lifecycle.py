@@ -1,5 +1,6 @@
 """Start, scale and stop own their processes: nothing is left behind."""
 
+import asyncio
 import contextlib
 import os
 import threading
@@ -119,9 +120,8 @@ def test_ipyparallels_own_panel_does_not_list_a_workbench_cluster(no_leftover_pr
     assert not Path(recorded).exists()
 
 
-def _hold_the_controller(name: str, seconds: float, held: list) -> None:
-    """Stop this process's controller of cluster ``name`` once it has written its connection file (the client then
-    asks its hub), for ``seconds``: a controller slow to answer, as on a machine whose cores are all busy."""
+def _hold(name: str, seconds: float, held: list) -> None:
+    """Stop this process's controller of cluster ``name`` once it has written its connection file, for ``seconds``."""
     from IPython.paths import get_ipython_dir
 
     written = Path(get_ipython_dir(), "profile_default", "security", f"ipcontroller-{name}-client.json")
@@ -143,24 +143,47 @@ def _hold_the_controller(name: str, seconds: float, held: list) -> None:
         time.sleep(0.01)
 
 
-def test_a_controller_slow_to_answer_gets_the_starts_time_not_ipyparallels_ten_seconds(no_leftover_processes):
-    held: list[int] = []
-    holder = threading.Thread(target=_hold_the_controller, args=("wb-test-slow-hub", 12.0, held), daemon=True)
-    holder.start()
-    with wb.Cluster(ps=1, workers=1, name="wb-test-slow-hub", progress=False, start_timeout=120) as cluster:
-        assert held, "the controller was never seen, so never held"
-        assert cluster.state == "running" and len(cluster.tasks) == 2
-    holder.join(timeout=30)
+@contextlib.contextmanager
+def _controller_held(monkeypatch, name: str, seconds: float):
+    """The controller of cluster ``name`` stopped for ``seconds`` from when it has written its connection file: a
+    controller slow to answer, as on a machine whose cores are all busy. The client asks the hub only once the
+    controller is held (left to chance, a client that asked first was answered, and the start went on). Yields the
+    pids held."""
+    from ipyparallel import Cluster as IPPCluster
 
-
-def test_a_controller_that_never_answers_fails_the_start_saying_what_became_of_it(no_leftover_processes):
     held: list[int] = []
-    holder = threading.Thread(target=_hold_the_controller, args=("wb-test-mute-hub", 16.0, held), daemon=True)
+    holder = threading.Thread(target=_hold, args=(name, seconds, held), daemon=True)
+    ask = IPPCluster.connect_client
+
+    async def ask_once_held(self, **kwargs):
+        for _ in range(1000):  # bounded: 10 s
+            if held or not holder.is_alive():
+                break
+            await asyncio.sleep(0.01)
+        assert held, f"the controller of {name!r} was never seen, so never held"
+        return await ask(self, **kwargs)
+
+    monkeypatch.setattr(IPPCluster, "connect_client", ask_once_held)
     holder.start()
     try:
-        with pytest.raises(wb.ClusterStartError, match=r"hub did not answer the client within \d+ s .*the controller "
-                                                       r"\(pid \d+\) is stopped\. Last lines of its log"):
-            wb.Cluster(ps=1, workers=1, name="wb-test-mute-hub", progress=False, start_timeout=12).start()
-        assert held, "the controller was never seen, so never held"
+        yield held
     finally:
-        holder.join(timeout=60)  # it lets the controller go; the failed start stopped it, or stops with it
+        holder.join(timeout=60)  # it lets the controller go; a failed start stopped it, or it stops with its cluster
+
+
+def test_a_controller_slow_to_answer_gets_the_starts_time_not_ipyparallels_ten_seconds(no_leftover_processes, monkeypatch):
+    with _controller_held(monkeypatch, "wb-test-slow-hub", 12.0) as held, \
+            wb.Cluster(ps=1, workers=1, name="wb-test-slow-hub", progress=False, start_timeout=120) as cluster:
+        assert held
+        assert cluster.state == "running" and len(cluster.tasks) == 2
+
+
+def test_a_controller_that_never_answers_fails_the_start_saying_what_became_of_it(no_leftover_processes, monkeypatch):
+    cluster = wb.Cluster(ps=1, workers=1, name="wb-test-mute-hub", progress=False, start_timeout=12)
+    try:
+        with _controller_held(monkeypatch, "wb-test-mute-hub", 16.0), \
+                pytest.raises(wb.ClusterStartError, match=r"hub did not answer the client within \d+ s .*the controller "
+                                                          r"\(pid \d+\) is stopped\. Last lines of its log"):
+            cluster.start()
+    finally:
+        cluster.stop()  # nothing to do after the failed start; a start that went on would leave its processes otherwise
