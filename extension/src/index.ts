@@ -5,6 +5,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 
 import { IPlotLink } from './models';
 import { WorkbenchPanel } from './panel';
+import { watchWidgetRestores } from './widgets';
 
 const ICON_SVG =
   '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g class="jp-icon3" fill="#616161">' +
@@ -86,6 +87,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     palette: ICommandPalette | null
   ) => {
     const tracker = new WidgetTracker<PlotPane>({ namespace: 'workbench-plot' });
+    if (notebooks) {
+      watchWidgetRestores(notebooks); // a dashboard reloaded on a busy page is not left reading "model not found"
+    }
 
     app.commands.addCommand(CommandIDs.openPlot, {
       label: args => `Open ${String(args.title ?? 'plot')} of ${String(args.cluster ?? 'a cluster')}`,

@@ -86,11 +86,17 @@ def test_the_dashboard_widget_renders_and_updates_while_a_job_trains(jupyter_lab
     # a page reloaded while the job trains shows the timeline's history, not only what streamed since
     execute_command(page, "docmanager:save")  # the widget's output survives
     before = page.evaluate(TIMELINE_BARS)
-    page.reload(wait_until="domcontentloaded")
+    # a busy page, as on a loaded machine: JupyterLab's widget manager then gave up on the restored dashboard's model
+    # ("model not found") in 3 and 7 of 10 reloads, which the workbench's extension renders again
+    cpu = page.context.new_cdp_session(page)
+    cpu.send("Emulation.setCPUThrottlingRate", {"rate": 6})
     try:
+        page.reload(wait_until="domcontentloaded")
         page.locator(".workbench-steps").first.wait_for(timeout=120_000)
     except PlaywrightTimeoutError:
         raise AssertionError(f"the reloaded page shows no dashboard: {_after_reload(jupyter_lab, page)}") from None
+    finally:
+        cpu.send("Emulation.setCPUThrottlingRate", {"rate": 1})
     page.wait_for_function(f"() => ({TIMELINE_BARS})() > 0", timeout=60_000, polling=250)
     after = page.evaluate(TIMELINE_BARS)
     assert after >= before, f"after a reload the timeline held {after} bars, {before} before it"
