@@ -38,9 +38,8 @@ function rendererOf(item: IOutputItem): IRenderer | undefined {
   return renderers.pop();
 }
 
-/** Render again each widget output of ``panel`` that reads the manager's error; how many were. */
-export function rerenderGivenUp(panel: NotebookPanel): number {
-  let count = 0;
+/** Render again each widget output of ``panel`` that reads the manager's error (each up to RETRIES times). */
+function rerenderGivenUp(panel: NotebookPanel): void {
   for (const cell of panel.content.widgets) {
     if (cell.model.type !== 'code') {
       continue;
@@ -48,19 +47,17 @@ export function rerenderGivenUp(panel: NotebookPanel): number {
     const area = (cell as unknown as { outputArea: IOutputArea }).outputArea;
     area.widgets.forEach((item, index) => {
       const renderer = rendererOf(item);
-      const tries = renderer ? retried.get(renderer) ?? 0 : RETRIES;
-      if (!renderer || tries >= RETRIES || index >= area.model.length) {
+      if (renderer === undefined || index >= area.model.length) {
         return;
       }
+      const tries = retried.get(renderer) ?? 0;
       const output = area.model.get(index);
-      if (WIDGET_MIME in output.data && renderer.node.textContent?.endsWith(GAVE_UP)) {
+      if (tries < RETRIES && WIDGET_MIME in output.data && renderer.node.textContent?.endsWith(GAVE_UP)) {
         retried.set(renderer, tries + 1);
         void renderer.renderModel(output);
-        count += 1;
       }
     });
   }
-  return count;
 }
 
 /** Watch every notebook of ``notebooks`` for widget outputs given up on while its kernel's widgets are restored. */
