@@ -120,8 +120,9 @@ def test_ipyparallels_own_panel_does_not_list_a_workbench_cluster(no_leftover_pr
     assert not Path(recorded).exists()
 
 
-def _hold(name: str, seconds: float, held: list) -> None:
-    """Stop this process's controller of cluster ``name`` once it has written its connection file, for ``seconds``."""
+def _hold(name: str, seconds: float, held: list, release: threading.Event) -> None:
+    """Stop this process's controller of cluster ``name`` once it has written its connection file, for ``seconds`` or
+    until ``release`` is set."""
     from IPython.paths import get_ipython_dir
 
     written = Path(get_ipython_dir(), "profile_default", "security", f"ipcontroller-{name}-client.json")
@@ -136,7 +137,7 @@ def _hold(name: str, seconds: float, held: list) -> None:
                 except psutil.Error:
                     continue
                 held.append(child.pid)
-                time.sleep(seconds)
+                release.wait(seconds)
                 with contextlib.suppress(psutil.Error):  # a failed start may have stopped it meanwhile
                     child.resume()
                 return
@@ -145,14 +146,15 @@ def _hold(name: str, seconds: float, held: list) -> None:
 
 @contextlib.contextmanager
 def _controller_held(monkeypatch, name: str, seconds: float):
-    """The controller of cluster ``name`` stopped for ``seconds`` from when it has written its connection file: a
-    controller slow to answer, as on a machine whose cores are all busy. The client asks the hub only once the
-    controller is held (left to chance, a client that asked first was answered, and the start went on). Yields the
-    pids held."""
+    """The controller of cluster ``name`` stopped from when it has written its connection file for ``seconds``, or until
+    the block ends if sooner: a controller slow to answer, as on a machine whose cores are all busy. The client asks
+    the hub only once the controller is held (left to chance, a client that asked first was answered, and the start
+    went on). Yields the pids held."""
     from ipyparallel import Cluster as IPPCluster
 
     held: list[int] = []
-    holder = threading.Thread(target=_hold, args=(name, seconds, held), daemon=True)
+    release = threading.Event()
+    holder = threading.Thread(target=_hold, args=(name, seconds, held, release), daemon=True)
     ask = IPPCluster.connect_client
 
     async def ask_once_held(self, **kwargs):
@@ -168,6 +170,7 @@ def _controller_held(monkeypatch, name: str, seconds: float):
     try:
         yield held
     finally:
+        release.set()
         holder.join(timeout=60)  # it lets the controller go; a failed start stopped it, or it stops with its cluster
 
 
@@ -181,7 +184,9 @@ def test_a_controller_slow_to_answer_gets_the_starts_time_not_ipyparallels_ten_s
 def test_a_controller_that_never_answers_fails_the_start_saying_what_became_of_it(no_leftover_processes, monkeypatch):
     cluster = wb.Cluster(ps=1, workers=1, name="wb-test-mute-hub", progress=False, start_timeout=12)
     try:
-        with _controller_held(monkeypatch, "wb-test-mute-hub", 16.0), \
+        # Held until the start has failed, however late the client asks: the hub always gets 10 s from the ask, so a
+        # hold of a fixed 16 s ended in time for it when the start reached the client over 6 s after the hold began.
+        with _controller_held(monkeypatch, "wb-test-mute-hub", 120.0), \
                 pytest.raises(wb.ClusterStartError, match=r"hub did not answer the client within \d+ s .*the controller "
                                                           r"\(pid \d+\) is stopped\. Last lines of its log"):
             cluster.start()
