@@ -98,7 +98,7 @@ class Cluster:
         Address the controller and the lifeline listen on; default ``127.0.0.1`` for local engines.
         Remote launchers need an address the engines can reach.
     start_timeout:
-        Seconds allowed for ``start()`` (and each ``scale()``) as a whole.
+        Seconds allowed for ``start()`` (and each ``scale()``) as a whole; the controller's hub gets 10 s or more to answer.
     env:
         Extra environment variables for the engines.
     progress:
