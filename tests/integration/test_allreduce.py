@@ -1,5 +1,9 @@
 """strategy="allreduce": MultiWorkerMirroredStrategy on the worker engines, driven from the kernel."""
 
+import subprocess
+import sys
+
+import heap_probe
 import numpy as np
 import pytest
 from training_helpers import make_model, train
@@ -162,3 +166,31 @@ def test_allreduce_workers_keep_no_graph_of_the_jobs_that_ended(cluster):
         workers.execute(count, block=True)  # after the job's clean-up there (an engine runs what it is sent in order)
         alive.append(workers.pull("graphs_alive", block=True))
     assert alive[0] == alive[1] == alive[2], alive
+
+
+GENERATOR_PROBE = heap_probe.CODE + """
+import tensorflow as tf
+before = refaults()
+next(iter(tf.data.Dataset.from_generator(lambda: iter([1]), output_signature=tf.TensorSpec([], tf.int32))))
+print(before, refaults())
+"""
+
+
+def test_tensorflows_generator_dataset_makes_every_large_block_a_mapping_of_its_own():
+    # What the workers undo after making their input (``machine.memory.keep_large_blocks_in_heap``). Should this fail,
+    # TensorFlow no longer fixes glibc's mmap threshold, and the undoing can go.
+    done = subprocess.run([sys.executable, "-c", GENERATOR_PROBE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = (int(n) for n in done.stdout.split()[-2:])
+    assert before < heap_probe.MAPPED_PAGES / 4, before  # glibc's default: the freed block reused
+    assert after > 0.9 * heap_probe.MAPPED_PAGES, after
+
+
+def test_after_an_allreduce_job_its_workers_heaps_keep_large_blocks_again(cluster):
+    # Each replica's input is a generator dataset: without the undoing, every tensor over 128 KiB of a later job on
+    # these engines (a CNN's sync-ps steps: 1.4 times as long) would be mapped, faulted in and unmapped every time.
+    train(cluster, strategy=wb.AllReduce(steps_per_call=10), steps=20).wait(300)
+    workers = cluster.client[[r.engine_id for r in cluster.tasks if r.job == "worker"]]
+    workers.execute(heap_probe.CODE + "\nheap_refaults = refaults()", block=True)
+    refaults = workers.pull("heap_refaults", block=True)
+    assert all(n < heap_probe.MAPPED_PAGES / 4 for n in refaults), refaults

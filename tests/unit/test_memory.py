@@ -2,6 +2,7 @@
 
 import warnings
 
+import heap_probe
 import psutil
 import pytest
 
@@ -78,6 +79,31 @@ def test_trim_memory_returns_freed_heap_to_the_system():
     before = psutil.Process().memory_info().rss
     assert trim_memory() is True  # glibc (this machine): something was released
     assert psutil.Process().memory_info().rss < before - 100 * MiB
+
+
+KEEP_PROBE = heap_probe.CODE + """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("memory_alone", sys.argv[1])
+memory = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(memory)
+_libc.mallopt(-3, 128 * 1024)  # what TensorFlow does when it first makes a generator dataset's kernel
+capped = refaults()
+print(capped, memory.keep_large_blocks_in_heap(), refaults())
+"""
+
+
+def test_large_blocks_stay_in_the_heap_again_once_a_fixed_mmap_threshold_is_undone():
+    import subprocess
+    import sys
+
+    from workbench.cluster.machine import memory
+
+    done = subprocess.run([sys.executable, "-c", KEEP_PROBE, memory.__file__], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    capped, kept, after = done.stdout.split()
+    assert int(capped) > 0.9 * heap_probe.MAPPED_PAGES, capped  # the probe's check: each block was a mapping of its own
+    assert kept == "True"
+    assert int(after) < heap_probe.MAPPED_PAGES / 4, after  # the first allocation's pages at most
 
 
 @pytest.mark.cluster

@@ -10,7 +10,8 @@ Docker, a batch job's cgroup) can have far less memory than its host, and its li
 kernel enforces, by killing the largest process.
 
 A process's own heap: ``trim_memory`` gives what it freed back to the system, ``cap_malloc_arenas`` keeps its
-threads to two heaps (``import workbench`` calls it), ``malloc_arenas`` counts them.
+threads to two heaps (``import workbench`` calls it), ``malloc_arenas`` counts them, ``keep_large_blocks_in_heap``
+undoes TensorFlow's process-wide cap on the size of a heap block.
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ WARM_BYTES = 450 * MiB
 FORKED_ENGINE_BYTES = 160 * MiB
 # A TensorFlow client's heap arenas (glibc's default: 8 per core, one per thread up to that): bench/soak.py
 CLIENT_MALLOC_ARENAS = 2
-M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
+M_ARENA_MAX = -8  # glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+# glibc's own ceiling for the block size it serves from a heap rather than a mapping of its own (64-bit), up to which
+# its default raises the threshold as blocks are freed; the free top of a heap kept, twice that, as glibc's default
+LARGE_BLOCK_BYTES = 32 * MiB
 GLIBC_ARENA_TEST = 8  # heaps after which glibc fixes its limit (64-bit): a later M_ARENA_MAX changes nothing
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 # (directory under the mount, limit, usage, memory.stat key of reclaimable page cache): cgroup v2, then v1
@@ -159,6 +165,25 @@ def cap_malloc_arenas(arenas: int = CLIENT_MALLOC_ARENAS) -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_ARENA_MAX, arenas))
+
+
+def keep_large_blocks_in_heap() -> bool:
+    """Serve blocks of up to 32 MiB from the heap again, as glibc's default does once such blocks were freed; False
+    where that is not possible (no glibc).
+
+    The first time a process makes TensorFlow's ``GeneratorDataset`` kernel (``Dataset.from_generator``, and every
+    ``tf.distribute`` strategy's per-device input: ``MultiDeviceIterator``), TensorFlow sets glibc's mmap threshold to
+    128 KiB for good (its mitigation of a Python 3.11 leak), which also ends glibc's raising of it. From then on every
+    tensor over 128 KiB is a mapping of its own, made and unmapped each time, its pages faulted in afresh: on a
+    worker that had run an all-reduce job, a CNN's sync-ps steps took 1.4 times as long (400,000 page faults a job
+    against 30,000, measured with ``/proc``, the calls seen with ``strace`` and ``gdb``). The heap's free blocks go
+    back to the system after each job all the same (``trim_memory``).
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, 2 * LARGE_BLOCK_BYTES))
 
 
 def malloc_arenas() -> int | None:

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from ....cluster.machine import threads
+from ....cluster.machine import memory, threads
 from ....compat import tensorflow as tf_compat
 
 _GROUP: dict[str, Any] = {"strategy": None, "key": None, "workers": None, "index": None}
@@ -128,6 +128,7 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
     _release_runs()  # one job at a time per engine (already done where the program was taken again)
     _RUNS[run_id] = {"fns": fns, "model": fns.model, "step": step, "checkpoint": checkpoint, "iterator": iter(dataset),
                      "train_steps": program["train_steps"], "settings": settings, "gradients": []}
+    memory.keep_large_blocks_in_heap()  # the iterator's per-device input made TensorFlow cap them (``machine.memory``)
     return {"ok": True, "start_step": start_step, "replicas": strategy.num_replicas_in_sync, "per_replica_batch": per_replica,
             "metric_names": list(fns.metric_fns), "device": replica_device(strategy), "reused_step_function": reused}
 
@@ -269,13 +270,11 @@ def finish(run_id: str) -> bool:
     """
     import gc
 
-    from ....cluster.machine.memory import trim_memory
-
     run = _RUNS.get(run_id)
     if run is not None:
         _release(run)
     gc.collect()
-    return trim_memory()
+    return memory.trim_memory()
 
 
 def _release(run: dict) -> None:

@@ -1,0 +1,20 @@
+"""How many pages a process faults in re-allocating one large block: those of the first allocation at most where
+the heap keeps the freed block, every page every time where each block is a mapping of its own (glibc's mmap
+threshold under the block's size). ``CODE`` defines ``refaults()`` wherever it is run (an engine, a fresh Python)."""
+
+BLOCK_BYTES = 8 * 2**20
+TIMES = 10
+MAPPED_PAGES = BLOCK_BYTES // 4096 * TIMES  # each block its own mapping: every page faulted in, every time
+CODE = f"""
+import ctypes, resource
+_libc = ctypes.CDLL(None)
+_libc.malloc.restype, _libc.malloc.argtypes, _libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+
+def refaults(size={BLOCK_BYTES}, times={TIMES}):
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt  # this thread's: not the other threads' work
+    for _ in range(times):
+        block = _libc.malloc(size)
+        ctypes.memset(block, 1, size)
+        _libc.free(block)
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+"""
