@@ -81,11 +81,15 @@ def test_trim_memory_returns_freed_heap_to_the_system():
     assert psutil.Process().memory_info().rss < before - 100 * MiB
 
 
-KEEP_PROBE = heap_probe.CODE + """
+# ``workbench.cluster.machine.memory`` loaded alone from the path last on the command line: importing the workbench
+# package caps the heaps already (``workbench/__init__.py``)
+MEMORY_ALONE = """
 import importlib.util, sys
-spec = importlib.util.spec_from_file_location("memory_alone", sys.argv[1])
+spec = importlib.util.spec_from_file_location("memory_alone", sys.argv[-1])
 memory = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(memory)
+"""
+KEEP_PROBE = heap_probe.CODE + MEMORY_ALONE + """
 _libc.mallopt(-3, 128 * 1024)  # what TensorFlow does when it first makes a generator dataset's kernel
 capped = refaults()
 print(capped, memory.keep_large_blocks_in_heap(), refaults())
@@ -139,12 +143,8 @@ def test_what_a_job_leaves_as_garbage_is_collected_and_handed_back_to_the_system
     assert pinned[0] == 0
 
 
-ARENAS_PROBE = """
-import importlib.util, sys, threading
-# the module alone: importing the workbench package caps the heaps already (``workbench/__init__.py``)
-spec = importlib.util.spec_from_file_location("memory_alone", sys.argv[2])
-memory = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(memory)
+ARENAS_PROBE = MEMORY_ALONE + """
+import threading
 
 def allocate(ready, done):  # each thread's first allocations, while all are alive: glibc would give each a heap
     kept = [bytearray(1000) for _ in range(1000)]

@@ -139,11 +139,8 @@ def trim_memory() -> bool:
     of freed trace buffers that way (measured: 201 -> 104 MiB USS), and a memory-capped container
     (Binder) counts it all. Elsewhere (musl, macOS) there is no ``malloc_trim``: nothing to do.
     """
-    try:
-        malloc_trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    return bool(malloc_trim(0))
+    malloc_trim = _glibc("malloc_trim")
+    return malloc_trim is not None and bool(malloc_trim(0))
 
 
 def cap_malloc_arenas(arenas: int = CLIENT_MALLOC_ARENAS) -> bool:
@@ -160,11 +157,8 @@ def cap_malloc_arenas(arenas: int = CLIENT_MALLOC_ARENAS) -> bool:
     """
     if "MALLOC_ARENA_MAX" in os.environ or (malloc_arenas() or 0) > GLIBC_ARENA_TEST:
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(M_ARENA_MAX, arenas))
+    mallopt = _glibc("mallopt")
+    return mallopt is not None and bool(mallopt(M_ARENA_MAX, arenas))
 
 
 def keep_large_blocks_in_heap() -> bool:
@@ -179,11 +173,17 @@ def keep_large_blocks_in_heap() -> bool:
     against 30,000, measured with ``/proc``, the calls seen with ``strace`` and ``gdb``). The heap's free blocks go
     back to the system after each job all the same (``trim_memory``).
     """
+    mallopt = _glibc("mallopt")
+    return mallopt is not None and bool(mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)) \
+        and bool(mallopt(M_TRIM_THRESHOLD, 2 * LARGE_BLOCK_BYTES))
+
+
+def _glibc(name: str):
+    """glibc's function ``name`` in this process, or None where there is none (musl, macOS)."""
     try:
-        mallopt = ctypes.CDLL(None).mallopt
+        return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
-        return False
-    return bool(mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, 2 * LARGE_BLOCK_BYTES))
+        return None
 
 
 def malloc_arenas() -> int | None:
