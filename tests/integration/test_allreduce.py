@@ -1,5 +1,6 @@
 """strategy="allreduce": MultiWorkerMirroredStrategy on the worker engines, driven from the kernel."""
 
+import socket
 import subprocess
 import sys
 
@@ -177,13 +178,37 @@ print(before, refaults())
 
 
 def test_tensorflows_generator_dataset_makes_every_large_block_a_mapping_of_its_own():
-    # What the workers undo after making their input (``machine.memory.keep_large_blocks_in_heap``). Should this fail,
+    # What the workers undo as they join their group (``machine.memory.keep_large_blocks_in_heap``). Should this fail,
     # TensorFlow no longer fixes glibc's mmap threshold, and the undoing can go.
     done = subprocess.run([sys.executable, "-c", GENERATOR_PROBE], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     before, after = (int(n) for n in done.stdout.split()[-2:])
     assert before < heap_probe.MAPPED_PAGES / 4, before  # glibc's default: the freed block reused
     assert after > 0.9 * heap_probe.MAPPED_PAGES, after
+
+
+# a worker engine's side of an SPMD cell, alone in a fresh Python (an all-reduce group of one): the cell's own
+# distributed input is its process's first generator dataset
+SPMD_PROBE = heap_probe.CODE + """
+import sys
+import tensorflow as tf
+from workbench.training.strategies.allreduce import engine
+assert engine.join_group([f"127.0.0.1:{sys.argv[-1]}"], 0, ["solo"])["ok"]
+strategy = engine.spmd_names()["strategy"]
+batches = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.range(64).batch(8)))
+print(int(strategy.reduce("SUM", strategy.run(tf.reduce_sum, (next(batches),)), axis=None)), refaults())
+"""
+
+
+def test_an_spmd_cells_own_distributed_input_leaves_large_blocks_in_the_heap():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = subprocess.run([sys.executable, "-c", SPMD_PROBE, str(port)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    total, refaults = (int(n) for n in done.stdout.split()[-2:])
+    assert total == sum(range(8))  # the cell's first batch, all-reduced
+    assert refaults < heap_probe.MAPPED_PAGES / 4, refaults
 
 
 def test_after_an_allreduce_job_its_workers_heaps_keep_large_blocks_again(cluster):

@@ -37,6 +37,12 @@
   between rounds without waking when the iterator goes: deleting an all-reduce job's input on a worker took up to
   2 s (half the jobs of a CNN, 0.26-0.76 s typically), and the engine's next call, often the next job's set-up,
   waited behind it. Where this TensorFlow has no such function it logs why and leaves TensorFlow's.
+- ``generator_malloc_setting_now()``: TensorFlow's generator dataset kernel (``Dataset.from_generator``, and every
+  ``tf.distribute`` strategy's per-device input: ``MultiDeviceIterator``) fixes glibc's mmap threshold at 128 KiB
+  the first time a process makes it (``ApplyPython311MemoryPatch``, once per process, seen with ``gdb``). Made at a
+  moment the caller chooses, by iterating a one-element generator dataset, so that it can be undone for the
+  process's life (``machine.memory.keep_large_blocks_in_heap``): the per-device input a cell makes later on that
+  engine no longer changes it.
 - ``gradient_registrations(made)`` and ``forget_gradients(made)``: the gradient functions TensorFlow registers while a
   function traces (``ops._gradient_registry``, one entry per call of a ``tf.custom_gradient`` function in graph mode,
   named ``CustomGradient-<n>``), and their removal once the function is gone. The registry is process-wide and never
@@ -203,6 +209,19 @@ def _wrap_device_datasets() -> bool:
 
     multi_device_iterator_ops._create_device_dataset = untuned
     return True
+
+
+def generator_malloc_setting_now() -> None:
+    """Have TensorFlow apply its once-per-process malloc setting of generator datasets now (see the module's
+    docstring), in eager mode; once, process-wide. Takes a few milliseconds."""
+    import tensorflow as tf
+
+    with _LOCK:
+        if _STATE.get("generator_made"):
+            return
+        _STATE["generator_made"] = True
+    one = tf.data.Dataset.from_generator(lambda: iter((0,)), output_signature=tf.TensorSpec((), tf.int32))
+    next(iter(one))  # the kernel is made as the iterator is
 
 
 def clear_kernel_cache() -> None:

@@ -170,7 +170,9 @@ def keep_large_blocks_in_heap() -> bool:
     128 KiB for good (its mitigation of a Python 3.11 leak), which also ends glibc's raising of it. From then on every
     tensor over 128 KiB is a mapping of its own, made and unmapped each time, its pages faulted in afresh: on a
     worker that had run an all-reduce job, a CNN's sync-ps steps took 1.4 times as long (400,000 page faults a job
-    against 30,000, measured with ``/proc``, the calls seen with ``strace`` and ``gdb``). The heap's free blocks go
+    against 30,000, measured with ``/proc``, the calls seen with ``strace`` and ``gdb``). TensorFlow does it once per
+    process: called after that (an all-reduce worker makes it happen as it joins its group:
+    ``compat.tensorflow.generator_malloc_setting_now``), this holds for the process's life. The heap's free blocks go
     back to the system after each job all the same (``trim_memory``).
     """
     mallopt = _glibc("mallopt")

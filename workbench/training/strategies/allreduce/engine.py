@@ -54,6 +54,10 @@ def join_group(workers: list[str], index: int, key: list[str]) -> dict:
     tf_compat.untuned_device_prefetch()  # the jobs' input reaches the replicas through it, and then goes at once
     resolver = group_resolver(workers, index, len(tf.config.list_physical_devices("GPU")))
     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    # the per-device input of every job and SPMD cell on this engine would fix glibc's mmap threshold at 128 KiB, for
+    # the process's life, the first time: done now and undone, for the same life (``machine.memory``)
+    tf_compat.generator_malloc_setting_now()
+    memory.keep_large_blocks_in_heap()
     _GROUP.update(strategy=strategy, key=list(key), workers=list(workers), index=index)
     # for code run on the workers directly (``%%wb spmd``): what TF's own multi-worker code reads
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}})
@@ -128,7 +132,6 @@ def prepare(run_id: str, payload: bytes, settings: dict) -> dict:
     _release_runs()  # one job at a time per engine (already done where the program was taken again)
     _RUNS[run_id] = {"fns": fns, "model": fns.model, "step": step, "checkpoint": checkpoint, "iterator": iter(dataset),
                      "train_steps": program["train_steps"], "settings": settings, "gradients": []}
-    memory.keep_large_blocks_in_heap()  # the iterator's per-device input made TensorFlow cap them (``machine.memory``)
     return {"ok": True, "start_step": start_step, "replicas": strategy.num_replicas_in_sync, "per_replica_batch": per_replica,
             "metric_names": list(fns.metric_fns), "device": replica_device(strategy), "reused_step_function": reused}
 
