@@ -1,7 +1,7 @@
 """The fence around other libraries' internals: versions checked at import, TensorFlow's function removal with
 the GIL released behaving as TensorFlow's own, functions registered only between changes of the server def, a
-strategy's per-device input without autotuning, a traced custom gradient's registration let go, the eager kernels
-dropped, and Bokeh imported one thread at a time."""
+strategy's per-device input without autotuning, TensorFlow's malloc setting of generator datasets made ahead, a
+traced custom gradient's registration let go, the eager kernels dropped, and Bokeh imported one thread at a time."""
 
 import subprocess
 import sys
@@ -56,6 +56,20 @@ def test_a_multi_device_iterators_per_device_pipelines_run_without_autotuning_an
     iterator = multi_device_iterator_ops.OwnedMultiDeviceIterator(tf.data.Dataset.range(8).batch(2), ["/cpu:0"])
     assert iterator._device_iterators[0]._dataset.options().autotune.enabled is False
     assert [next(iterator)[0].numpy().tolist() for _ in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_tensorflows_generator_malloc_setting_is_made_once_and_a_failure_says_why(monkeypatch, caplog):
+    from workbench.cluster.machine import memory
+
+    try:
+        assert tf_compat.generator_malloc_setting_now() is True
+    finally:
+        memory.keep_large_blocks_in_heap()  # this process's heap as the workbench's workers keep theirs
+    monkeypatch.setattr(tf.data.Dataset, "from_generator", lambda *a, **k: (_ for _ in ()).throw(ValueError("refused")))
+    assert tf_compat.generator_malloc_setting_now() is True  # once: nothing is made the second time
+    monkeypatch.delitem(tf_compat._STATE, "generator_made")  # as in a process where it was not made yet
+    assert tf_compat.generator_malloc_setting_now() is False
+    assert "ValueError: refused" in caplog.text and "mmap threshold" in caplog.text
 
 
 def test_a_traced_custom_gradients_registration_is_listed_and_once_forgotten_its_graph_goes():

@@ -25,7 +25,8 @@ TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "t
 FENCES = {
     "TensorFlow": (TENSORFLOW_DISTRIBUTIONS, "2.21", "2.22", "scaling and re-hosting (the kernel's connection updated in "
                    "place), workers' own executors, partitioned ps variables, autograph's files, function registration and "
-                   "removal without the GIL, all-reduce workers' input deleted at once and their traced steps let go"),
+                   "removal without the GIL, all-reduce workers' input deleted at once, their traced steps let go and large blocks "
+                   "kept in their heaps"),
     "Keras": (("keras",), "3.12", "3.16", "seeded initial weights, layer-by-layer placement (wb.place), ps optimizer "
               "updates, callbacks monitoring a metric"),
     "ipyparallel": (("ipyparallel",), "9.2", "9.3", "engines forked from the warm process, launchers' logs and "

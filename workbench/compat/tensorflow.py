@@ -211,17 +211,24 @@ def _wrap_device_datasets() -> bool:
     return True
 
 
-def generator_malloc_setting_now() -> None:
+def generator_malloc_setting_now() -> bool:
     """Have TensorFlow apply its once-per-process malloc setting of generator datasets now (see the module's
-    docstring), in eager mode; once, process-wide. Takes a few milliseconds."""
+    docstring), in eager mode; once, process-wide. Takes a few milliseconds. False where it failed (logged, with
+    why): TensorFlow then applies it at the process's first generator dataset, as it would anyway."""
     import tensorflow as tf
 
     with _LOCK:
-        if _STATE.get("generator_made"):
-            return
-        _STATE["generator_made"] = True
-    one = tf.data.Dataset.from_generator(lambda: iter((0,)), output_signature=tf.TensorSpec((), tf.int32))
-    next(iter(one))  # the kernel is made as the iterator is
+        if "generator_made" not in _STATE:
+            try:
+                one = tf.data.Dataset.from_generator(lambda: iter((0,)), output_signature=tf.TensorSpec((), tf.int32))
+                next(iter(one))  # the kernel is made as the iterator is
+                _STATE["generator_made"] = True
+            except Exception as exc:  # noqa: BLE001 - a worker goes on without it, slower where its tensors are large
+                log.warning("could not make a generator dataset ahead of this worker's input (%s: %s): its first one "
+                            "fixes glibc's mmap threshold at 128 KiB, and tensors over that are mapped anew each time",
+                            type(exc).__name__, exc)
+                _STATE["generator_made"] = False
+        return _STATE["generator_made"]
 
 
 def clear_kernel_cache() -> None:
