@@ -1,12 +1,12 @@
 """strategy="allreduce": MultiWorkerMirroredStrategy on the worker engines, driven from the kernel."""
 
-import socket
 import subprocess
 import sys
 
 import heap_probe
 import numpy as np
 import pytest
+from sshd import free_port
 from training_helpers import make_model, train
 
 import workbench as wb
@@ -201,10 +201,7 @@ print(int(strategy.reduce("SUM", strategy.run(tf.reduce_sum, (next(batches),)), 
 
 
 def test_an_spmd_cells_own_distributed_input_leaves_large_blocks_in_the_heap():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    done = subprocess.run([sys.executable, "-c", SPMD_PROBE, str(port)], capture_output=True, text=True, timeout=180)
+    done = subprocess.run([sys.executable, "-c", SPMD_PROBE, str(free_port())], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     total, refaults = (int(n) for n in done.stdout.split()[-2:])
     assert total == sum(range(8))  # the cell's first batch, all-reduced
